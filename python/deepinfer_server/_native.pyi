@@ -1,0 +1,78 @@
+"""Type stubs for the Rust extension `deepinfer_server._native` (rust/lib.rs)."""
+
+from collections.abc import Callable, Sequence
+from os import PathLike
+from typing import Any
+
+KIND_SUBMIT: int
+KIND_ABORT: int
+KIND_SHUTDOWN: int
+KIND_TOKENS: int
+FINISH_NONE: int
+FINISH_STOP: int
+FINISH_LENGTH: int
+FINISH_ABORT: int
+FINISH_ERROR: int
+AUX_STATE: int
+AUX_REQUESTS: int
+AUX_QUEUED_TOKENS: int
+AUX_HEARTBEAT_MS: int
+STATE_STARTING: int
+STATE_LOADING: int
+STATE_READY: int
+STATE_FAILED: int
+STATE_STOPPED: int
+
+class RingClosed(Exception): ...
+class RingError(Exception): ...
+
+# (1, request_id, prompt_ids, max_tokens, temperature, top_p, top_k, seed, ignore_eos) | (2, request_id) | (3,)
+RequestTuple = tuple[Any, ...]
+# (request_id, tokens, finish) or (request_id, tokens, finish, reason)
+OutputEntry = tuple[int, Sequence[int], int] | tuple[int, Sequence[int], int, str | None]
+
+class Ring:
+    """A single-producer single-consumer shared-memory ring of records in /dev/shm."""
+
+    @staticmethod
+    def create(path: str | PathLike[str], capacity: int) -> Ring: ...
+    @staticmethod
+    def open(path: str | PathLike[str]) -> Ring: ...
+    @staticmethod
+    def unlink(path: str | PathLike[str]) -> None: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def used_bytes(self) -> int: ...
+    def aux(self, i: int) -> int: ...
+    def set_aux(self, i: int, v: int) -> None: ...
+    def wait(self, timeout: float | None = None) -> bool: ...
+    def push_submit(
+        self,
+        request_id: int,
+        prompt: bytes | Sequence[int],
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        seed: int | None = None,
+        ignore_eos: bool = False,
+        timeout: float | None = None,
+    ) -> None: ...
+    def push_abort(self, request_id: int, timeout: float | None = None) -> None: ...
+    def push_shutdown(self, timeout: float | None = None) -> None: ...
+    def drain_requests(self, max_bytes: int = ...) -> list[RequestTuple]: ...
+    def publish(self, entries: Sequence[OutputEntry], timeout: float | None = None) -> None: ...
+    def drain_tokens(self, max_bytes: int = ...) -> list[tuple[int, list[int], int, str | None]]: ...
+
+def serve(
+    config: dict[str, Any],
+    codec: Any,
+    decode_batch: Callable[..., Any],
+    rings: Sequence[tuple[Ring, Ring]],
+    pids: Sequence[int],
+) -> int:
+    """Run the HTTP front end until SIGTERM/SIGINT (returns 0) or a rank failure (returns 1)."""

@@ -1,0 +1,132 @@
+"""`deepinfer-server` command line: parse and check arguments, then hand over to the launcher."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from deepinfer_server import __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="deepinfer-server",
+        description="OpenAI-compatible Chat Completions server for DeepSeek's DeepInfer engine.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="Hugging Face checkpoint directory or repo id. Optional with --engine sim (then the bundled "
+        "DeepSeek-V4.1 special-token tokenizer is used).",
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("--served-model-name", nargs="+", default=None, help="Model name(s) clients use.")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--expert-parallel-size", "--ep", dest="expert_parallel_size", type=int, default=None)
+    p.add_argument("--data-parallel-size", "--dp", dest="data_parallel_size", type=int, default=None)
+    p.add_argument("--context-parallel-size", "--cp", dest="context_parallel_size", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=32768, help="Context length (prompt + completion).")
+    p.add_argument("--max-num-seqs", type=int, default=16, help="Running sequences per data-parallel rank.")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="Tokens per engine step per rank.")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    p.add_argument("--startup-timeout", type=float, default=3600.0, help="Seconds for every rank to become ready.")
+    p.add_argument("--request-timeout", type=float, default=0.0, help="Seconds per request; 0 = no limit.")
+    p.add_argument(
+        "--exit-on-rank-failure",
+        type=float,
+        default=3.0,
+        help="Seconds between a rank failure (health turns 503 at once) and exiting with status 1.",
+    )
+    p.add_argument("--drain-timeout", type=float, default=30.0, help="Seconds to finish in-flight requests on SIGTERM.")
+    p.add_argument(
+        "--engine",
+        choices=("sim", "deepinfer"),
+        default=os.environ.get("DEEPINFER_SERVER_ENGINE", "sim"),
+        help="Engine behind the ranks (default from DEEPINFER_SERVER_ENGINE; the container image sets deepinfer).",
+    )
+    p.add_argument("--max-request-body-bytes", type=int, default=16 << 20)
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    sim = p.add_argument_group("simulated engine (--engine sim)")
+    sim.add_argument("--sim-prefill-ms-per-1k-tokens", type=float, default=0.0, help="Prefill cost; 0 = free.")
+    sim.add_argument("--sim-decode-step-ms", type=float, default=0.0, help="Decode step time; 0 = free.")
+    return p
+
+
+def resolve_parallelism(args: argparse.Namespace) -> str | None:
+    """Fill in EP/DP/CP so that DP x CP = EP. Returns an error message, or None when consistent."""
+    ep, dp, cp = args.expert_parallel_size, args.data_parallel_size, args.context_parallel_size
+    for name, v in (("--expert-parallel-size", ep), ("--data-parallel-size", dp), ("--context-parallel-size", cp)):
+        if v is not None and v < 1:
+            return f"{name} must be at least 1, got {v}"
+    if ep is None:
+        ep = (dp or 1) * (cp or 1)
+    if dp is None and cp is None:
+        dp, cp = 1, ep
+    elif cp is None:
+        assert dp is not None
+        if ep % dp:
+            return f"--expert-parallel-size {ep} is not divisible by --data-parallel-size {dp} (need DP x CP = EP)"
+        cp = ep // dp
+    elif dp is None:
+        if ep % cp:
+            return f"--expert-parallel-size {ep} is not divisible by --context-parallel-size {cp} (need DP x CP = EP)"
+        dp = ep // cp
+    if dp * cp != ep:
+        return f"DP x CP must equal EP: {dp} x {cp} != {ep}"
+    args.expert_parallel_size, args.data_parallel_size, args.context_parallel_size = ep, dp, cp
+    return None
+
+
+def check_args(args: argparse.Namespace) -> str | None:
+    """Every cross-field rule in one place; the message names the flags involved."""
+    err = resolve_parallelism(args)
+    if err:
+        return err
+    if args.engine == "deepinfer" and not args.model:
+        return "MODEL is required with --engine deepinfer"
+    if args.max_model_len < 2:
+        return "--max-model-len must be at least 2"
+    if args.max_num_seqs < 1:
+        return "--max-num-seqs must be at least 1"
+    if args.max_num_batched_tokens is None:
+        args.max_num_batched_tokens = max(args.max_model_len, 4096, args.max_num_seqs)
+    if args.max_num_batched_tokens < args.max_num_seqs:
+        return "--max-num-batched-tokens must be at least --max-num-seqs (one decode token per sequence)"
+    if not 0 < args.gpu_memory_utilization <= 1:
+        return "--gpu-memory-utilization must be in (0, 1]"
+    if not 0 <= args.port < 65536:
+        return "--port must be in 0..65535 (0 picks a free port)"
+    for flag in (
+        "startup_timeout",
+        "request_timeout",
+        "exit_on_rank_failure",
+        "drain_timeout",
+        "sim_prefill_ms_per_1k_tokens",
+        "sim_decode_step_ms",
+    ):
+        if getattr(args, flag) < 0:
+            return f"--{flag.replace('_', '-')} must not be negative"
+    if args.max_request_body_bytes < 1024:
+        return "--max-request-body-bytes must be at least 1024"
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    err = check_args(args)
+    if err:
+        parser.error(err)  # exits 2 with the usage line
+    from deepinfer_server.launcher import run
+
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

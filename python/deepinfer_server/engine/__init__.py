@@ -1,0 +1,1 @@
+"""Engine rank processes: one per data-parallel rank, fed through the shared-memory rings."""

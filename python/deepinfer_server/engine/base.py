@@ -1,0 +1,46 @@
+"""The interface every engine behind a rank implements (simulated or DeepInfer)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(slots=True)
+class Submit:
+    """One request as it arrives from the request ring."""
+
+    request_id: int
+    prompt: list[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    ignore_eos: bool
+
+
+# (request_id, new token ids, finish code, error reason or None): the rows of one output-ring TOKENS record.
+Output = tuple[int, list[int], int, str | None]
+
+
+class Engine(Protocol):
+    """What the rank loop drives. All calls happen on the rank's single engine thread."""
+
+    def add(self, req: Submit) -> list[Output]:
+        """Queue a request. Returns immediate outputs, e.g. an error finish for a prompt the engine rejects."""
+
+    def abort(self, request_ids: list[int]) -> None:
+        """Stop requests. The server has already ended them: nothing more may be published for them."""
+
+    def has_work(self) -> bool:
+        """True while any request is waiting or running on this rank."""
+
+    def step(self) -> list[Output]:
+        """Run one engine step and return the tokens it produced."""
+
+    def load(self) -> tuple[int, int]:
+        """(running + waiting requests, prompt tokens still to prefill), for dispatch by load."""
+
+    def close(self) -> None:
+        """Release the engine."""

@@ -1,0 +1,115 @@
+"""Rank process main loop: drain the request ring, step the engine, publish tokens. One process per DP rank.
+
+Run as `python -m deepinfer_server.engine.rank --config JSON`. The loop owns the engine on one thread. It waits
+on the request ring's futex when idle (no busy-spinning) and blocks on the output ring when the server is behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from deepinfer_server import _native
+from deepinfer_server.engine.base import Engine, Output, Submit
+
+log = logging.getLogger("deepinfer_server.rank")
+
+IDLE_WAIT_S = 1.0  # bounded so a rank notices a closed ring or a lost parent even when idle
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to SIGKILL this rank when the server process dies (Linux PR_SET_PDEATHSIG)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # the parent died before the prctl took effect
+        os._exit(1)
+
+
+def build_engine(kind: str, cfg: dict[str, Any]) -> Engine:
+    if kind == "sim":
+        from deepinfer_server.engine.sim import SimConfig, SimEngine
+
+        sim: Engine = SimEngine(SimConfig(**cfg))
+        return sim
+    if kind == "deepinfer":
+        from deepinfer_server.engine.deepinfer import build as build_deepinfer
+
+        real: Engine = build_deepinfer(cfg)
+        return real
+    raise ValueError(f"unknown engine {kind!r}")
+
+
+def serve_rank(engine: Engine, requests: _native.Ring, outputs: _native.Ring) -> None:
+    """The loop. Returns on SHUTDOWN or when the server closes the rings."""
+    set_aux = outputs.set_aux
+    while True:
+        if not engine.has_work():
+            requests.wait(IDLE_WAIT_S)
+            if requests.closed:
+                return
+        published: list[Output] = []
+        aborts: list[int] = []
+        for msg in requests.drain_requests():
+            tag = msg[0]
+            if tag == _native.KIND_SUBMIT:
+                _, rid, prompt, max_tokens, temperature, top_p, top_k, seed, ignore_eos = msg
+                published += engine.add(Submit(rid, prompt, max_tokens, temperature, top_p, top_k, seed, ignore_eos))
+            elif tag == _native.KIND_ABORT:
+                aborts.append(msg[1])
+            elif tag == _native.KIND_SHUTDOWN:
+                return
+        if aborts:
+            engine.abort(aborts)
+        if engine.has_work():
+            published += engine.step()
+        if published:
+            outputs.publish(published)
+        n_requests, queued_tokens = engine.load()
+        set_aux(_native.AUX_REQUESTS, n_requests)
+        set_aux(_native.AUX_QUEUED_TOKENS, queued_tokens)
+        set_aux(_native.AUX_HEARTBEAT_MS, int(time.monotonic() * 1000))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="deepinfer_server.engine.rank")
+    ap.add_argument("--config", required=True, help="JSON: rank, engine, rings, parent_pid, engine config")
+    conf = json.loads(ap.parse_args(argv).config)
+    rank = conf["rank"]
+    logging.basicConfig(level=conf.get("log_level", "INFO").upper(), format=f"%(asctime)s rank{rank} %(message)s")
+    _die_with_parent(conf["parent_pid"])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops ranks through the ring (or SIGTERM/SIGKILL)
+    requests = _native.Ring.open(conf["request_ring"])
+    outputs = _native.Ring.open(conf["output_ring"])
+    outputs.set_aux(_native.AUX_STATE, _native.STATE_LOADING)
+    try:
+        engine = build_engine(conf["engine"], conf["engine_config"])
+    except Exception as e:
+        log.exception("rank %d: engine failed to start", rank)
+        outputs.set_aux(_native.AUX_STATE, _native.STATE_FAILED)
+        print(f"rank {rank}: engine failed to start: {e}", file=sys.stderr, flush=True)
+        return 1
+    outputs.set_aux(_native.AUX_HEARTBEAT_MS, int(time.monotonic() * 1000))
+    outputs.set_aux(_native.AUX_STATE, _native.STATE_READY)
+    log.info("rank %d ready (engine %s)", rank, conf["engine"])
+    try:
+        serve_rank(engine, requests, outputs)
+    except _native.RingClosed:
+        pass  # the server is gone or shutting down
+    finally:
+        outputs.set_aux(_native.AUX_STATE, _native.STATE_STOPPED)
+        engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

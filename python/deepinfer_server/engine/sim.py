@@ -1,0 +1,224 @@
+"""Simulated engine (`--engine sim`): batched steps, chunked prefill and a cost model, emitting real text.
+
+Output is text from a bundled corpus tokenized by the serving tokenizer, deterministic for the same prompt and
+seed. Like a real model it reads the prompt: a prompt ending in `<think>` gets a reasoning part and `</think>`
+first; a prompt that offers tools (and does not end in a tool result) gets a well-formed DSML tool call. The
+engine's EOS token ends the output at a plausible length unless `ignore_eos`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+import zlib
+from array import array
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from deepinfer_server import _native
+from deepinfer_server.engine.base import Output, Submit
+
+CORPUS = Path(__file__).with_name("sim_corpus.txt")
+_TOOLS_SECTION = re.compile(r"### Available Tool Schemas\n\n(.*?)\n\nYou MUST strictly follow", re.S)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    tokenizer_path: str
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    decode_step_ms: float = 0.0
+    prefill_ms_per_1k_tokens: float = 0.0
+
+
+class _Seq:
+    __slots__ = ("generated", "max_tokens", "offset", "plan", "prompt_left", "rid")
+
+    def __init__(self, rid: int, prompt_len: int, max_tokens: int, plan: list[int], offset: int) -> None:
+        self.rid = rid
+        self.prompt_left = prompt_len
+        self.max_tokens = max_tokens
+        self.plan = plan  # scripted tokens; past its end the corpus continues (ignore_eos)
+        self.offset = offset
+        self.generated = 0
+
+
+class SimEngine:
+    """One rank's simulated engine. Not thread-safe: the rank loop owns it."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.tok = Tokenizer.from_file(cfg.tokenizer_path)
+        vocab = self.tok.get_vocab(with_added_tokens=True)
+        self.max_id = max(vocab.values())
+        self.eos = vocab["<｜end▁of▁sentence｜>"]
+        self.think_start = vocab.get("<think>")
+        self.think_end = vocab.get("</think>")
+        self.dsml = vocab.get("｜DSML｜")
+        self.corpus = self.tok.encode(CORPUS.read_text(encoding="utf-8"), add_special_tokens=False).ids
+        # Starting points at sentence boundaries, so every answer begins with a word.
+        self.starts = [i + 1 for i, t in enumerate(self.corpus[:-1]) if self.tok.id_to_token(t) in (".", ".Ċ")]
+        self.words = [w for w in re.findall(r"[A-Za-z]{4,}", CORPUS.read_text(encoding="utf-8"))]
+        self.waiting: deque[_Seq] = deque()
+        self.running: list[_Seq] = []
+        self.by_id: dict[int, _Seq] = {}
+
+    # -- request side --------------------------------------------------------------------------------------------
+    def add(self, req: Submit) -> list[Output]:
+        prompt = req.prompt
+        if not prompt:
+            return [(req.request_id, [], _native.FINISH_ERROR, "empty prompt")]
+        if max(prompt) > self.max_id or min(prompt) < 0:
+            return [(req.request_id, [], _native.FINISH_ERROR, "prompt contains a token id outside the vocabulary")]
+        if len(prompt) >= self.cfg.max_model_len:
+            return [(req.request_id, [], _native.FINISH_ERROR, "prompt_length_exceeded")]
+        max_tokens = max(1, min(req.max_tokens, self.cfg.max_model_len - len(prompt)))
+        rng = self._rng(req)
+        seq = _Seq(
+            req.request_id, len(prompt), max_tokens, self._plan(prompt, rng, req.ignore_eos), rng.randrange(1 << 30)
+        )
+        self.waiting.append(seq)
+        self.by_id[req.request_id] = seq
+        return []
+
+    def abort(self, request_ids: list[int]) -> None:
+        gone = {rid for rid in request_ids if self.by_id.pop(rid, None) is not None}
+        if gone:
+            self.waiting = deque(s for s in self.waiting if s.rid not in gone)
+            self.running = [s for s in self.running if s.rid not in gone]
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def load(self) -> tuple[int, int]:
+        queued = sum(s.prompt_left for s in self.waiting) + sum(s.prompt_left for s in self.running)
+        return len(self.running) + len(self.waiting), queued
+
+    def close(self) -> None:
+        self.waiting.clear()
+        self.running.clear()
+        self.by_id.clear()
+
+    # -- one step ------------------------------------------------------------------------------------------------
+    def step(self) -> list[Output]:
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        while self.waiting and len(self.running) < cfg.max_num_seqs:
+            self.running.append(self.waiting.popleft())
+        decoding = [s for s in self.running if s.prompt_left == 0]
+        budget = cfg.max_num_batched_tokens - len(decoding)
+        prefill_tokens = 0
+        prefilled = []
+        for s in self.running:  # chunked prefill in admission order, within the batched-token budget
+            if s.prompt_left and budget > 0:
+                take = min(s.prompt_left, budget)
+                s.prompt_left -= take
+                budget -= take
+                prefill_tokens += take
+                if not s.prompt_left:
+                    prefilled.append(s)  # prefill ends with the request's first token
+        self._wait(t0, cfg.decode_step_ms + prefill_tokens * cfg.prefill_ms_per_1k_tokens / 1000.0)
+
+        out: list[Output] = []
+        finished = False
+        corpus, n_corpus, eos = self.corpus, len(self.corpus), self.eos
+        for s in decoding + prefilled:
+            i = s.generated
+            tok = s.plan[i] if i < len(s.plan) else corpus[(s.offset + i) % n_corpus]
+            s.generated = i + 1
+            if tok == eos and i < len(s.plan):
+                finish = _native.FINISH_STOP
+            elif s.generated >= s.max_tokens:
+                finish = _native.FINISH_LENGTH
+            else:
+                out.append((s.rid, [tok], _native.FINISH_NONE, None))
+                continue
+            out.append((s.rid, [tok], finish, None))
+            del self.by_id[s.rid]
+            finished = True
+        if finished:
+            self.running = [s for s in self.running if s.rid in self.by_id]
+        return out
+
+    @staticmethod
+    def _wait(t0: float, cost_ms: float) -> None:
+        """Take `cost_ms` of wall time for the step, as the GPU would (sleeping, not spinning)."""
+        if cost_ms > 0:
+            left = t0 + cost_ms / 1000.0 - time.perf_counter()
+            if left > 0:
+                time.sleep(left)
+
+    # -- output script -------------------------------------------------------------------------------------------
+    def _rng(self, req: Submit) -> random.Random:
+        if req.seed is None and req.temperature > 0:
+            return random.Random()  # unseeded sampling is not reproducible, as with a real model
+        digest = zlib.crc32(array("I", req.prompt).tobytes())
+        return random.Random(digest * 1_000_003 + (req.seed or 0))
+
+    def _text(self, rng: random.Random, n: int) -> list[int]:
+        start = rng.choice(self.starts) if self.starts else 0
+        c = self.corpus
+        return [c[(start + k) % len(c)] for k in range(n)]
+
+    def _plan(self, prompt: list[int], rng: random.Random, ignore_eos: bool) -> list[int]:
+        plan: list[int] = []
+        if self.think_start is not None and prompt[-1] == self.think_start and self.think_end is not None:
+            plan += self._text(rng, rng.randint(8, 96))
+            plan.append(self.think_end)
+        call = self._tool_call(prompt, rng) if self.dsml is not None and self.dsml in prompt else None
+        plan += call if call is not None else self._text(rng, rng.randint(16, 200))
+        if not ignore_eos:
+            plan.append(self.eos)
+        return plan
+
+    def _tool_call(self, prompt: list[int], rng: random.Random) -> list[int] | None:
+        """A DSML tool call for one of the offered tools, unless the last turn is already a tool result."""
+        text = self.tok.decode(prompt, skip_special_tokens=False)
+        last_user = text.rfind("<｜User｜>")
+        if "</tool_result>" in text[last_user:]:
+            return None
+        m = _TOOLS_SECTION.search(text)
+        if not m:
+            return None
+        tools = []
+        for line in m.group(1).splitlines():
+            try:
+                tools.append(json.loads(line))
+            except ValueError:
+                continue
+        if not tools:
+            return None
+        tool = tools[rng.randrange(len(tools))]
+        schema = tool.get("parameters") or {}
+        props = schema.get("properties") or {}
+        names = list(schema.get("required") or props)[:4]
+        d = "｜DSML｜"
+        lines = [f"\n\n<{d} calls>", f'<{d} invoke name="{tool.get("name", "tool")}">']
+        for name in names:
+            value, is_string = self._argument(name, (props.get(name) or {}).get("type"), rng)
+            lines.append(
+                f'<{d} parameter name="{name}" string="{"true" if is_string else "false"}">{value}</{d} parameter>'
+            )
+        lines += [f"</{d} invoke>", f"</{d} calls>"]
+        return self.tok.encode("\n".join(lines), add_special_tokens=False).ids
+
+    def _argument(self, name: str, kind: object, rng: random.Random) -> tuple[str, bool]:
+        if kind == "integer":
+            return str(rng.randint(1, 10)), False
+        if kind == "number":
+            return f"{rng.randint(1, 99) / 4}", False
+        if kind == "boolean":
+            return rng.choice(("true", "false")), False
+        if kind == "array":
+            return "[]", False
+        if kind == "object":
+            return "{}", False
+        if "city" in name.lower():
+            return "Paris", True
+        return rng.choice(self.words) if self.words else "value", True

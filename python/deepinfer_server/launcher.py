@@ -1,0 +1,229 @@
+"""Start-up and shutdown around the Rust front end.
+
+Load the codec, create the shared-memory rings, start one rank process per data-parallel rank, wait until every
+rank is ready (the HTTP port opens only then), unlink the ring files once everyone has mapped them, and hand over
+to `_native.serve`, which runs the HTTP server with the GIL released until shutdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from deepinfer_server import _native
+from deepinfer_server.codec import Codec, decode_batch
+
+log = logging.getLogger("deepinfer_server")
+
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "deepinfer-"
+BUNDLED_TOKENIZER = Path(__file__).with_name("tokenizer") / "tokenizer.json"
+DEFAULT_MODEL_NAME = "deepseek-v4.1-flash"
+OUTPUT_RING_BYTES = 8 << 20
+
+
+class StartupError(Exception):
+    pass
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(12, (n - 1).bit_length())
+
+
+def resolve_model(args: argparse.Namespace) -> tuple[Path, str]:
+    """(tokenizer.json path, prompt encoding "v4" or "v4.1") for MODEL, or the bundled tokenizer without one."""
+    if not args.model:
+        return BUNDLED_TOKENIZER, "v4.1"
+    model = Path(args.model)
+    if not model.is_dir():
+        raise StartupError(f"MODEL {args.model!r} is not a local checkpoint directory")
+    tokenizer = model / "tokenizer.json"
+    if not tokenizer.is_file():
+        raise StartupError(f"{tokenizer} not found: the checkpoint must contain a Hugging Face tokenizer.json")
+    version = "v4.1"
+    config = model / "config.json"
+    if config.is_file():
+        model_type = str(json.loads(config.read_text()).get("model_type", ""))
+        if model_type in ("deepseek_v4", "deepseek_v4_pro"):
+            version = "v4"
+    return tokenizer, version
+
+
+def clean_stale_segments() -> None:
+    """Unlink ring files left by a server that was killed before it could unlink them (dead owner pid)."""
+    try:
+        entries = list(SHM_DIR.glob(SHM_PREFIX + "*"))
+    except OSError:
+        return
+    for path in entries:
+        parts = path.name.split("-")
+        if len(parts) < 2 or not parts[1].isdigit():
+            continue
+        pid = int(parts[1])
+        try:
+            os.kill(pid, 0)
+            continue  # owner alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        try:
+            path.unlink()
+            log.info("removed stale shared-memory segment %s", path)
+        except OSError:
+            pass
+
+
+class Ranks:
+    """The rank processes and their rings, owned by the launcher until the server exits."""
+
+    def __init__(self, args: argparse.Namespace, tokenizer: Path) -> None:
+        self.args = args
+        self.tokenizer = tokenizer
+        self.prefix = f"{SHM_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+        self.paths: list[Path] = []
+        self.rings: list[tuple[Any, Any]] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def engine_config(self) -> dict[str, Any]:
+        a = self.args
+        if a.engine == "sim":
+            return {
+                "tokenizer_path": str(self.tokenizer),
+                "max_model_len": a.max_model_len,
+                "max_num_seqs": a.max_num_seqs,
+                "max_num_batched_tokens": a.max_num_batched_tokens,
+                "decode_step_ms": a.sim_decode_step_ms,
+                "prefill_ms_per_1k_tokens": a.sim_prefill_ms_per_1k_tokens,
+            }
+        return {
+            "model": a.model,
+            "trust_remote_code": a.trust_remote_code,
+            "expert_parallel_size": a.expert_parallel_size,
+            "data_parallel_size": a.data_parallel_size,
+            "context_parallel_size": a.context_parallel_size,
+            "max_model_len": a.max_model_len,
+            "max_num_seqs": a.max_num_seqs,
+            "max_num_batched_tokens": a.max_num_batched_tokens,
+            "gpu_memory_utilization": a.gpu_memory_utilization,
+        }
+
+    def start(self) -> None:
+        a = self.args
+        request_bytes = _pow2_at_least(max(16 << 20, 8 * (4 * a.max_model_len + 64)))
+        for rank in range(a.data_parallel_size):
+            req_path = SHM_DIR / f"{self.prefix}-r{rank}-req"
+            out_path = SHM_DIR / f"{self.prefix}-r{rank}-out"
+            req = _native.Ring.create(str(req_path), request_bytes)
+            self.paths.append(req_path)
+            out = _native.Ring.create(str(out_path), OUTPUT_RING_BYTES)
+            self.paths.append(out_path)
+            self.rings.append((req, out))
+            conf = {
+                "rank": rank,
+                "engine": a.engine,
+                "request_ring": str(req_path),
+                "output_ring": str(out_path),
+                "parent_pid": os.getpid(),
+                "log_level": a.log_level,
+                "engine_config": self.engine_config(),
+            }
+            cmd = [sys.executable, "-m", "deepinfer_server.engine.rank", "--config", json.dumps(conf)]
+            self.procs.append(subprocess.Popen(cmd, env=self.rank_env(rank), stdin=subprocess.DEVNULL))
+            log.info("started rank %d (pid %d)", rank, self.procs[-1].pid)
+
+    def rank_env(self, rank: int) -> dict[str, str]:
+        env = dict(os.environ)
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        return env
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until every rank reports READY; fail naming the rank that exited, failed or timed out."""
+        deadline = time.monotonic() + timeout if timeout > 0 else float("inf")
+        pending = set(range(len(self.procs)))
+        while pending:
+            for rank in sorted(pending):
+                state = self.rings[rank][1].aux(_native.AUX_STATE)
+                code = self.procs[rank].poll()
+                if state == _native.STATE_READY and code is None:
+                    pending.discard(rank)
+                    log.info("rank %d ready", rank)
+                elif code is not None or state == _native.STATE_FAILED:
+                    raise StartupError(f"rank {rank} failed during start-up (exit code {code}); see its log above")
+            if pending and time.monotonic() > deadline:
+                raise StartupError(f"rank(s) {sorted(pending)} not ready after --startup-timeout {timeout:g} s")
+            if pending:
+                time.sleep(0.02)
+
+    def unlink(self) -> None:
+        """Every party has mapped the rings: remove the names so nothing outlives the processes."""
+        for path in self.paths:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        self.paths.clear()
+
+    def stop(self, grace: float = 5.0) -> None:
+        for req, out in self.rings:
+            with contextlib.suppress(Exception):
+                req.push_shutdown()
+            req.close()
+            out.close()
+        deadline = time.monotonic() + grace
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.unlink()
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        tokenizer, version = resolve_model(args)
+    except StartupError as e:
+        log.error("%s", e)
+        return 1
+    names = args.served_model_name or [args.model or DEFAULT_MODEL_NAME]
+    codec = Codec(tokenizer, names, args.max_model_len, version)
+    clean_stale_segments()
+    ranks = Ranks(args, tokenizer)
+    # SIGTERM during start-up: stop cleanly instead of leaving ranks and segments behind.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        ranks.start()
+        ranks.wait_ready(args.startup_timeout)
+        ranks.unlink()
+        config = {
+            "host": args.host,
+            "port": args.port,
+            "served_model_names": names,
+            "max_model_len": args.max_model_len,
+            "max_num_seqs": args.max_num_seqs,
+            "request_timeout_s": args.request_timeout,
+            "max_body_bytes": args.max_request_body_bytes,
+            "log_level": args.log_level,
+            "exit_on_rank_failure_s": args.exit_on_rank_failure,
+            "drain_timeout_s": args.drain_timeout,
+        }
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the Rust server handles SIGTERM/SIGINT from here on
+        return int(_native.serve(config, codec, decode_batch, ranks.rings, [p.pid for p in ranks.procs]))
+    except StartupError as e:
+        log.error("start-up failed: %s", e)
+        return 1
+    except KeyboardInterrupt:
+        log.info("interrupted")
+        return 130
+    finally:
+        ranks.stop()

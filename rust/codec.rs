@@ -1,0 +1,155 @@
+//! The bridge to the Python codec (deepseek-recipe). Only these threads take the GIL:
+//! a small pool for `Codec.prepare` and the rank_io threads for `decode_batch`. Tokio workers never do.
+
+use crate::error::ApiError;
+use crate::stream::frame_into;
+use axum::http::StatusCode;
+use bytes::BytesMut;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread;
+use tokio::sync::oneshot;
+
+/// What the HTTP layer asks the codec to prepare.
+pub struct PrepareRequest {
+    pub body: Vec<u8>,
+    pub response_id: String,
+    pub model: String,
+    pub ignore_eos: bool,
+    pub include_usage: bool,
+    pub continuous_usage: bool,
+}
+
+/// A converted, encoded request.
+pub struct Prepared {
+    pub prompt: Vec<u32>,
+    pub max_tokens: u32,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub seed: Option<u64>,
+    pub decoder: Py<PyAny>,
+    /// Framed SSE events to send before any token (the role delta); empty for non-streams.
+    pub first: BytesMut,
+}
+
+/// Result states of `codec.decode_batch`, as defined in python/deepinfer_server/codec.py.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeState {
+    Running,
+    Finished,
+    StoppedEarly,
+}
+
+/// One decoded item: framed SSE bytes for a stream, or the whole JSON body of a non-stream.
+pub struct Decoded {
+    pub state: DecodeState,
+    pub bytes: BytesMut,
+}
+
+type Job = (PrepareRequest, oneshot::Sender<Result<Prepared, ApiError>>);
+
+pub struct Codec {
+    codec: Py<PyAny>,
+    decode_batch: Py<PyAny>,
+    jobs: Mutex<mpsc::Sender<Job>>,
+}
+
+impl Codec {
+    /// Start `threads` prepare workers around the Python `Codec` object and its `decode_batch` function.
+    pub fn start(codec: Py<PyAny>, decode_batch: Py<PyAny>, threads: usize) -> Arc<Self> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        let this = Arc::new(Codec { codec, decode_batch, jobs: Mutex::new(tx) });
+        for i in 0..threads.max(1) {
+            let rx = rx.clone();
+            let me = this.clone();
+            thread::Builder::new()
+                .name(format!("codec-{i}"))
+                .spawn(move || {
+                    loop {
+                        let job = rx.lock().unwrap().recv();
+                        let Ok((req, reply)) = job else { return };
+                        let _ = reply.send(Python::attach(|py| me.prepare_blocking(py, &req)));
+                    }
+                })
+                .expect("spawn codec thread");
+        }
+        this
+    }
+
+    /// Convert and encode on the codec pool.
+    pub async fn prepare(&self, req: PrepareRequest) -> Result<Prepared, ApiError> {
+        let (tx, rx) = oneshot::channel();
+        self.jobs.lock().unwrap().send((req, tx)).map_err(|_| ApiError::Unavailable("codec stopped".into()))?;
+        rx.await.map_err(|_| ApiError::Internal)?
+    }
+
+    fn prepare_blocking(&self, py: Python<'_>, req: &PrepareRequest) -> Result<Prepared, ApiError> {
+        let args = (
+            PyBytes::new(py, &req.body),
+            req.response_id.as_str(),
+            req.model.as_str(),
+            req.ignore_eos,
+            req.include_usage,
+            req.continuous_usage,
+        );
+        let out = self.codec.bind(py).call_method1("prepare", args).map_err(|e| internal(py, e))?;
+        if let Ok(t) = out.cast::<PyTuple>() {
+            let (status, body): (u16, String) = t.extract().map_err(|e| internal(py, e))?;
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+            return Err(ApiError::Codec { status, body });
+        }
+        let get = |name: &str| out.getattr(name).map_err(|e| internal(py, e));
+        let mut first = BytesMut::new();
+        for s in get("first_chunks")?.cast::<PyList>().map_err(|e| internal(py, e.into()))?.iter() {
+            let s = s.cast::<PyString>().map_err(|e| internal(py, e.into()))?;
+            frame_into(&mut first, s.to_str().map_err(|e| internal(py, e))?.as_bytes());
+        }
+        Ok(Prepared {
+            prompt: get("prompt_ids")?.extract().map_err(|e| internal(py, e))?,
+            max_tokens: get("max_tokens")?.extract().map_err(|e| internal(py, e))?,
+            temperature: get("temperature")?.extract().map_err(|e| internal(py, e))?,
+            top_p: get("top_p")?.extract().map_err(|e| internal(py, e))?,
+            seed: get("seed")?.extract().map_err(|e| internal(py, e))?,
+            decoder: get("decoder")?.unbind(),
+            first,
+        })
+    }
+
+    /// Decode one batch: `(decoder, new tokens, engine finish code)` per request, one Python call in all.
+    pub fn decode(&self, py: Python<'_>, items: &[(&Py<PyAny>, &[u32], u32)]) -> PyResult<Vec<Decoded>> {
+        let list = PyList::empty(py);
+        for (decoder, tokens, finish) in items {
+            list.append((decoder.bind(py), PyList::new(py, tokens.iter())?, *finish))?;
+        }
+        let out = self.decode_batch.bind(py).call1((list,))?;
+        let mut decoded = Vec::with_capacity(items.len());
+        for item in out.cast::<PyList>()?.iter() {
+            let t = item.cast::<PyTuple>()?;
+            let state = match t.get_item(0)?.extract::<u8>()? {
+                0 => DecodeState::Running,
+                1 => DecodeState::Finished,
+                _ => DecodeState::StoppedEarly,
+            };
+            let payload = t.get_item(1)?;
+            let mut bytes = BytesMut::new();
+            if let Ok(body) = payload.cast::<PyString>() {
+                bytes.extend_from_slice(body.to_str()?.as_bytes());
+            } else {
+                for s in payload.cast::<PyList>()?.iter() {
+                    frame_into(&mut bytes, s.cast::<PyString>()?.to_str()?.as_bytes());
+                }
+            }
+            decoded.push(Decoded { state, bytes });
+        }
+        Ok(decoded)
+    }
+}
+
+/// A Python failure is our bug, not the client's: log it with its traceback, answer a bare 500.
+fn internal(py: Python<'_>, err: PyErr) -> ApiError {
+    err.print(py);
+    tracing::error!("codec raised: {err}");
+    ApiError::Internal
+}

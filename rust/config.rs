@@ -1,0 +1,50 @@
+//! Server settings, handed over from the Python launcher as a dict.
+
+use pyo3::FromPyObject;
+use std::time::Duration;
+
+#[derive(Debug, Clone, FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+    pub served_model_names: Vec<String>,
+    pub max_model_len: u32,
+    pub max_num_seqs: u32,
+    pub request_timeout_s: f64,
+    pub max_body_bytes: usize,
+    pub log_level: String,
+    #[pyo3(default = 3.0)]
+    pub exit_on_rank_failure_s: f64,
+    #[pyo3(default = 30.0)]
+    pub drain_timeout_s: f64,
+    #[pyo3(default = 2)]
+    pub http_workers: usize,
+    #[pyo3(default = 2)]
+    pub codec_threads: usize,
+}
+
+impl ServerConfig {
+    /// `None` means no per-request limit.
+    pub fn request_timeout(&self) -> Option<Duration> {
+        (self.request_timeout_s > 0.0).then(|| Duration::from_secs_f64(self.request_timeout_s))
+    }
+
+    /// Settings for in-process tests.
+    pub fn for_tests() -> Self {
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 0,
+            served_model_names: vec!["test-model".into()],
+            max_model_len: 4096,
+            max_num_seqs: 4,
+            request_timeout_s: 0.0,
+            max_body_bytes: 1 << 20,
+            log_level: "info".into(),
+            exit_on_rank_failure_s: 3.0,
+            drain_timeout_s: 5.0,
+            http_workers: 1,
+            codec_threads: 1,
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! Dispatch: pick a rank for each request, track what is in flight per rank, abort on drop.
+//!
+//! The per-rank `inflight` map is the single point of truth: whoever removes a request's entry (the rank_io
+//! thread on finish, a dropped ticket, a timeout, a rank failure) decides how it ends, so it ends exactly once.
+
+use crate::admission::Permit;
+use crate::error::ApiError;
+use crate::ring::records::{self, Abort, Submit};
+use crate::ring::{Ring, Sender};
+use crate::stream::Outlet;
+use pyo3::prelude::*;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// A request running on a rank.
+pub struct Inflight {
+    pub id: u64,
+    /// The Python `codec.Decoder`; only touched with the GIL, on the rank_io thread.
+    pub decoder: Py<PyAny>,
+    pub outlet: Outlet,
+    pub started: Instant,
+}
+
+/// One data-parallel rank as the server sees it.
+pub struct RankLink {
+    pub index: usize,
+    pub requests: Sender,
+    pub output: Arc<Ring>,
+    inflight: Mutex<HashMap<u64, Arc<Inflight>>>,
+    count: AtomicUsize,
+    alive: AtomicBool,
+}
+
+impl RankLink {
+    pub fn new(index: usize, requests: Arc<Ring>, output: Arc<Ring>) -> Self {
+        RankLink {
+            index,
+            requests: Sender::new(requests),
+            output,
+            inflight: Mutex::new(HashMap::new()),
+            count: AtomicUsize::new(0),
+            alive: AtomicBool::new(true),
+        }
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Look up the requests of a batch under one lock.
+    pub fn lookup(&self, ids: impl Iterator<Item = u64>) -> Vec<Option<Arc<Inflight>>> {
+        let map = self.inflight.lock().unwrap();
+        ids.map(|id| map.get(&id).cloned()).collect()
+    }
+
+    /// Remove a request; `Some` means the caller now owns its ending.
+    pub fn take(&self, id: u64) -> Option<Arc<Inflight>> {
+        let got = self.inflight.lock().unwrap().remove(&id);
+        if got.is_some() {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+        }
+        got
+    }
+
+    /// Tell the rank to stop generating for `id`.
+    pub fn send_abort(&self, id: u64) {
+        // Only fails once the ring is closed, i.e. the rank is gone: nothing left to abort.
+        let _ = self.requests.send(records::ABORT, Abort { request_id: id }.encode().to_vec());
+    }
+
+    /// No new requests go to a dead rank, and /health reports it.
+    pub fn mark_dead(&self) {
+        self.alive.store(false, Ordering::Release);
+    }
+
+    /// Take every request on this rank (rank failure, shutdown).
+    pub fn take_all(&self) -> Vec<Arc<Inflight>> {
+        let drained: Vec<_> = self.inflight.lock().unwrap().drain().map(|(_, v)| v).collect();
+        self.count.fetch_sub(drained.len(), Ordering::Relaxed);
+        drained
+    }
+}
+
+pub struct Dispatcher {
+    pub ranks: Vec<RankLink>,
+    next_id: AtomicU64,
+}
+
+/// What the codec prepared, ready to go to a rank.
+pub struct Job<'a> {
+    pub prompt: &'a [u32],
+    pub max_tokens: u32,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: i32,
+    pub seed: Option<u64>,
+    pub ignore_eos: bool,
+}
+
+impl Dispatcher {
+    pub fn new(ranks: Vec<RankLink>) -> Arc<Self> {
+        Arc::new(Dispatcher { ranks, next_id: AtomicU64::new(1) })
+    }
+
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn all_alive(&self) -> bool {
+        self.ranks.iter().all(RankLink::is_alive)
+    }
+
+    /// The least loaded live rank.
+    fn pick(&self) -> Option<&RankLink> {
+        self.ranks.iter().filter(|r| r.is_alive()).min_by_key(|r| r.in_flight())
+    }
+
+    /// Register the request, then send it: the rank's first token can never beat its registration.
+    pub fn submit(
+        self: &Arc<Self>,
+        id: u64,
+        job: Job<'_>,
+        decoder: Py<PyAny>,
+        outlet: Outlet,
+        permit: Permit,
+    ) -> Result<Ticket, ApiError> {
+        let rank = self.pick().ok_or_else(|| ApiError::Unavailable("no engine rank is running".into()))?;
+        let entry = Arc::new(Inflight { id, decoder, outlet, started: Instant::now() });
+        rank.inflight.lock().unwrap().insert(id, entry);
+        rank.count.fetch_add(1, Ordering::Relaxed);
+        let submit = Submit {
+            request_id: id,
+            prompt: job.prompt,
+            max_tokens: job.max_tokens,
+            temperature: job.temperature,
+            top_p: job.top_p,
+            top_k: job.top_k,
+            seed: job.seed,
+            ignore_eos: job.ignore_eos,
+        };
+        if let Err(e) = rank.requests.send(records::SUBMIT, submit.encode()) {
+            rank.take(id);
+            tracing::error!(rank = rank.index, "cannot send request to rank: {e}");
+            return Err(ApiError::Unavailable(format!("engine rank {} is not accepting requests", rank.index)));
+        }
+        Ok(Ticket { dispatcher: self.clone(), rank: rank.index, id, _permit: permit })
+    }
+}
+
+/// A request's claim on its slot and its rank. Dropping it (client gone, handler finished) aborts the request
+/// on its rank if it is still running there, and frees the admission slot.
+pub struct Ticket {
+    dispatcher: Arc<Dispatcher>,
+    rank: usize,
+    id: u64,
+    _permit: Permit,
+}
+
+impl Ticket {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Abort now (timeout); the same as dropping it.
+    pub fn abort(self) {}
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let link = &self.dispatcher.ranks[self.rank];
+        if link.take(self.id).is_some() && link.is_alive() {
+            link.send_abort(self.id);
+        }
+    }
+}

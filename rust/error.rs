@@ -1,0 +1,114 @@
+//! One error type for every HTTP failure, rendered as the OpenAI error envelope.
+//!
+//! The whole status table lives in `ApiError::parts`.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{message}")]
+    BadRequest { message: String, param: Option<String> },
+    /// A 4xx decided by deepseek-recipe: status and a ready-made envelope.
+    #[error("codec rejected the request ({status})")]
+    Codec { status: StatusCode, body: String },
+    #[error("The model `{0}` does not exist.")]
+    ModelNotFound(String),
+    #[error("The request body is larger than the limit of {0} bytes.")]
+    PayloadTooLarge(usize),
+    #[error("The server is at capacity: {0} requests are in flight. Retry later.")]
+    Overloaded(usize),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("The request did not finish within the request timeout of {0:.3} s.")]
+    Timeout(f64),
+    #[error("{0}")]
+    Engine(String),
+    #[error("Not found: {0}")]
+    RouteNotFound(String),
+    #[error("Method not allowed.")]
+    MethodNotAllowed,
+    #[error("Internal server error.")]
+    Internal,
+}
+
+impl ApiError {
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::BadRequest { message: message.into(), param: None }
+    }
+
+    pub fn bad_param(param: &str, message: impl Into<String>) -> Self {
+        ApiError::BadRequest { message: message.into(), param: Some(param.to_string()) }
+    }
+
+    /// (status, error type, error code) for every variant.
+    fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+        use ApiError::*;
+        match self {
+            BadRequest { .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_request_error"),
+            Codec { status, .. } => (*status, "invalid_request_error", "invalid_request_error"),
+            ModelNotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", "model_not_found"),
+            PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "payload_too_large"),
+            Overloaded(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "rate_limit_exceeded"),
+            Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable_error", "service_unavailable"),
+            Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "timeout_error", "request_timeout"),
+            Engine(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", "engine_error"),
+            RouteNotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", "not_found"),
+            MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed"),
+            Internal => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error"),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.parts().0
+    }
+
+    /// The envelope `{"error": {"message", "type", "param", "code"}}` as JSON text.
+    pub fn envelope(&self) -> String {
+        if let ApiError::Codec { body, .. } = self {
+            return body.clone();
+        }
+        let (_, kind, code) = self.parts();
+        let param = match self {
+            ApiError::BadRequest { param, .. } => param.clone(),
+            ApiError::ModelNotFound(_) => Some("model".to_string()),
+            _ => None,
+        };
+        json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}}).to_string()
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let mut resp = (status, [(header::CONTENT_TYPE, "application/json")], self.envelope()).into_response();
+        if matches!(self, ApiError::Overloaded(_)) {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelope_has_the_openai_shape() {
+        let e = ApiError::ModelNotFound("nope".into());
+        let v: serde_json::Value = serde_json::from_str(&e.envelope()).unwrap();
+        assert_eq!(v["error"]["code"], "model_not_found");
+        assert_eq!(v["error"]["param"], "model");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert!(v["error"]["message"].as_str().unwrap().contains("nope"));
+        assert_eq!(e.status(), StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn overload_sets_retry_after() {
+        let resp = ApiError::Overloaded(8).into_response();
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+    }
+}

@@ -1,0 +1,93 @@
+//! `POST /v1/chat/completions`: validate → admit → codec → dispatch → stream or collect.
+//!
+//! Every refusal (400, 404, 413, 429, 503) is decided before the response starts, so a streaming client gets a
+//! real HTTP status, never a 200 followed by an error event.
+
+use super::AppState;
+use super::request;
+use crate::codec::PrepareRequest;
+use crate::dispatch::Job;
+use crate::error::ApiError;
+use crate::stream::{Outlet, SseBody, StreamBuf};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+
+pub async fn chat_completions(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge(st.config.max_body_bytes)
+        } else {
+            ApiError::bad_request(format!("Could not read the request body: {e}"))
+        }
+    })?;
+    let req = request::parse(&body, &st.config.served_model_names)?;
+    if let Some(err) = st.unavailable() {
+        return Err(err);
+    }
+    let permit = st.admission.try_admit()?;
+    let id = st.dispatcher.next_id();
+    let prepared = st
+        .codec
+        .prepare(PrepareRequest {
+            body: req.body,
+            response_id: format!("chatcmpl-{id:x}{:08x}", rand_u32()),
+            model: req.model,
+            ignore_eos: req.ignore_eos,
+            include_usage: req.include_usage,
+            continuous_usage: req.continuous_usage,
+        })
+        .await?;
+    let job = Job {
+        prompt: &prepared.prompt,
+        max_tokens: prepared.max_tokens,
+        temperature: prepared.temperature,
+        top_p: prepared.top_p,
+        top_k: req.top_k,
+        seed: prepared.seed,
+        ignore_eos: req.ignore_eos,
+    };
+    let timeout = st.config.request_timeout();
+    if req.stream {
+        let buf = StreamBuf::new();
+        buf.push(&prepared.first, false);
+        let ticket = st.dispatcher.submit(id, job, prepared.decoder, Outlet::Stream(buf.clone()), permit)?;
+        let body = Body::from_stream(SseBody::new(buf, ticket, timeout));
+        return Ok((
+            [
+                (header::CONTENT_TYPE, "text/event-stream"),
+                (header::CACHE_CONTROL, "no-cache"),
+                (header::HeaderName::from_static("x-accel-buffering"), "no"),
+            ],
+            body,
+        )
+            .into_response());
+    }
+    let (outlet, rx) = Outlet::unary();
+    let ticket = st.dispatcher.submit(id, job, prepared.decoder, outlet, permit)?;
+    let result = match timeout {
+        Some(t) => match tokio::time::timeout(t, rx).await {
+            Ok(r) => r,
+            Err(_) => return Err(ApiError::Timeout(t.as_secs_f64())), // dropping the ticket aborts the request
+        },
+        None => rx.await,
+    };
+    drop(ticket);
+    let json = result.map_err(|_| ApiError::Internal)??;
+    Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
+}
+
+/// A cheap per-process-random suffix for response ids (uniqueness comes from the request id).
+fn rand_u32() -> u32 {
+    use std::collections::hash_map::RandomState;
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
+    h.finish() as u32
+}

@@ -1,0 +1,30 @@
+//! `/health` and `/v1/models`: answered from Rust state alone, never waiting on Python or a rank.
+
+use super::AppState;
+use axum::Json;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use std::sync::Arc;
+
+pub async fn health(State(st): State<Arc<AppState>>) -> Response {
+    match st.unavailable() {
+        None => Json(json!({"status": "ok"})).into_response(),
+        Some(err) => err.into_response(),
+    }
+}
+
+pub async fn models(State(st): State<Arc<AppState>>) -> Response {
+    let data: Vec<_> = st
+        .config
+        .served_model_names
+        .iter()
+        .map(|name| {
+            json!({
+                "id": name, "object": "model", "created": st.started_unix, "owned_by": "deepinfer-server",
+                "root": name, "parent": null, "max_model_len": st.config.max_model_len,
+            })
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data})).into_response()
+}

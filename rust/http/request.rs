@@ -1,0 +1,262 @@
+//! Chat Completions request checks done in Rust, before any Python runs: JSON shape, model, the features the
+//! service does not offer, and the normalizations deepseek-recipe leaves to the server. Everything else
+//! (messages, sampling ranges, tools) is validated by deepseek-recipe in the codec.
+
+use crate::error::ApiError;
+use serde_json::{Map, Value};
+
+/// What the front end needs to know about a request, plus the normalized body for the codec.
+#[derive(Debug)]
+pub struct ChatRequest {
+    pub model: String,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub continuous_usage: bool,
+    pub ignore_eos: bool,
+    pub top_k: i32,
+    pub body: Vec<u8>,
+}
+
+/// Upper bound deepseek-recipe accepts for max_tokens.
+const MAX_TOKENS_LIMIT: u64 = 393_216;
+
+fn opt_bool(obj: &Map<String, Value>, key: &str, param: &str) -> Result<bool, ApiError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::bad_param(param, format!("'{param}' must be a boolean"))),
+    }
+}
+
+fn opt_u64(obj: &Map<String, Value>, key: &str) -> Result<Option<u64>, ApiError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if (1..=MAX_TOKENS_LIMIT).contains(&n) => Ok(Some(n)),
+            _ => Err(ApiError::bad_param(
+                key,
+                format!("Invalid '{key}': expected an integer in [1, {MAX_TOKENS_LIMIT}], got {v}"),
+            )),
+        },
+    }
+}
+
+/// Reject content the service cannot take (images, audio, files): text parts only.
+fn check_content(i: usize, msg: &Map<String, Value>) -> Result<(), ApiError> {
+    let Some(Value::Array(parts)) = msg.get("content") else {
+        return Ok(());
+    };
+    for (j, part) in parts.iter().enumerate() {
+        let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
+        if kind != "text" {
+            let param = format!("messages[{i}].content[{j}].type");
+            let what = if kind.is_empty() { "a content part without a type".to_string() } else { format!("'{kind}'") };
+            return Err(ApiError::bad_param(
+                &param,
+                format!("Only text content is supported; {what} is not (images, audio and files are not accepted)."),
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub fn parse(raw: &[u8], served: &[String]) -> Result<ChatRequest, ApiError> {
+    let mut v: Value = serde_json::from_slice(raw)
+        .map_err(|e| ApiError::bad_request(format!("The request body is not valid JSON: {e}")))?;
+    let obj = v.as_object_mut().ok_or_else(|| ApiError::bad_request("The request body must be a JSON object."))?;
+
+    let model = match obj.get("model") {
+        Some(Value::String(m)) => m.clone(),
+        None | Some(Value::Null) => {
+            return Err(ApiError::bad_param("model", "'model' is required."));
+        }
+        Some(_) => return Err(ApiError::bad_param("model", "'model' must be a string.")),
+    };
+    if !served.contains(&model) {
+        return Err(ApiError::ModelNotFound(model));
+    }
+
+    match obj.get_mut("messages") {
+        Some(Value::Array(msgs)) if !msgs.is_empty() => {
+            for (i, m) in msgs.iter_mut().enumerate() {
+                let m = m
+                    .as_object_mut()
+                    .ok_or_else(|| ApiError::bad_param(&format!("messages[{i}]"), "Each message must be an object."))?;
+                if m.get("role").and_then(Value::as_str) == Some("developer") {
+                    m.insert("role".into(), Value::String("system".into()));
+                }
+                check_content(i, m)?;
+            }
+        }
+        Some(Value::Array(_)) => {
+            return Err(ApiError::bad_param("messages", "'messages' must not be empty."));
+        }
+        _ => {
+            return Err(ApiError::bad_param("messages", "'messages' is required and must be an array."));
+        }
+    }
+
+    let stream = opt_bool(obj, "stream", "stream")?;
+    let (mut include_usage, mut continuous_usage) = (false, false);
+    match obj.get("stream_options") {
+        None | Some(Value::Null) => {
+            obj.remove("stream_options");
+        }
+        Some(Value::Object(so)) => {
+            if !stream {
+                return Err(ApiError::bad_param(
+                    "stream_options",
+                    "'stream_options' is only allowed with \"stream\": true.",
+                ));
+            }
+            include_usage = opt_bool(so, "include_usage", "stream_options.include_usage")?;
+            continuous_usage = opt_bool(so, "continuous_usage_stats", "stream_options.continuous_usage_stats")?;
+        }
+        Some(_) => {
+            return Err(ApiError::bad_param("stream_options", "'stream_options' must be an object."));
+        }
+    }
+
+    match obj.get("n") {
+        None | Some(Value::Null) => {}
+        Some(n) if n.as_u64() == Some(1) => {}
+        Some(_) => return Err(ApiError::bad_param("n", "Only n = 1 is supported.")),
+    }
+    if opt_bool(obj, "logprobs", "logprobs")? || !matches!(obj.get("top_logprobs"), None | Some(Value::Null)) {
+        return Err(ApiError::bad_param("logprobs", "logprobs are not supported."));
+    }
+    match obj.get("tool_choice") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s == "auto" || s == "none" => {}
+        Some(_) => {
+            return Err(ApiError::bad_param(
+                "tool_choice",
+                "Only tool_choice \"auto\" and \"none\" are supported; forcing a tool call is not.",
+            ));
+        }
+    }
+    match obj.get("response_format") {
+        None | Some(Value::Null) => {}
+        Some(rf) if rf.get("type").and_then(Value::as_str) == Some("text") => {}
+        Some(_) => {
+            return Err(ApiError::bad_param(
+                "response_format",
+                "Structured output (json_object, json_schema, regex) is not supported; only \"text\" is.",
+            ));
+        }
+    }
+
+    // max_completion_tokens wins over the deprecated max_tokens (as in vLLM); the recipe reads max_tokens only.
+    let max_tokens = opt_u64(obj, "max_tokens")?;
+    let max_completion = opt_u64(obj, "max_completion_tokens")?;
+    obj.remove("max_completion_tokens");
+    if let Some(n) = max_completion.or(max_tokens) {
+        obj.insert("max_tokens".into(), Value::from(n));
+    }
+
+    let ignore_eos = opt_bool(obj, "ignore_eos", "ignore_eos")?;
+    let top_k = match obj.get("top_k") {
+        None | Some(Value::Null) => -1,
+        Some(v) => match v.as_i64() {
+            Some(k) if k == -1 || (1..=i32::MAX as i64).contains(&k) => k as i32,
+            _ => {
+                return Err(ApiError::bad_param("top_k", "'top_k' must be -1 or a positive integer."));
+            }
+        },
+    };
+
+    let body = serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?;
+    Ok(ChatRequest { model, stream, include_usage, continuous_usage, ignore_eos, top_k, body })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn names() -> Vec<String> {
+        vec!["m".to_string()]
+    }
+
+    fn ok(v: Value) -> ChatRequest {
+        parse(v.to_string().as_bytes(), &names()).unwrap()
+    }
+
+    fn err(v: Value) -> ApiError {
+        parse(v.to_string().as_bytes(), &names()).unwrap_err()
+    }
+
+    fn base() -> Value {
+        json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    }
+
+    fn with(extra: Value) -> Value {
+        let mut b = base();
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b
+    }
+
+    #[test]
+    fn minimal_request_and_defaults() {
+        let r = ok(base());
+        assert!(!r.stream && !r.include_usage && !r.ignore_eos);
+        assert_eq!(r.top_k, -1);
+    }
+
+    #[test]
+    fn bad_json_and_shapes_are_400() {
+        assert_eq!(parse(b"{not json", &names()).unwrap_err().status(), 400);
+        assert_eq!(parse(b"[1]", &names()).unwrap_err().status(), 400);
+        assert_eq!(err(json!({"messages": []})).status(), 400);
+        assert_eq!(err(json!({"model": "m"})).status(), 400);
+        assert_eq!(err(json!({"model": "m", "messages": []})).status(), 400);
+        assert_eq!(err(json!({"model": "m", "messages": ["x"]})).status(), 400);
+    }
+
+    #[test]
+    fn unknown_model_is_404() {
+        assert_eq!(err(json!({"model": "other", "messages": [{"role": "user", "content": "x"}]})).status(), 404);
+    }
+
+    #[test]
+    fn unsupported_features_are_400() {
+        for extra in [
+            json!({"n": 2}),
+            json!({"logprobs": true}),
+            json!({"top_logprobs": 2}),
+            json!({"tool_choice": "required"}),
+            json!({"tool_choice": {"type": "function", "function": {"name": "f"}}}),
+            json!({"response_format": {"type": "json_object"}}),
+            json!({"stream_options": {"include_usage": true}}),
+            json!({"max_tokens": 0}),
+            json!({"max_completion_tokens": -3}),
+            json!({"ignore_eos": "yes"}),
+            json!({"top_k": 0}),
+        ] {
+            assert_eq!(err(with(extra.clone())).status(), 400, "{extra}");
+        }
+        let img = json!({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]});
+        let e = err(with(img));
+        assert!(e.envelope().contains("messages[0].content[1].type"));
+    }
+
+    #[test]
+    fn normalizations_for_the_recipe() {
+        let r = ok(with(json!({
+            "messages": [{"role": "developer", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "max_tokens": 50, "max_completion_tokens": 7, "stream": true,
+            "stream_options": {"include_usage": true, "continuous_usage_stats": true}, "ignore_eos": true, "top_k": 5,
+        })));
+        let body: Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(body["messages"][0]["role"], "system");
+        assert_eq!(body["max_tokens"], 7);
+        assert!(body.get("max_completion_tokens").is_none());
+        assert!(r.stream && r.include_usage && r.continuous_usage && r.ignore_eos);
+        assert_eq!(r.top_k, 5);
+        let r = ok(with(json!({"max_completion_tokens": 9, "stream_options": null})));
+        let body: Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(body["max_tokens"], 9);
+        assert!(body.get("stream_options").is_none());
+    }
+}

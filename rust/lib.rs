@@ -1,0 +1,25 @@
+//! DeepInfer-server's native core: the HTTP front end and the shared-memory rings.
+//!
+//! Request path: http → admission → codec → dispatch → ring → rank → ring → rank_io → stream → SSE.
+
+pub mod admission;
+pub mod codec;
+pub mod config;
+pub mod dispatch;
+pub mod error;
+pub mod http;
+pub mod rank_io;
+pub mod ring;
+pub mod server;
+pub mod stream;
+pub mod supervisor;
+
+use pyo3::prelude::*;
+
+/// The Python extension module `deepinfer_server._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    ring::py::register(m)?;
+    m.add_function(wrap_pyfunction!(server::serve, m)?)?;
+    Ok(())
+}

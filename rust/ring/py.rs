@@ -1,0 +1,373 @@
+//! Python bindings: the engine ranks (and tests / fake servers) use these to
+//! read requests and publish token batches. Blocking calls release the GIL
+//! and wake up every `SIGNAL_POLL` to let Ctrl-C / signal handlers run.
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pyo3::exceptions::{PyException, PyIndexError, PyTimeoutError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyTuple};
+
+use super::layout::AUX_WORDS;
+use super::records::{self, Request, Submit, TokenEntry};
+use super::{Ring, RingError as CoreError};
+
+pyo3::create_exception!(deepinfer_server._native, RingClosed, PyException, "The ring was closed by either side.");
+pyo3::create_exception!(
+    deepinfer_server._native,
+    RingError,
+    PyException,
+    "Malformed ring data or a record too large for the ring."
+);
+
+/// Longest single GIL-free sleep before checking for Python signals.
+const SIGNAL_POLL: Duration = Duration::from_millis(200);
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<PyRing>()?;
+    m.add("RingClosed", py.get_type::<RingClosed>())?;
+    m.add("RingError", py.get_type::<RingError>())?;
+    for (name, v) in [
+        ("KIND_SUBMIT", records::SUBMIT),
+        ("KIND_ABORT", records::ABORT),
+        ("KIND_SHUTDOWN", records::SHUTDOWN),
+        ("KIND_TOKENS", records::TOKENS),
+        ("FINISH_NONE", records::FINISH_NONE),
+        ("FINISH_STOP", records::FINISH_STOP),
+        ("FINISH_LENGTH", records::FINISH_LENGTH),
+        ("FINISH_ABORT", records::FINISH_ABORT),
+        ("FINISH_ERROR", records::FINISH_ERROR),
+    ] {
+        m.add(name, v)?;
+    }
+    for (name, v) in super::status::EXPORTS {
+        m.add(*name, *v)?;
+    }
+    Ok(())
+}
+
+fn ring_err(e: CoreError) -> PyErr {
+    match e {
+        CoreError::Closed => RingClosed::new_err("ring is closed"),
+        CoreError::Timeout => PyTimeoutError::new_err("timed out waiting for ring space"),
+        e => RingError::new_err(e.to_string()),
+    }
+}
+
+fn io_err(e: io::Error) -> PyErr {
+    match e.kind() {
+        io::ErrorKind::InvalidInput => PyValueError::new_err(e.to_string()),
+        io::ErrorKind::InvalidData => RingError::new_err(e.to_string()),
+        _ => e.into(),
+    }
+}
+
+/// `None` = forever; a timeout too large to represent is also forever.
+fn duration(timeout: Option<f64>) -> PyResult<Option<Duration>> {
+    match timeout {
+        None => Ok(None),
+        Some(t) if t.is_nan() => Err(PyValueError::new_err("timeout is NaN")),
+        Some(t) => Ok(Duration::try_from_secs_f64(t.max(0.0)).ok()),
+    }
+}
+
+/// f32 -> the shortest f64 that prints the same (0.7f32 -> 0.7, not 0.699999988).
+fn f32_to_py(x: f32) -> f64 {
+    x.to_string().parse().unwrap_or(f64::from(x))
+}
+
+/// Runs `attempt(slice)` with the GIL released, in slices of at most
+/// `SIGNAL_POLL`, until it stops timing out or `timeout` expires.
+fn blocking<T: Send>(
+    py: Python<'_>,
+    timeout: Option<Duration>,
+    attempt: impl Fn(Duration) -> Result<T, CoreError> + Sync,
+) -> PyResult<T> {
+    let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+    loop {
+        let slice = match deadline {
+            Some(d) => d.saturating_duration_since(Instant::now()).min(SIGNAL_POLL),
+            None => SIGNAL_POLL,
+        };
+        match py.detach(|| attempt(slice)) {
+            Err(CoreError::Timeout) if deadline.is_none_or(|d| Instant::now() < d) => py.check_signals()?,
+            r => return r.map_err(ring_err),
+        }
+    }
+}
+
+/// Shared-memory SPSC ring (see the Rust `ring` module docs).
+#[pyclass(name = "Ring", module = "deepinfer_server._native", frozen)]
+pub struct PyRing {
+    ring: Arc<Ring>,
+}
+
+impl PyRing {
+    /// The shared ring, for the Rust server side.
+    pub fn ring(&self) -> Arc<Ring> {
+        self.ring.clone()
+    }
+}
+
+impl PyRing {
+    /// Pushes one record built by `fill` (a `Copy` closure so it can be
+    /// retried): first without releasing the GIL, then blocking without it.
+    fn push_with<F>(&self, py: Python<'_>, kind: u32, len: usize, timeout: Option<f64>, fill: F) -> PyResult<()>
+    where
+        F: FnOnce(&mut [u8]) + Copy + Sync,
+    {
+        let timeout = duration(timeout)?;
+        if self.ring.try_push_with(kind, len, fill).map_err(ring_err)?.is_ok() {
+            return Ok(());
+        }
+        if timeout == Some(Duration::ZERO) {
+            return Err(ring_err(CoreError::Timeout));
+        }
+        blocking(py, timeout, |slice| self.ring.push_blocking_with(kind, len, Some(slice), fill))
+    }
+}
+
+type PyEntry = (u64, Vec<u32>, u32, Option<String>);
+
+fn parse_entry(item: &Bound<'_, PyAny>) -> PyResult<PyEntry> {
+    let t = item.cast::<PyTuple>()?;
+    let reason = match t.len() {
+        3 => None,
+        4 => t.get_item(3)?.extract::<Option<String>>()?,
+        n => {
+            return Err(PyValueError::new_err(format!(
+                "token entry must be (request_id, tokens, finish[, reason]), got {n} items"
+            )));
+        }
+    };
+    let finish: u32 = t.get_item(2)?.extract()?;
+    if finish > records::FINISH_ERROR {
+        return Err(PyValueError::new_err(format!("unknown finish code {finish}")));
+    }
+    Ok((t.get_item(0)?.extract()?, t.get_item(1)?.extract()?, finish, reason))
+}
+
+fn prompt_ids(prompt: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    if let Ok(b) = prompt.cast::<PyBytes>() {
+        let b = b.as_bytes();
+        if b.len() % 4 != 0 {
+            return Err(PyValueError::new_err("prompt bytes must be little-endian u32 ids"));
+        }
+        return Ok(b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect());
+    }
+    prompt.extract()
+}
+
+#[pymethods]
+impl PyRing {
+    /// Creates a new ring file (fails if it exists); capacity: power of two >= 4096.
+    #[staticmethod]
+    fn create(path: PathBuf, capacity: u64) -> PyResult<Self> {
+        let ring = Ring::create(path, capacity).map_err(io_err)?;
+        Ok(PyRing { ring: Arc::new(ring) })
+    }
+
+    #[staticmethod]
+    fn open(path: PathBuf) -> PyResult<Self> {
+        let ring = Ring::open(path).map_err(io_err)?;
+        Ok(PyRing { ring: Arc::new(ring) })
+    }
+
+    /// Removes the file; rings already opened keep working.
+    #[staticmethod]
+    fn unlink(path: PathBuf) -> PyResult<()> {
+        Ring::unlink(path).map_err(io_err)
+    }
+
+    /// Marks the ring closed and wakes all waiters, in every process.
+    fn close(&self) {
+        self.ring.close();
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.ring.is_closed()
+    }
+
+    #[getter]
+    fn capacity(&self) -> u64 {
+        self.ring.capacity()
+    }
+
+    #[getter]
+    fn used_bytes(&self) -> u64 {
+        self.ring.used_bytes()
+    }
+
+    fn aux(&self, i: usize) -> PyResult<u64> {
+        if i >= AUX_WORDS {
+            return Err(PyIndexError::new_err("aux index out of range"));
+        }
+        Ok(self.ring.aux(i))
+    }
+
+    fn set_aux(&self, i: usize, v: u64) -> PyResult<()> {
+        if i >= AUX_WORDS {
+            return Err(PyIndexError::new_err("aux index out of range"));
+        }
+        self.ring.set_aux(i, v);
+        Ok(())
+    }
+
+    /// Waits (GIL released) until records are available or the ring is
+    /// closed -> True; False once `timeout` seconds passed without data.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let timeout = duration(timeout)?;
+        if timeout == Some(Duration::ZERO) {
+            return Ok(self.ring.wait_readable(Some(Duration::ZERO)));
+        }
+        let r = blocking(py, timeout, |slice| match self.ring.wait_readable(Some(slice)) {
+            true => Ok(()),
+            false => Err(CoreError::Timeout),
+        });
+        match r {
+            Ok(()) => Ok(true),
+            Err(e) if e.is_instance_of::<PyTimeoutError>(py) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    // ------------------------------------------------------- request side
+
+    #[pyo3(signature = (request_id, prompt, max_tokens, temperature=1.0, top_p=1.0, top_k=-1, seed=None, ignore_eos=false, timeout=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn push_submit(
+        &self,
+        py: Python<'_>,
+        request_id: u64,
+        prompt: &Bound<'_, PyAny>,
+        max_tokens: u32,
+        temperature: f32,
+        top_p: f32,
+        top_k: i32,
+        seed: Option<u64>,
+        ignore_eos: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<()> {
+        let prompt = prompt_ids(prompt)?;
+        let s =
+            Submit { request_id, prompt: prompt.as_slice(), max_tokens, temperature, top_p, top_k, seed, ignore_eos };
+        let s = &s;
+        self.push_with(py, records::SUBMIT, s.encoded_len(), timeout, move |b| s.write(b))
+    }
+
+    #[pyo3(signature = (request_id, timeout=None))]
+    fn push_abort(&self, py: Python<'_>, request_id: u64, timeout: Option<f64>) -> PyResult<()> {
+        let bytes = records::Abort { request_id }.encode();
+        self.push_with(py, records::ABORT, bytes.len(), timeout, move |b| b.copy_from_slice(&bytes))
+    }
+
+    #[pyo3(signature = (timeout=None))]
+    fn push_shutdown(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        self.push_with(py, records::SHUTDOWN, 0, timeout, |_| {})
+    }
+
+    /// Consumes available request records: `(1, request_id, prompt_ids,
+    /// max_tokens, temperature, top_p, top_k, seed|None, ignore_eos)`,
+    /// `(2, request_id)`, `(3,)`. A malformed record (a peer bug) raises
+    /// `RingError`; everything drained by that call is consumed and lost.
+    #[pyo3(signature = (max_bytes=1 << 26))]
+    fn drain_requests<'py>(&self, py: Python<'py>, max_bytes: usize) -> PyResult<Bound<'py, PyList>> {
+        let out = PyList::empty(py);
+        let mut err: Option<PyErr> = None;
+        self.ring
+            .drain(max_bytes, |kind, payload| {
+                if err.is_some() {
+                    return;
+                }
+                let item = match records::decode_request(kind, payload) {
+                    Ok(Request::Submit(s)) => PyList::new(py, s.prompt.iter()).and_then(|prompt| {
+                        (
+                            records::SUBMIT,
+                            s.request_id,
+                            prompt,
+                            s.max_tokens,
+                            f32_to_py(s.temperature),
+                            f32_to_py(s.top_p),
+                            s.top_k,
+                            s.seed,
+                            s.ignore_eos,
+                        )
+                            .into_pyobject(py)
+                            .map(Bound::into_any)
+                    }),
+                    Ok(Request::Abort(a)) => (records::ABORT, a.request_id).into_pyobject(py).map(Bound::into_any),
+                    Ok(Request::Shutdown) => (records::SHUTDOWN,).into_pyobject(py).map(Bound::into_any),
+                    Err(e) => Err(RingError::new_err(e.to_string())),
+                };
+                if let Err(e) = item.and_then(|i| out.append(i)) {
+                    err = Some(e);
+                }
+            })
+            .map_err(ring_err)?;
+        err.map_or(Ok(out), Err)
+    }
+
+    // -------------------------------------------------------- output side
+
+    /// Writes ONE TOKENS record with all `(request_id, tokens, finish[,
+    /// reason])` entries; blocks with the GIL released while the ring is
+    /// full. Raises RingClosed, TimeoutError, or RingError (too large).
+    #[pyo3(signature = (entries, timeout=None))]
+    fn publish(&self, py: Python<'_>, entries: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<()> {
+        let parsed = entries.try_iter()?.map(|item| parse_entry(&item?)).collect::<PyResult<Vec<PyEntry>>>()?;
+        let entries: Vec<TokenEntry<'_, &[u32]>> = parsed
+            .iter()
+            .map(|(request_id, tokens, finish, reason)| TokenEntry {
+                request_id: *request_id,
+                finish: *finish,
+                tokens: tokens.as_slice(),
+                reason: reason.as_deref(),
+            })
+            .collect();
+        let entries = entries.as_slice();
+        let len = records::tokens_encoded_len(entries);
+        self.push_with(py, records::TOKENS, len, timeout, move |b| records::write_tokens(entries, b))
+    }
+
+    /// Consumes available TOKENS records and returns their entries,
+    /// flattened: `(request_id, tokens, finish, reason|None)`. Malformed data
+    /// raises `RingError` (what that call drained is consumed and lost).
+    #[pyo3(signature = (max_bytes=1 << 26))]
+    fn drain_tokens<'py>(&self, py: Python<'py>, max_bytes: usize) -> PyResult<Bound<'py, PyList>> {
+        let out = PyList::empty(py);
+        let mut err: Option<PyErr> = None;
+        self.ring
+            .drain(max_bytes, |kind, payload| {
+                if err.is_some() {
+                    return;
+                }
+                let res = (|| -> PyResult<()> {
+                    if kind != records::TOKENS {
+                        return Err(RingError::new_err(format!("unexpected record kind {kind} on output ring")));
+                    }
+                    let batch = records::decode_tokens(payload).map_err(|e| RingError::new_err(e.to_string()))?;
+                    for e in batch {
+                        let e = e.map_err(|e| RingError::new_err(e.to_string()))?;
+                        let tokens = PyList::new(py, e.tokens.iter())?;
+                        out.append((e.request_id, tokens, e.finish, e.reason))?;
+                    }
+                    Ok(())
+                })();
+                if let Err(e) = res {
+                    err = Some(e);
+                }
+            })
+            .map_err(ring_err)?;
+        err.map_or(Ok(out), Err)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("{:?}", self.ring)
+    }
+}

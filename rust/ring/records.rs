@@ -1,0 +1,526 @@
+//! The record contract between the server and the engine ranks: the ONE
+//! definition used by Rust and (through `py`) by the Python ranks.
+//!
+//! Everything is little-endian with 8-byte-friendly field order. Request
+//! ring kinds: `SUBMIT`, `ABORT`, `SHUTDOWN`; output ring kind: `TOKENS`.
+//!
+//! ```text
+//! SUBMIT:  request_id u64 | max_tokens u32 | flags u32 | temperature f32 | top_p f32
+//!          | top_k i32 | reserved u32 | seed u64 | n_prompt u32 | pad u32 | n_prompt x u32
+//! ABORT:   request_id u64
+//! SHUTDOWN: (empty)
+//! TOKENS:  n_entries u32 | pad u32 | entries...
+//!   entry: request_id u64 | finish u32 | n_tokens u32 | n_tokens x u32
+//!          | [finish == FINISH_ERROR: reason_len u32 | utf-8 reason] | pad to 8
+//! ```
+//!
+//! Encoders write straight into the ring mapping (`Ring::try_push_with`);
+//! decoders never panic on malformed input and never assume alignment.
+
+use std::time::Duration;
+
+use super::layout::align8;
+use super::{Ring, RingError};
+
+pub const SUBMIT: u32 = 1;
+pub const ABORT: u32 = 2;
+pub const SHUTDOWN: u32 = 3;
+pub const TOKENS: u32 = 16;
+
+pub const FINISH_NONE: u32 = 0;
+pub const FINISH_STOP: u32 = 1;
+pub const FINISH_LENGTH: u32 = 2;
+pub const FINISH_ABORT: u32 = 3;
+pub const FINISH_ERROR: u32 = 4;
+
+pub const FLAG_IGNORE_EOS: u32 = 1 << 0;
+pub const FLAG_HAS_SEED: u32 = 1 << 1;
+
+/// Fixed part of a SUBMIT payload.
+pub const SUBMIT_HEADER: usize = 48;
+/// Fixed part of a TOKENS payload / of one entry.
+pub const TOKENS_HEADER: usize = 8;
+pub const ENTRY_HEADER: usize = 16;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    #[error("record truncated")]
+    Truncated,
+    #[error("{0} unexpected trailing bytes in record")]
+    TrailingBytes(usize),
+    #[error("unknown record kind {0}")]
+    UnknownKind(u32),
+    #[error("unknown finish code {0}")]
+    BadFinish(u32),
+    #[error("error reason is not valid utf-8")]
+    BadUtf8,
+}
+
+/// A little-endian `u32` array borrowed from a record (any alignment).
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+pub struct U32s<'a>(&'a [u8]);
+
+impl<'a> U32s<'a> {
+    pub fn len(&self) -> usize {
+        self.0.len() / 4
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = u32> + 'a {
+        self.0.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+    }
+    pub fn to_vec(&self) -> Vec<u32> {
+        self.iter().collect()
+    }
+    /// The raw little-endian bytes.
+    pub fn as_bytes(&self) -> &'a [u8] {
+        self.0
+    }
+}
+
+impl std::fmt::Debug for U32s<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// A generation request. `P` is `&[u32]`/`Vec<u32>` when encoding and
+/// [`U32s`] when decoded from the ring.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Submit<P> {
+    pub request_id: u64,
+    pub prompt: P,
+    pub max_tokens: u32,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: i32,
+    pub seed: Option<u64>,
+    pub ignore_eos: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Abort {
+    pub request_id: u64,
+}
+
+/// A decoded request-ring record.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Request<'a> {
+    Submit(Submit<U32s<'a>>),
+    Abort(Abort),
+    Shutdown,
+}
+
+/// One entry of a TOKENS batch. `reason` is only encoded for `FINISH_ERROR`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenEntry<'a, T> {
+    pub request_id: u64,
+    pub finish: u32,
+    pub tokens: T,
+    pub reason: Option<&'a str>,
+}
+
+// ------------------------------------------------------------------ writing
+
+/// Sequential little-endian writer over a pre-sized buffer.
+struct Writer<'b> {
+    buf: &'b mut [u8],
+    off: usize,
+}
+
+impl Writer<'_> {
+    fn bytes(&mut self, b: &[u8]) {
+        self.buf[self.off..self.off + b.len()].copy_from_slice(b);
+        self.off += b.len();
+    }
+    fn u32(&mut self, v: u32) {
+        self.bytes(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.bytes(&v.to_le_bytes());
+    }
+    fn u32s(&mut self, v: &[u32]) {
+        let dst = &mut self.buf[self.off..self.off + 4 * v.len()];
+        for (d, x) in dst.chunks_exact_mut(4).zip(v) {
+            d.copy_from_slice(&x.to_le_bytes());
+        }
+        self.off += 4 * v.len();
+    }
+    fn pad8(&mut self) {
+        let end = align8(self.off);
+        self.buf[self.off..end].fill(0);
+        self.off = end;
+    }
+}
+
+impl<P: AsRef<[u32]>> Submit<P> {
+    pub fn encoded_len(&self) -> usize {
+        SUBMIT_HEADER + 4 * self.prompt.as_ref().len()
+    }
+
+    /// Writes the payload into `buf` (exactly `encoded_len()` bytes).
+    pub fn write(&self, buf: &mut [u8]) {
+        let prompt = self.prompt.as_ref();
+        let flags =
+            if self.ignore_eos { FLAG_IGNORE_EOS } else { 0 } | if self.seed.is_some() { FLAG_HAS_SEED } else { 0 };
+        let mut w = Writer { buf, off: 0 };
+        w.u64(self.request_id);
+        w.u32(self.max_tokens);
+        w.u32(flags);
+        w.bytes(&self.temperature.to_le_bytes());
+        w.bytes(&self.top_p.to_le_bytes());
+        w.bytes(&self.top_k.to_le_bytes());
+        w.u32(0);
+        w.u64(self.seed.unwrap_or(0));
+        w.u32(prompt.len() as u32);
+        w.u32(0);
+        w.u32s(prompt);
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = vec![0; self.encoded_len()];
+        self.write(&mut v);
+        v
+    }
+}
+
+impl Abort {
+    pub fn encode(&self) -> [u8; 8] {
+        self.request_id.to_le_bytes()
+    }
+}
+
+fn entry_len<T: AsRef<[u32]>>(e: &TokenEntry<'_, T>) -> usize {
+    let reason = match (e.finish, e.reason) {
+        (FINISH_ERROR, r) => 4 + r.map_or(0, str::len),
+        _ => 0,
+    };
+    align8(ENTRY_HEADER + 4 * e.tokens.as_ref().len() + reason)
+}
+
+/// Payload size of a TOKENS record holding `entries`.
+pub fn tokens_encoded_len<T: AsRef<[u32]>>(entries: &[TokenEntry<'_, T>]) -> usize {
+    TOKENS_HEADER + entries.iter().map(entry_len).sum::<usize>()
+}
+
+/// Writes a TOKENS payload into `buf` (exactly `tokens_encoded_len` bytes).
+pub fn write_tokens<T: AsRef<[u32]>>(entries: &[TokenEntry<'_, T>], buf: &mut [u8]) {
+    let mut w = Writer { buf, off: 0 };
+    w.u32(entries.len() as u32);
+    w.u32(0);
+    for e in entries {
+        let tokens = e.tokens.as_ref();
+        w.u64(e.request_id);
+        w.u32(e.finish);
+        w.u32(tokens.len() as u32);
+        w.u32s(tokens);
+        if e.finish == FINISH_ERROR {
+            let r = e.reason.unwrap_or("");
+            w.u32(r.len() as u32);
+            w.bytes(r.as_bytes());
+        }
+        w.pad8();
+    }
+}
+
+pub fn encode_tokens<T: AsRef<[u32]>>(entries: &[TokenEntry<'_, T>]) -> Vec<u8> {
+    let mut v = vec![0; tokens_encoded_len(entries)];
+    write_tokens(entries, &mut v);
+    v
+}
+
+/// Pushes a SUBMIT straight into the ring (blocking while full, up to `timeout`).
+pub fn push_submit<P: AsRef<[u32]>>(ring: &Ring, s: &Submit<P>, timeout: Option<Duration>) -> Result<(), RingError> {
+    ring.push_blocking_with(SUBMIT, s.encoded_len(), timeout, |b| s.write(b))
+}
+
+pub fn push_abort(ring: &Ring, a: Abort, timeout: Option<Duration>) -> Result<(), RingError> {
+    ring.push_blocking(ABORT, &[&a.encode()], timeout)
+}
+
+pub fn push_shutdown(ring: &Ring, timeout: Option<Duration>) -> Result<(), RingError> {
+    ring.push_blocking(SHUTDOWN, &[], timeout)
+}
+
+/// Pushes one TOKENS record (blocking while full, up to `timeout`).
+pub fn push_tokens<T: AsRef<[u32]>>(
+    ring: &Ring,
+    entries: &[TokenEntry<'_, T>],
+    timeout: Option<Duration>,
+) -> Result<(), RingError> {
+    let len = tokens_encoded_len(entries);
+    ring.push_blocking_with(TOKENS, len, timeout, |b| write_tokens(entries, b))
+}
+
+// ------------------------------------------------------------------ reading
+
+/// Bounds-checked little-endian reader; every read may fail, none panics.
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], RecordError> {
+        if n > self.buf.len() {
+            return Err(RecordError::Truncated);
+        }
+        let (a, b) = self.buf.split_at(n);
+        self.buf = b;
+        Ok(a)
+    }
+    fn arr<const N: usize>(&mut self) -> Result<[u8; N], RecordError> {
+        let mut a = [0; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+    fn u32(&mut self) -> Result<u32, RecordError> {
+        self.arr().map(u32::from_le_bytes)
+    }
+    fn u64(&mut self) -> Result<u64, RecordError> {
+        self.arr().map(u64::from_le_bytes)
+    }
+    fn u32s(&mut self, n: u32) -> Result<U32s<'a>, RecordError> {
+        let bytes = (n as usize).checked_mul(4).ok_or(RecordError::Truncated)?;
+        self.take(bytes).map(U32s)
+    }
+    fn finish(&self) -> Result<(), RecordError> {
+        match self.buf.len() {
+            0 => Ok(()),
+            n => Err(RecordError::TrailingBytes(n)),
+        }
+    }
+}
+
+/// Decodes a request-ring record.
+pub fn decode_request(kind: u32, payload: &[u8]) -> Result<Request<'_>, RecordError> {
+    let mut r = Reader { buf: payload };
+    let req = match kind {
+        SUBMIT => {
+            let request_id = r.u64()?;
+            let max_tokens = r.u32()?;
+            let flags = r.u32()?;
+            let temperature = f32::from_le_bytes(r.arr()?);
+            let top_p = f32::from_le_bytes(r.arr()?);
+            let top_k = i32::from_le_bytes(r.arr()?);
+            let _reserved = r.u32()?;
+            let seed = r.u64()?;
+            let n_prompt = r.u32()?;
+            let _pad = r.u32()?;
+            let prompt = r.u32s(n_prompt)?;
+            Request::Submit(Submit {
+                request_id,
+                prompt,
+                max_tokens,
+                temperature,
+                top_p,
+                top_k,
+                seed: (flags & FLAG_HAS_SEED != 0).then_some(seed),
+                ignore_eos: flags & FLAG_IGNORE_EOS != 0,
+            })
+        }
+        ABORT => Request::Abort(Abort { request_id: r.u64()? }),
+        SHUTDOWN => Request::Shutdown,
+        k => return Err(RecordError::UnknownKind(k)),
+    };
+    r.finish()?;
+    Ok(req)
+}
+
+/// Starts decoding a TOKENS payload; entries are validated as iterated.
+pub fn decode_tokens(payload: &[u8]) -> Result<TokenBatch<'_>, RecordError> {
+    let mut r = Reader { buf: payload };
+    let n = r.u32()?;
+    let _pad = r.u32()?;
+    // Every entry takes at least ENTRY_HEADER bytes: reject absurd counts early.
+    if n as usize > r.buf.len() / ENTRY_HEADER {
+        return Err(RecordError::Truncated);
+    }
+    Ok(TokenBatch { r, left: n })
+}
+
+/// Iterator over the entries of one TOKENS record. Yields at most one error,
+/// then stops.
+pub struct TokenBatch<'a> {
+    r: Reader<'a>,
+    left: u32,
+}
+
+impl<'a> TokenBatch<'a> {
+    /// Entries not yet yielded.
+    pub fn remaining(&self) -> usize {
+        self.left as usize
+    }
+
+    fn entry(&mut self) -> Result<TokenEntry<'a, U32s<'a>>, RecordError> {
+        let start = self.r.buf.len();
+        let request_id = self.r.u64()?;
+        let finish = self.r.u32()?;
+        let n = self.r.u32()?;
+        let tokens = self.r.u32s(n)?;
+        let reason = match finish {
+            FINISH_NONE..FINISH_ERROR => None,
+            FINISH_ERROR => {
+                let len = self.r.u32()?;
+                let bytes = self.r.take(len as usize)?;
+                Some(std::str::from_utf8(bytes).map_err(|_| RecordError::BadUtf8)?)
+            }
+            f => return Err(RecordError::BadFinish(f)),
+        };
+        let used = start - self.r.buf.len();
+        self.r.take(align8(used) - used)?;
+        Ok(TokenEntry { request_id, finish, tokens, reason })
+    }
+}
+
+impl<'a> Iterator for TokenBatch<'a> {
+    type Item = Result<TokenEntry<'a, U32s<'a>>, RecordError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.left == 0 {
+            // Report trailing garbage once, then stay exhausted.
+            let trailing = self.r.finish().err();
+            self.r.buf = &[];
+            return trailing.map(Err);
+        }
+        match self.entry() {
+            Ok(e) => {
+                self.left -= 1;
+                Some(Ok(e))
+            }
+            Err(e) => {
+                self.left = 0;
+                self.r.buf = &[];
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn xorshift(s: &mut u64) -> u64 {
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        *s
+    }
+
+    #[test]
+    fn submit_round_trip() {
+        for (seed, ignore_eos, prompt) in
+            [(Some(42u64), true, vec![1u32, 2, 3, u32::MAX]), (None, false, vec![]), (Some(0), false, vec![7])]
+        {
+            let s = Submit {
+                request_id: 0xdead_beef_0123,
+                prompt: prompt.as_slice(),
+                max_tokens: 512,
+                temperature: 0.7,
+                top_p: 0.95,
+                top_k: -1,
+                seed,
+                ignore_eos,
+            };
+            let bytes = s.encode();
+            assert_eq!(bytes.len(), SUBMIT_HEADER + 4 * prompt.len());
+            let Request::Submit(d) = decode_request(SUBMIT, &bytes).unwrap() else {
+                panic!("not a submit");
+            };
+            assert_eq!(d.prompt.to_vec(), prompt);
+            assert_eq!(
+                (d.request_id, d.max_tokens, d.temperature, d.top_p, d.top_k),
+                (s.request_id, s.max_tokens, s.temperature, s.top_p, s.top_k)
+            );
+            assert_eq!((d.seed, d.ignore_eos), (seed, ignore_eos));
+        }
+    }
+
+    #[test]
+    fn abort_shutdown_round_trip() {
+        let a = Abort { request_id: 99 };
+        assert_eq!(decode_request(ABORT, &a.encode()), Ok(Request::Abort(a)));
+        assert_eq!(decode_request(SHUTDOWN, &[]), Ok(Request::Shutdown));
+        assert_eq!(decode_request(SHUTDOWN, &[0]), Err(RecordError::TrailingBytes(1)));
+        assert_eq!(decode_request(ABORT, &[0; 4]), Err(RecordError::Truncated));
+        assert_eq!(decode_request(77, &[]), Err(RecordError::UnknownKind(77)));
+    }
+
+    #[test]
+    fn tokens_round_trip() {
+        let t1 = [1u32, 2, 3];
+        let t2: [u32; 0] = [];
+        let entries = [
+            TokenEntry { request_id: 1, finish: FINISH_NONE, tokens: &t1[..], reason: None },
+            TokenEntry { request_id: 2, finish: FINISH_STOP, tokens: &t2[..], reason: None },
+            TokenEntry { request_id: 3, finish: FINISH_ERROR, tokens: &t1[..1], reason: Some("boom ü") },
+            TokenEntry { request_id: 4, finish: FINISH_ERROR, tokens: &t2[..], reason: None },
+            // A reason on a non-error entry is not encoded.
+            TokenEntry { request_id: 5, finish: FINISH_LENGTH, tokens: &t1[..2], reason: Some("x") },
+        ];
+        let bytes = encode_tokens(&entries);
+        assert_eq!(bytes.len() % 8, 0);
+        let got: Vec<_> = decode_tokens(&bytes)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.request_id, e.finish, e.tokens.to_vec(), e.reason.map(str::to_owned))
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (1, FINISH_NONE, vec![1, 2, 3], None),
+                (2, FINISH_STOP, vec![], None),
+                (3, FINISH_ERROR, vec![1], Some("boom ü".to_owned())),
+                (4, FINISH_ERROR, vec![], Some(String::new())),
+                (5, FINISH_LENGTH, vec![1, 2], None),
+            ]
+        );
+        // Empty batch.
+        let empty: [TokenEntry<'_, &[u32]>; 0] = [];
+        assert_eq!(decode_tokens(&encode_tokens(&empty)).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn malformed_tokens_are_errors() {
+        let t = [5u32; 3];
+        let e = [TokenEntry { request_id: 1, finish: FINISH_NONE, tokens: &t[..], reason: None }];
+        let bytes = encode_tokens(&e);
+        for cut in 0..bytes.len() {
+            let r = decode_tokens(&bytes[..cut]).map(|b| b.collect::<Result<Vec<_>, _>>());
+            assert!(matches!(r, Err(_) | Ok(Err(_))), "cut {cut}");
+        }
+        let mut trailing = bytes.clone();
+        trailing.extend_from_slice(&[0; 8]);
+        let r: Result<Vec<_>, _> = decode_tokens(&trailing).unwrap().collect();
+        assert_eq!(r, Err(RecordError::TrailingBytes(8)));
+        let mut bad = bytes.clone();
+        bad[16..20].copy_from_slice(&9u32.to_le_bytes());
+        let r: Result<Vec<_>, _> = decode_tokens(&bad).unwrap().collect();
+        assert_eq!(r, Err(RecordError::BadFinish(9)));
+    }
+
+    #[test]
+    fn random_bytes_never_panic() {
+        let mut s = 0x1234_5678_9abc_def1u64;
+        let mut buf = Vec::new();
+        for _ in 0..200_000 {
+            let len = (xorshift(&mut s) % 96) as usize;
+            buf.clear();
+            for _ in 0..len {
+                let b = xorshift(&mut s) as u8;
+                // Bias towards small numbers so length fields are often plausible.
+                buf.push(if b & 0x80 != 0 { b & 0x7 } else { b });
+            }
+            let kind = (xorshift(&mut s) % 5) as u32;
+            let _ = decode_request(kind, &buf);
+            if let Ok(batch) = decode_tokens(&buf) {
+                for e in batch.flatten() {
+                    let _ = e.tokens.to_vec();
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! `serve()`: build the state, start the per-rank threads, bind, and run axum until SIGTERM/SIGINT or a rank
+//! failure. Called from Python; the whole run happens with the GIL released.
+
+use crate::admission::Admission;
+use crate::codec::Codec;
+use crate::config::ServerConfig;
+use crate::dispatch::{Dispatcher, RankLink};
+use crate::http::{self, AppState};
+use crate::rank_io;
+use crate::ring::py::PyRing;
+use crate::supervisor::{Supervisor, fail_in_flight};
+use pyo3::exceptions::PyOSError;
+use pyo3::prelude::*;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
+
+/// How long connections may take to close after the last response was ended.
+const CLOSE_GRACE: Duration = Duration::from_millis(500);
+
+/// Run the HTTP front end over already-started, ready ranks. Returns the process exit code:
+/// 0 after a signal-initiated drain, 1 after a rank failure.
+#[pyfunction]
+pub fn serve(
+    py: Python<'_>,
+    config: ServerConfig,
+    codec: Py<PyAny>,
+    decode_batch: Py<PyAny>,
+    rings: Vec<(PyRef<'_, PyRing>, PyRef<'_, PyRing>)>,
+    pids: Vec<i32>,
+) -> PyResult<i32> {
+    init_logging(&config.log_level);
+    let links = rings.iter().enumerate().map(|(i, (req, out))| RankLink::new(i, req.ring(), out.ring())).collect();
+    drop(rings);
+    let dispatcher = Dispatcher::new(links);
+    let codec = Codec::start(codec, decode_batch, config.codec_threads);
+    let capacity = dispatcher.ranks.len() * config.max_num_seqs as usize;
+    let state = Arc::new(AppState {
+        admission: Admission::new(capacity),
+        codec: codec.clone(),
+        dispatcher: dispatcher.clone(),
+        draining: Default::default(),
+        started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        config,
+    });
+    py.detach(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(state.config.http_workers.max(1))
+            .thread_name("http")
+            .enable_all()
+            .build()?;
+        let code = rt.block_on(run(state, pids));
+        rt.shutdown_timeout(Duration::from_secs(1));
+        code
+    })
+    .map_err(|e: std::io::Error| PyOSError::new_err(e.to_string()))
+}
+
+async fn run(state: Arc<AppState>, pids: Vec<i32>) -> std::io::Result<i32> {
+    let dispatcher = state.dispatcher.clone();
+    let readers: Vec<_> =
+        (0..dispatcher.ranks.len()).map(|r| rank_io::spawn(dispatcher.clone(), state.codec.clone(), r)).collect();
+    let (failed_tx, mut failed_rx) = mpsc::unbounded_channel();
+    let mut supervisor = Supervisor::start(dispatcher.clone(), &pids, move |rank| {
+        let _ = failed_tx.send(rank);
+    })?;
+
+    // Handlers first: a SIGTERM right after the port opens must drain, not kill.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let addr = format!("{}:{}", state.config.host, state.config.port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
+    tracing::info!(
+        "listening on http://{} (ranks {}, capacity {} requests)",
+        listener.local_addr()?,
+        dispatcher.ranks.len(),
+        state.admission.capacity()
+    );
+
+    let (code_tx, mut code_rx) = mpsc::unbounded_channel::<i32>();
+    let stopping = Arc::new(tokio::sync::Notify::new());
+    let (shutdown_state, stop_signal) = (state.clone(), stopping.clone());
+    let shutdown = async move {
+        let code = tokio::select! {
+            _ = term.recv() => drain(&shutdown_state, "SIGTERM").await,
+            _ = int.recv() => drain(&shutdown_state, "SIGINT").await,
+            Some(rank) = failed_rx.recv() => {
+                let wait = shutdown_state.config.exit_on_rank_failure_s;
+                tracing::error!(rank, "engine rank failed: /health is 503; exiting with status 1 in {wait:.1} s");
+                tokio::time::sleep(Duration::from_secs_f64(wait)).await;
+                1
+            }
+        };
+        // Whatever is still running now will not finish: end it cleanly (error event + [DONE], or a 503).
+        for rank in 0..shutdown_state.dispatcher.ranks.len() {
+            fail_in_flight(&shutdown_state.dispatcher, rank, "The server is shutting down.");
+        }
+        let _ = code_tx.send(code);
+        stop_signal.notify_one();
+    };
+    let app = http::app(state.clone());
+    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown);
+    // Graceful shutdown waits for every connection to close; bound that so idle keep-alive clients cannot hold
+    // the process (the streams have all been ended above).
+    tokio::select! {
+        r = server => r?,
+        _ = async { stopping.notified().await; tokio::time::sleep(CLOSE_GRACE).await } => {
+            tracing::info!("closing the remaining connections");
+        }
+    }
+    let code = code_rx.recv().await.unwrap_or(0);
+
+    supervisor.stop();
+    for link in &dispatcher.ranks {
+        link.output.close();
+        link.requests.ring().close();
+    }
+    for r in readers {
+        let _ = r.join();
+    }
+    tracing::info!(code, "server stopped");
+    Ok(code)
+}
+
+/// Stop admitting (503), wait for in-flight requests up to the drain timeout, then let axum close up.
+async fn drain(state: &AppState, why: &str) -> i32 {
+    state.draining.store(true, Ordering::Release);
+    let limit = Duration::from_secs_f64(state.config.drain_timeout_s);
+    tracing::info!("{why}: draining {} in-flight requests (up to {limit:?})", state.admission.in_flight());
+    let deadline = tokio::time::Instant::now() + limit;
+    while state.admission.in_flight() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    0
+}
+
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level},hyper=warn")));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}

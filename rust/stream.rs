@@ -1,0 +1,223 @@
+//! Per-request output: where rank_io puts framed SSE bytes (or the final JSON) and where the HTTP body takes them.
+//!
+//! A stream's pending bytes sit in one buffer; each time hyper polls the body it takes everything pending as one
+//! frame, so events that arrive while a client is behind leave in one write.
+
+use crate::dispatch::Ticket;
+use crate::error::ApiError;
+use bytes::{Bytes, BytesMut};
+use futures_util::Stream;
+use futures_util::task::AtomicWaker;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::time::{Instant, Sleep};
+
+pub const DONE: &[u8] = b"data: [DONE]\n\n";
+const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
+pub const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(15);
+
+/// Append one SSE event `data: <json>\n\n`.
+pub fn frame_into(buf: &mut BytesMut, json: &[u8]) {
+    buf.reserve(json.len() + 8);
+    buf.extend_from_slice(b"data: ");
+    buf.extend_from_slice(json);
+    buf.extend_from_slice(b"\n\n");
+}
+
+/// The error event a stream ends with when something fails after the 200 was sent, then `[DONE]`.
+pub fn error_tail(err: &ApiError) -> BytesMut {
+    let mut buf = BytesMut::new();
+    frame_into(&mut buf, err.envelope().as_bytes());
+    buf.extend_from_slice(DONE);
+    buf
+}
+
+#[derive(Default)]
+struct Pending {
+    buf: BytesMut,
+    done: bool,
+}
+
+/// Bytes produced for a streaming request and not yet taken by its HTTP body.
+#[derive(Default)]
+pub struct StreamBuf {
+    pending: Mutex<Pending>,
+    waker: AtomicWaker,
+}
+
+impl StreamBuf {
+    pub fn new() -> Arc<Self> {
+        Arc::new(StreamBuf::default())
+    }
+
+    /// Append bytes (already framed) and, with `done`, close the stream after them.
+    pub fn push(&self, bytes: &[u8], done: bool) {
+        {
+            let mut p = self.pending.lock().unwrap();
+            if p.done {
+                return;
+            }
+            p.buf.extend_from_slice(bytes);
+            p.done = done;
+        }
+        self.waker.wake();
+    }
+
+    /// Run `f` on the pending buffer (to frame straight into it), then wake the body.
+    pub fn with_buf(&self, done: bool, f: impl FnOnce(&mut BytesMut)) {
+        {
+            let mut p = self.pending.lock().unwrap();
+            if p.done {
+                return;
+            }
+            f(&mut p.buf);
+            p.done = done;
+        }
+        self.waker.wake();
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.pending.lock().unwrap().done
+    }
+
+    fn poll_take(&self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        self.waker.register(cx.waker());
+        let mut p = self.pending.lock().unwrap();
+        if !p.buf.is_empty() {
+            return Poll::Ready(Some(p.buf.split().freeze()));
+        }
+        if p.done { Poll::Ready(None) } else { Poll::Pending }
+    }
+}
+
+/// Where a request's output goes.
+pub enum Outlet {
+    Stream(Arc<StreamBuf>),
+    /// Non-streaming: the whole response body, or the error, once.
+    Unary(Mutex<Option<oneshot::Sender<Result<Bytes, ApiError>>>>),
+}
+
+impl Outlet {
+    pub fn unary() -> (Self, oneshot::Receiver<Result<Bytes, ApiError>>) {
+        let (tx, rx) = oneshot::channel();
+        (Outlet::Unary(Mutex::new(Some(tx))), rx)
+    }
+
+    /// End the request with an error: an error event + `[DONE]` for a stream, the error itself otherwise.
+    pub fn fail(&self, err: ApiError) {
+        match self {
+            Outlet::Stream(s) => s.push(&error_tail(&err), true),
+            Outlet::Unary(tx) => {
+                if let Some(tx) = tx.lock().unwrap().take() {
+                    let _ = tx.send(Err(err));
+                }
+            }
+        }
+    }
+
+    pub fn complete(&self, body: Bytes) {
+        if let Outlet::Unary(tx) = self
+            && let Some(tx) = tx.lock().unwrap().take()
+        {
+            let _ = tx.send(Ok(body));
+        }
+    }
+}
+
+/// The SSE response body. It owns the request's ticket: dropping the body (client gone) aborts the request.
+pub struct SseBody {
+    buf: Arc<StreamBuf>,
+    ticket: Option<Ticket>,
+    keep_alive: Pin<Box<Sleep>>,
+    deadline: Option<(Pin<Box<Sleep>>, f64)>,
+    finished: bool,
+}
+
+impl SseBody {
+    pub fn new(buf: Arc<StreamBuf>, ticket: Ticket, timeout: Option<Duration>) -> Self {
+        SseBody {
+            buf,
+            ticket: Some(ticket),
+            keep_alive: Box::pin(tokio::time::sleep(KEEP_ALIVE_EVERY)),
+            deadline: timeout.map(|t| (Box::pin(tokio::time::sleep(t)), t.as_secs_f64())),
+            finished: false,
+        }
+    }
+}
+
+impl Stream for SseBody {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.finished {
+            return Poll::Ready(None);
+        }
+        match this.buf.poll_take(cx) {
+            Poll::Ready(Some(bytes)) => {
+                this.keep_alive.as_mut().reset(Instant::now() + KEEP_ALIVE_EVERY);
+                return Poll::Ready(Some(Ok(bytes)));
+            }
+            Poll::Ready(None) => {
+                this.finished = true;
+                this.ticket.take(); // the request ended on its rank: release the slot
+                return Poll::Ready(None);
+            }
+            Poll::Pending => {}
+        }
+        if let Some((deadline, secs)) = &mut this.deadline
+            && deadline.as_mut().poll(cx).is_ready()
+        {
+            let secs = *secs;
+            this.deadline = None;
+            if let Some(t) = this.ticket.take() {
+                t.abort();
+            }
+            this.buf.push(&error_tail(&ApiError::Timeout(secs)), true);
+            return Pin::new(this).poll_next(cx);
+        }
+        if this.keep_alive.as_mut().poll(cx).is_ready() {
+            this.keep_alive.as_mut().reset(Instant::now() + KEEP_ALIVE_EVERY);
+            return Poll::Ready(Some(Ok(Bytes::from_static(KEEP_ALIVE))));
+        }
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn framing_and_error_tail() {
+        let mut b = BytesMut::new();
+        frame_into(&mut b, br#"{"a":1}"#);
+        assert_eq!(&b[..], b"data: {\"a\":1}\n\n");
+        let tail = error_tail(&ApiError::Unavailable("rank 0 died".into()));
+        let s = std::str::from_utf8(&tail).unwrap();
+        assert!(s.starts_with("data: {\"error\":"));
+        assert!(s.ends_with("data: [DONE]\n\n"));
+    }
+
+    #[test]
+    fn pending_bytes_coalesce_until_taken() {
+        let s = StreamBuf::new();
+        s.push(b"data: 1\n\n", false);
+        s.push(b"data: 2\n\n", false);
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        match s.poll_take(&mut cx) {
+            Poll::Ready(Some(b)) => assert_eq!(&b[..], b"data: 1\n\ndata: 2\n\n"),
+            _ => panic!("expected bytes"),
+        }
+        assert!(s.poll_take(&mut cx).is_pending());
+        s.push(b"", true);
+        assert!(matches!(s.poll_take(&mut cx), Poll::Ready(None)));
+        s.push(b"late", false); // ignored once done
+        assert!(matches!(s.poll_take(&mut cx), Poll::Ready(None)));
+    }
+}

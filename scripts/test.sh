@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Install everything the tests need into a fresh virtualenv, build the extension, and run every test:
+# lints, cargo test and pytest. Usage: bash scripts/test.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${VENV:-.venv}"
+PY="${PYTHON:-python3}"
+
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "cargo not found: install Rust (https://rustup.rs) first" >&2
+    exit 1
+fi
+if ! command -v pgrep >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && apt-get install -y -qq procps >/dev/null
+fi
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip
+"$VENV/bin/python" -m pip install -q maturin
+"$VENV/bin/python" -m pip install -q -e '.[test]'   # builds the Rust extension with maturin
+
+echo "== rustfmt / clippy"
+cargo fmt --check
+cargo clippy --all-targets -q -- -D warnings
+echo "== ruff / mypy"
+"$VENV/bin/ruff" check python tests scripts
+"$VENV/bin/ruff" format --check python tests scripts
+"$VENV/bin/mypy" python/deepinfer_server
+echo "== cargo test"
+PYO3_PYTHON="$VENV/bin/python" cargo test -q
+echo "== pytest"
+"$VENV/bin/python" -m pytest -q "$@"

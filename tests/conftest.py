@@ -1,0 +1,128 @@
+"""Shared fixtures: start a real `deepinfer-server` process on loopback and talk to it over HTTP."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+MODEL = "deepseek-v4.1-flash"
+LISTENING = re.compile(r"listening on http://([\d.]+):(\d+)")
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[str]
+    base_url: str = ""
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.base_url
+
+    def client(self, **kw: object) -> OpenAI:
+        return OpenAI(base_url=f"{self.base_url}/v1", api_key="unused", max_retries=0, **kw)  # type: ignore[arg-type]
+
+    def rank_pids(self) -> list[int]:
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
+        return [int(x) for x in out.split()]
+
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+
+def start_server(*args: str, timeout: float = 60.0, env: dict[str, str] | None = None) -> Server:
+    cmd = [sys.executable, "-m", "deepinfer_server", "--host", "127.0.0.1", "--port", "0", *args]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    srv = Server(proc)
+    found = threading.Event()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            srv.lines.append(line)
+            m = LISTENING.search(line)
+            if m and not found.is_set():
+                srv.base_url = f"http://{m.group(1)}:{m.group(2)}"
+                found.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while not found.wait(0.05):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"server did not start (exit {proc.poll()}):\n{srv.log()}")
+    return srv
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[Server]:
+    """One shared server: DP 2, fast sim, generous capacity."""
+    srv = start_server("--dp", "2", "--max-num-seqs", "16", "--max-model-len", "4096", "--served-model-name", MODEL)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def make_server() -> Iterator[Callable[..., Server]]:
+    """Start a dedicated server with its own flags; stopped after the test."""
+    started: list[Server] = []
+
+    def make(*args: str, **kw: object) -> Server:
+        srv = start_server("--served-model-name", MODEL, *args, **kw)  # type: ignore[arg-type]
+        started.append(srv)
+        return srv
+
+    yield make
+    for srv in started:
+        srv.stop()
+
+
+@pytest.fixture
+def http(server: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.base_url, timeout=30) as c:
+        yield c
+
+
+def sse_events(resp: httpx.Response) -> list[str]:
+    """The `data:` payloads of an SSE response, in order (comments skipped)."""
+    out = []
+    for line in resp.iter_lines():
+        if line.startswith("data: "):
+            out.append(line[len("data: ") :])
+        else:
+            assert line == "" or line.startswith(":"), f"unexpected SSE line {line!r}"
+    return out
+
+
+def shm_segments() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("deepinfer-*")}

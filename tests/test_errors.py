@@ -1,0 +1,105 @@
+"""Bad input gets a clear 4xx in the OpenAI error envelope, before any SSE byte, and nothing in flight is lost."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from conftest import MODEL, Server
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def envelope(r: httpx.Response) -> dict:
+    assert r.headers["content-type"].startswith("application/json"), r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    for needle in ("Traceback", "/work/", "site-packages", '.py"', "panicked"):
+        assert needle not in err["message"]
+    return err
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        ({"messages": MSG}, 400, "model"),
+        ({"model": "nope", "messages": MSG}, 404, "model"),
+        ({"model": MODEL}, 400, "messages"),
+        ({"model": MODEL, "messages": []}, 400, "messages"),
+        ({"model": MODEL, "messages": MSG, "n": 2}, 400, "n"),
+        ({"model": MODEL, "messages": MSG, "logprobs": True}, 400, "logprobs"),
+        ({"model": MODEL, "messages": MSG, "response_format": {"type": "json_object"}}, 400, "response_format"),
+        ({"model": MODEL, "messages": MSG, "tool_choice": "required"}, 400, "tool_choice"),
+        ({"model": MODEL, "messages": MSG, "max_tokens": 0}, 400, "max_tokens"),
+        ({"model": MODEL, "messages": MSG, "temperature": 7}, 400, None),
+        ({"model": MODEL, "messages": MSG, "temperature": "hot"}, 400, None),
+        ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400, None),
+        ({"model": MODEL, "messages": [{"role": "tool", "content": "x", "tool_call_id": "a"}]}, 400, None),
+        (
+            {
+                "model": MODEL,
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}
+                ],
+            },
+            400,
+            "messages[0].content[0].type",
+        ),
+    ],
+)
+def test_bad_requests(http: httpx.Client, body: dict, status: int, param: str | None, stream: bool) -> None:
+    if stream:
+        body = {**body, "stream": True}
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == status, r.text
+    err = envelope(r)
+    if param:
+        assert err["param"] == param
+
+
+def test_malformed_json_and_non_object(http: httpx.Client) -> None:
+    for raw in (b"{not json", b"[1, 2]", b"", b"\xff\xfe"):
+        r = http.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 400
+        envelope(r)
+
+
+def test_oversized_body_is_413(make_server) -> None:
+    srv = make_server("--max-request-body-bytes", "4096")
+    r = httpx.post(
+        f"{srv.url}/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "x" * 10000}]}
+    )
+    assert r.status_code == 413
+    envelope(r)
+
+
+def test_prompt_longer_than_context_is_400(server: Server, http: httpx.Client) -> None:
+    long = " ".join(["weather"] * 5000)
+    for stream in (False, True):
+        r = http.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": long}], "stream": stream},
+        )
+        assert r.status_code == 400
+        assert "context length" in envelope(r)["message"]
+    # the server still answers
+    assert server.client().chat.completions.create(model=MODEL, messages=MSG, max_tokens=3).choices
+
+
+def test_sdk_raises_typed_errors(server: Server) -> None:
+    with pytest.raises(openai.NotFoundError):
+        server.client().chat.completions.create(model="nope", messages=MSG)
+    with pytest.raises(openai.BadRequestError):
+        server.client().chat.completions.create(model=MODEL, messages=MSG, n=3)
+
+
+def test_unknown_route_and_method(http: httpx.Client) -> None:
+    r = http.get("/v1/nothing")
+    assert r.status_code == 404
+    envelope(r)
+    r = http.get("/v1/chat/completions")
+    assert r.status_code == 405
+    envelope(r)

@@ -1,0 +1,319 @@
+"""Tests of the shared-memory ring bindings (deepinfer_server._native.Ring)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from deepinfer_server._native import (
+    FINISH_ERROR,
+    FINISH_LENGTH,
+    FINISH_NONE,
+    FINISH_STOP,
+    Ring,
+    RingClosed,
+    RingError,
+)
+
+SHM = "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+@pytest.fixture
+def shm_path() -> Iterator[callable]:
+    """Factory of unique ring paths; every path is unlinked at teardown."""
+    made: list[str] = []
+
+    def make() -> str:
+        base = SHM or os.environ.get("TMPDIR", "/tmp")
+        p = os.path.join(base, f"deepinfer-ring-test-{os.getpid()}-{uuid.uuid4().hex}")
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        with contextlib.suppress(FileNotFoundError):
+            Ring.unlink(p)
+
+
+def test_create_open_errors(shm_path) -> None:
+    p = shm_path()
+    with pytest.raises(ValueError):
+        Ring.create(p, 1000)
+    r = Ring.create(p, 4096)
+    assert r.capacity == 4096 and r.used_bytes == 0 and not r.closed
+    with pytest.raises(FileExistsError):
+        Ring.create(p, 4096)
+    with pytest.raises(FileNotFoundError):
+        Ring.open(shm_path())
+    r.set_aux(7, 2**64 - 1)
+    assert Ring.open(p).aux(7) == 2**64 - 1
+    with pytest.raises(IndexError):
+        r.aux(8)
+
+
+def test_request_round_trip(shm_path) -> None:
+    p = shm_path()
+    prod = Ring.create(p, 1 << 16)
+    cons = Ring.open(p)
+    prod.push_submit(7, [1, 2, 3, 2**32 - 1], 128, 0.7, 0.95, 40, 1234, True)
+    prod.push_submit(8, (5).to_bytes(4, "little") + (6).to_bytes(4, "little"), 16, 0.0, 1.0, -1, None, False)
+    prod.push_submit(9, [], 1)
+    prod.push_abort(7)
+    prod.push_shutdown()
+    assert prod.used_bytes > 0
+    assert cons.wait(0)
+    got = cons.drain_requests()
+    assert got == [
+        (1, 7, [1, 2, 3, 2**32 - 1], 128, 0.7, 0.95, 40, 1234, True),
+        (1, 8, [5, 6], 16, 0.0, 1.0, -1, None, False),
+        (1, 9, [], 1, 1.0, 1.0, -1, None, False),
+        (2, 7),
+        (3,),
+    ]
+    assert cons.drain_requests() == []
+    assert prod.used_bytes == 0
+    with pytest.raises(ValueError):
+        prod.push_submit(1, b"abc", 1)
+    with pytest.raises(OverflowError):
+        prod.push_submit(1, [-1], 1)
+
+
+def test_tokens_round_trip(shm_path) -> None:
+    p = shm_path()
+    prod = Ring.create(p, 1 << 16)
+    cons = Ring.open(p)
+    prod.publish([(1, [10, 11], FINISH_NONE), (2, [], FINISH_STOP), (3, [5], FINISH_LENGTH, None)])
+    prod.publish([(4, [1], FINISH_ERROR, "engine exploded: ü"), (5, [], FINISH_ERROR)])
+    prod.publish([])
+    assert cons.drain_tokens() == [
+        (1, [10, 11], FINISH_NONE, None),
+        (2, [], FINISH_STOP, None),
+        (3, [5], FINISH_LENGTH, None),
+        (4, [1], FINISH_ERROR, "engine exploded: ü"),
+        (5, [], FINISH_ERROR, ""),
+    ]
+    with pytest.raises(ValueError):
+        prod.publish([(1, [1], 99)])
+    with pytest.raises(ValueError):
+        prod.publish([(1, [1])])
+    with pytest.raises(RingError):
+        prod.publish([(1, list(range(20000)), FINISH_NONE)])
+    # Requests on an output ring are malformed data, not a crash.
+    prod.push_abort(3)
+    with pytest.raises(RingError):
+        cons.drain_tokens()
+
+
+def test_wraparound_through_python(shm_path) -> None:
+    p = shm_path()
+    prod = Ring.create(p, 4096)
+    cons = Ring.open(p)
+    expected: list[tuple] = []
+    got: list[tuple] = []
+    for i in range(3000):
+        entries = [(i * 10 + j, list(range(i % 23 + j)), j % 3) for j in range(i % 5)]
+        while True:
+            try:
+                prod.publish(entries, timeout=0)
+                break
+            except TimeoutError:
+                got.extend(cons.drain_tokens(max_bytes=1000))
+        expected.extend((rid, toks, fin, None) for rid, toks, fin in entries)
+    got.extend(cons.drain_tokens())
+    assert got == expected
+
+
+def test_full_ring_blocks_publish_until_drained(shm_path) -> None:
+    p = shm_path()
+    prod = Ring.create(p, 4096)
+    cons = Ring.open(p)
+    big = [(1, list(range(400)), FINISH_NONE)]  # ~1.6 KiB per record
+    prod.publish(big)
+    prod.publish(big)
+    with pytest.raises(TimeoutError):
+        prod.publish(big, timeout=0.05)
+
+    done = threading.Event()
+
+    def blocked_publish() -> None:
+        prod.publish(big)  # blocks with the GIL released
+        done.set()
+
+    t = threading.Thread(target=blocked_publish)
+    t.start()
+    assert not done.wait(0.2)  # still blocked; the main thread runs meanwhile
+    assert len(cons.drain_tokens()) == 2
+    assert done.wait(5)
+    t.join()
+    assert len(cons.drain_tokens()) == 1
+
+    # Closing wakes a blocked publisher with RingClosed.
+    prod.publish(big)
+    prod.publish(big)
+    errors: list[BaseException] = []
+
+    def publish_until_closed() -> None:
+        try:
+            prod.publish(big)
+        except BaseException as e:
+            errors.append(e)
+
+    t = threading.Thread(target=publish_until_closed)
+    t.start()
+    time.sleep(0.1)
+    cons.close()
+    t.join(5)
+    assert not t.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], RingClosed)
+    assert prod.closed
+    with pytest.raises(RingClosed):
+        prod.push_shutdown()
+
+
+def test_wait_timeout_then_data(shm_path) -> None:
+    p = shm_path()
+    prod = Ring.create(p, 4096)
+    cons = Ring.open(p)
+    t0 = time.monotonic()
+    assert cons.wait(0.05) is False
+    assert time.monotonic() - t0 >= 0.04
+    timer = threading.Timer(0.1, prod.push_abort, args=(42,))
+    timer.start()
+    t0 = time.monotonic()
+    assert cons.wait(5.0) is True
+    assert time.monotonic() - t0 < 4
+    timer.join()
+    assert cons.drain_requests() == [(2, 42)]
+    # A closed ring is always "readable".
+    prod.close()
+    assert cons.wait(None) is True
+
+
+CHILD_ECHO = textwrap.dedent(
+    """
+    import sys
+    from deepinfer_server._native import Ring, FINISH_STOP
+    req = Ring.open(sys.argv[1])
+    out = Ring.open(sys.argv[2])
+    out.set_aux(0, 1)  # tell the parent both rings are open
+    while True:
+        req.wait(10.0)
+        batch = []
+        stop = False
+        for r in req.drain_requests():
+            if r[0] == 3:
+                stop = True
+            elif r[0] == 2:
+                batch.append((r[1], [], 3))
+            else:
+                _, rid, prompt, max_tokens, temp, top_p, top_k, seed, ignore_eos = r
+                echo = [max_tokens, top_k & 0xFFFFFFFF, seed or 0, int(ignore_eos)]
+                batch.append((rid, prompt[::-1] + echo, FINISH_STOP))
+        for k in range(0, len(batch), 32):  # keep each record well under capacity / 2
+            out.publish(batch[k : k + 32])
+        if stop:
+            break
+    out.set_aux(0, 2)
+    """
+)
+
+
+def _wait_aux(ring: Ring, value: int, proc: subprocess.Popen, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while ring.aux(0) != value:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "child did not report"
+        time.sleep(0.005)
+
+
+def test_two_processes_10k_requests(shm_path) -> None:
+    req_path, out_path = shm_path(), shm_path()
+    req = Ring.create(req_path, 1 << 16)
+    out = Ring.create(out_path, 1 << 16)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD_ECHO, req_path, out_path],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_aux(out, 1, proc)
+        Ring.unlink(req_path)
+        Ring.unlink(out_path)
+        assert not os.path.exists(req_path) and not os.path.exists(out_path)
+
+        n = 10_000
+        received: list[tuple] = []
+
+        def reader() -> None:
+            while len(received) < n and proc.poll() is None:
+                out.wait(1.0)
+                received.extend(out.drain_tokens())
+
+        rt = threading.Thread(target=reader)
+        rt.start()
+        expected = []
+        for i in range(n):
+            prompt = [(i * 7 + k) % 50000 for k in range(i % 97)]
+            seed = i if i % 2 else None
+            if i % 10 == 9:
+                req.push_abort(i)
+                expected.append((i, [], 3, None))
+                continue
+            req.push_submit(i, prompt, i % 300 + 1, 0.5, 0.9, i % 50, seed, bool(i % 3 == 0), timeout=10)
+            tail = [i % 300 + 1, i % 50, seed or 0, int(i % 3 == 0)]
+            expected.append((i, prompt[::-1] + tail, FINISH_STOP, None))
+        rt.join(60)
+        assert not rt.is_alive()
+        assert proc.poll() is None, proc.communicate()
+        assert received == expected
+        req.push_shutdown()
+        assert proc.wait(30) == 0, proc.communicate()
+        assert out.aux(0) == 2
+        # Still gone from /dev/shm while the mappings kept working.
+        assert not os.path.exists(req_path) and not os.path.exists(out_path)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+CHILD_WAITER = textwrap.dedent(
+    """
+    import sys, time
+    from deepinfer_server._native import Ring
+    r = Ring.open(sys.argv[1])
+    r.set_aux(0, 1)
+    t0 = time.monotonic()
+    ok = r.wait(30.0)
+    print(ok, r.closed, time.monotonic() - t0)
+    """
+)
+
+
+def test_close_wakes_waiter_in_other_process(shm_path) -> None:
+    p = shm_path()
+    ring = Ring.create(p, 4096)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD_WAITER, p], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _wait_aux(ring, 1, proc)
+        time.sleep(0.2)  # let the child go to sleep in wait()
+        ring.close()
+        stdout, stderr = proc.communicate(timeout=10)
+        assert proc.returncode == 0, stderr
+        ok, closed, elapsed = stdout.split()
+        assert ok == "True" and closed == "True"
+        assert float(elapsed) < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
