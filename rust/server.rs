@@ -9,6 +9,7 @@ use crate::http::{self, AppState};
 use crate::rank_io;
 use crate::ring::py::PyRing;
 use crate::supervisor::{Supervisor, fail_in_flight};
+use axum::serve::ListenerExt;
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use std::sync::Arc;
@@ -103,6 +104,12 @@ async fn run(state: Arc<AppState>, pids: Vec<i32>) -> std::io::Result<i32> {
         stop_signal.notify_one();
     };
     let app = http::app(state.clone());
+    // No Nagle: an SSE event must leave at once, not wait for the client's delayed ACK (40 ms).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::warn!("cannot set TCP_NODELAY: {e}");
+        }
+    });
     let server = axum::serve(listener, app).with_graceful_shutdown(shutdown);
     // Graceful shutdown waits for every connection to close; bound that so idle keep-alive clients cannot hold
     // the process (the streams have all been ended above).

@@ -6,7 +6,6 @@ import json
 
 import httpx
 import pytest
-
 from conftest import MODEL, Server, sse_events
 
 NO_THINK = {"thinking": {"type": "disabled"}}

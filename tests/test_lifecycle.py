@@ -10,7 +10,6 @@ import threading
 import time
 
 import httpx
-
 from conftest import MODEL, Server, shm_segments, sse_events
 
 LONG = {

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+
 from deepinfer_server._native import (
     FINISH_ERROR,
     FINISH_LENGTH,

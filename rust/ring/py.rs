@@ -237,6 +237,25 @@ impl PyRing {
         }
     }
 
+    /// Producer side: block (GIL released) until at most `max_used` bytes are unread, the ring closes, or
+    /// `timeout` seconds pass. Returns True once caught up.
+    #[pyo3(signature = (max_used, timeout=None))]
+    fn wait_drained(&self, py: Python<'_>, max_used: u64, timeout: Option<f64>) -> PyResult<bool> {
+        let timeout = duration(timeout)?;
+        if timeout == Some(Duration::ZERO) {
+            return Ok(self.ring.wait_drained(max_used, Some(Duration::ZERO)));
+        }
+        let r = blocking(py, timeout, |slice| match self.ring.wait_drained(max_used, Some(slice)) {
+            true => Ok(()),
+            false => Err(CoreError::Timeout),
+        });
+        match r {
+            Ok(()) => Ok(true),
+            Err(e) if e.is_instance_of::<PyTimeoutError>(py) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     // ------------------------------------------------------- request side
 
     #[pyo3(signature = (request_id, prompt, max_tokens, temperature=1.0, top_p=1.0, top_k=-1, seed=None, ignore_eos=false, timeout=None))]

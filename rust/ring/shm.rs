@@ -293,6 +293,31 @@ impl Ring {
         }
     }
 
+    /// Producer side: waits until the consumer has left at most `max_used` bytes unread (true), or the ring
+    /// closes, or `timeout` passes (false). Bounds how far a producer runs ahead of its consumer, so a new
+    /// request's first output never queues behind a long backlog. Sleeps on the space futex; never spins.
+    pub fn wait_drained(&self, max_used: u64, timeout: Option<Duration>) -> bool {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let space = &self.header().space.0;
+        loop {
+            if self.used_bytes() <= max_used || self.is_closed() {
+                return true;
+            }
+            let seq = space.seq.load(Ordering::SeqCst);
+            space.waiting.fetch_add(1, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if self.used_bytes() <= max_used || self.is_closed() {
+                space.waiting.fetch_sub(1, Ordering::SeqCst);
+                return true;
+            }
+            let woke = wait_until(&space.seq, seq, deadline);
+            space.waiting.fetch_sub(1, Ordering::SeqCst);
+            if !woke || deadline.is_some_and(|d| Instant::now() >= d) {
+                return self.used_bytes() <= max_used || self.is_closed();
+            }
+        }
+    }
+
     /// Finds room for a record of `total` bytes at `head`, possibly after a
     /// PAD to the end of the buffer. Caller holds the producer mutex.
     fn reserve(&self, total: usize) -> Result<Option<Reservation>, RingError> {
@@ -445,6 +470,22 @@ fn wait_until(word: &AtomicU32, seq: u32, deadline: Option<Instant>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wait_drained_returns_once_the_consumer_catches_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let ring = Arc::new(Ring::create(dir.path().join("r"), 4096).unwrap());
+        assert!(ring.try_push(1, &[&[0u8; 100]]).unwrap());
+        assert!(!ring.wait_drained(0, Some(Duration::from_millis(20))), "nothing drained yet");
+        let r2 = ring.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            r2.drain(usize::MAX, |_, _| {}).unwrap();
+        });
+        assert!(ring.wait_drained(0, Some(Duration::from_secs(5))));
+        assert_eq!(ring.used_bytes(), 0);
+        t.join().unwrap();
+    }
     use std::collections::VecDeque;
     use std::sync::Arc;
 

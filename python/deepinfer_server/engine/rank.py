@@ -22,6 +22,10 @@ from deepinfer_server.engine.base import Engine, Output, Submit
 log = logging.getLogger("deepinfer_server.rank")
 
 IDLE_WAIT_S = 1.0  # bounded so a rank notices a closed ring or a lost parent even when idle
+# Unread output the rank may leave in its ring before it waits for the server to catch up. A real engine's step
+# is far slower than the server, so this only binds a zero-cost engine, which would otherwise run far ahead and
+# make every new request's first token queue behind a backlog of other requests' tokens.
+RUN_AHEAD_BYTES = int(os.environ.get("DEEPINFER_RANK_RUN_AHEAD_BYTES", 16 << 10))
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -74,6 +78,8 @@ def serve_rank(engine: Engine, requests: _native.Ring, outputs: _native.Ring) ->
             published += engine.step()
         if published:
             outputs.publish(published)
+            if outputs.used_bytes > RUN_AHEAD_BYTES:
+                outputs.wait_drained(RUN_AHEAD_BYTES)
         n_requests, queued_tokens = engine.load()
         set_aux(_native.AUX_REQUESTS, n_requests)
         set_aux(_native.AUX_QUEUED_TOKENS, queued_tokens)

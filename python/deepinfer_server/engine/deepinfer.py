@@ -1,0 +1,428 @@
+"""The DeepInfer engine behind a rank (`--engine deepinfer`): deepinfer 0.1.0's `LLMEngine`, one per DP rank.
+
+Every name used from deepinfer here exists in the 0.1.0 sdist (tests/test_deepinfer_contract.py checks them against
+the real source). The rank process must run `deepinfer_server.engine.lockstep.serve_lockstep`, not `serve_rank`:
+DeepInfer's DP ranks have to step together (`sync` is the one collective per loop iteration).
+
+What the adapter handles (see the reference notes on deepinfer 0.1.0, section 1.4):
+
+* `step()` returns raw pointers to C++ `RequestOutput`s, one token each, valid until the next `step()`/flush: they
+  are read at once and merged into one `(request_id, tokens, finish, reason)` row per request per step
+  (speculative decoding gives up to 1 + nextn tokens per request per step).
+* Async scheduling (ZOS) returns decode tokens one step late: `flush()` collects them when the group goes idle.
+* EOS arrives as a token with reason "stop" (the codec drops it); "length" ends with a real token; any other
+  reason ("abort", "prompt_length_exceeded", "insufficient_system_resource", grammar or vision errors) is a
+  terminal event without a token and becomes FINISH_ERROR with the reason.
+* Aborting a running request emits nothing; an abort can be lost (a request not yet in the scheduler runs anyway):
+  any later output for an id the server no longer waits for is dropped and the id is aborted again.
+* `add_request` returns None for out-of-range token ids: that is published as an error finish.
+* `max_tokens` is clamped to the context (the engine reserves prompt + max_tokens per sequence).
+
+Nothing here imports numpy, torch or deepinfer at module level: the launcher imports the helpers
+(`serving_env_defaults`, `rank_dist_env`, `pick_master_port`) in the server process, which has neither.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import socket
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+from deepinfer_server import _native
+from deepinfer_server.engine.base import Output, Submit
+
+log = logging.getLogger("deepinfer_server.deepinfer")
+
+# Serving defaults, put into the environment before deepinfer is imported (it caches DEEPINFER_* on first read and
+# evaluates some as parameter defaults when `deepinfer.config` is imported). `setdefault`: the operator's
+# environment wins. They must be identical on all ranks (they change step types and collective schedules).
+SERVING_ENV_DEFAULTS: dict[str, str] = {
+    # Prefill as soon as any rank has a waiting prompt (the defaults 70/100 make a lone request wait up to 100
+    # decode steps, even on an idle server).
+    "DEEPINFER_PREFILL_ATTEMPT_INTERVAL": "1",
+    "DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL": "1",
+    # Text only: no 8 GiB pinned shared-memory pool per rank.
+    "DEEPINFER_USE_MULTIMODAL_POOL": "0",
+    # Speculative decoding off unless the operator's environment turns it on.
+    "DEEPINFER_USE_NEXTN_DECODE": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+# Text-only requests pass empty image lists, as deepinfer's own `LLM.generate` does (llm.py:158-159).
+_TEXT_ONLY = {"image_bytes": [], "image_sizes": []}
+_USER_ID = "deepinfer-server"
+_REAL_TOKEN_REASONS = ("", "stop", "length")
+_MAX_REMEMBERED_ABORTS = 1 << 16
+_INT32_MAX = (1 << 31) - 1
+
+
+class ConfigError(ValueError):
+    """A deployment setting DeepInfer cannot run with; the message names the setting."""
+
+
+def serving_env_defaults(env: dict[str, str] | None = None) -> None:
+    """Apply `SERVING_ENV_DEFAULTS` to `env` (default: `os.environ`) without overriding what is set."""
+    target: Any = os.environ if env is None else env
+    for k, v in SERVING_ENV_DEFAULTS.items():
+        target.setdefault(k, v)
+
+
+# -- launcher side: GPUs and rendezvous --------------------------------------------------------------------------
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_master_port(host: str, http_port: int, engine_group_rank: int = 0) -> int:
+    """A MASTER_PORT whose rendezvous port (MASTER_PORT - 50 + engine_group_rank) is free now and is not the HTTP port."""
+    for _ in range(64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            rendezvous = int(s.getsockname()[1])
+        master = rendezvous + 50 - engine_group_rank
+        if rendezvous != http_port and 0 < master < 65536 and _port_free(host, rendezvous):
+            return master
+    raise ConfigError("no free port found for DeepInfer's rendezvous; set MASTER_PORT explicitly")
+
+
+def check_master_port(master_port: int, host: str, http_port: int, engine_group_rank: int = 0) -> None:
+    """Fail with a message naming MASTER_PORT when DeepInfer's rendezvous port is unusable."""
+    rendezvous = master_port - 50 + engine_group_rank
+    where = f"DeepInfer rendezvous port MASTER_PORT - 50 + engine_group_rank = {master_port} - 50 + {engine_group_rank}"
+    if not 0 < rendezvous < 65536:
+        raise ConfigError(f"{where} = {rendezvous} is not a valid TCP port; choose another MASTER_PORT")
+    if rendezvous == http_port:
+        raise ConfigError(f"{where} = {rendezvous} is the HTTP --port; choose another MASTER_PORT or --port")
+    if not _port_free(host, rendezvous):
+        raise ConfigError(f"{where} = {rendezvous} is already in use on {host}; choose another MASTER_PORT")
+
+
+def _gpu_ids(env: Mapping[str, str], need: int) -> list[str]:
+    raw = env.get("CUDA_VISIBLE_DEVICES")
+    if raw is None or not raw.strip():
+        return [str(i) for i in range(need)]
+    ids = [x.strip() for x in raw.split(",") if x.strip()]
+    if not all(x.isdigit() for x in ids):
+        raise ConfigError(
+            f"CUDA_VISIBLE_DEVICES={raw!r}: DeepInfer needs integer GPU ids (it parses them with int()), not UUIDs"
+        )
+    if len(ids) < need:
+        raise ConfigError(
+            f"CUDA_VISIBLE_DEVICES={raw!r} lists {len(ids)} GPU(s) but DP x CP = {need} are needed "
+            "(one GPU per DP rank and context-parallel worker)"
+        )
+    return ids
+
+
+def rank_dist_env(
+    rank: int, dp: int, cp: int, http_port: int, env: Mapping[str, str], master_port: int | None = None
+) -> dict[str, str]:
+    """The variables one DP rank's process needs: its GPUs and the shared rendezvous.
+
+    CUDA_VISIBLE_DEVICES: the rank's CP GPUs (integer ids, its driver GPU first), sliced from the server's own
+    CUDA_VISIBLE_DEVICES if set, else 0..DP*CP-1. MASTER_ADDR/MASTER_PORT: the operator's, checked, or
+    `master_port` (pick it once with `pick_master_port` and pass the same value for every rank).
+    """
+    ids = _gpu_ids(env, dp * cp)[rank * cp : (rank + 1) * cp]
+    out = {"CUDA_VISIBLE_DEVICES": ",".join(ids), "MASTER_ADDR": env.get("MASTER_ADDR", "127.0.0.1")}
+    if env.get("DEEPINFER_ACCELERATOR", "nvidia") == "ascend":
+        out["ASCEND_RT_VISIBLE_DEVICES"] = out["CUDA_VISIBLE_DEVICES"]
+    if "MASTER_PORT" in env:
+        out["MASTER_PORT"] = env["MASTER_PORT"]
+    elif master_port is not None:
+        out["MASTER_PORT"] = str(master_port)
+    else:
+        raise ConfigError("MASTER_PORT is not set: pick one with pick_master_port() and share it across the ranks")
+    serving_env_defaults(out)
+    for k in SERVING_ENV_DEFAULTS:  # the operator's value wins
+        if k in env:
+            out[k] = env[k]
+    return out
+
+
+def dist_env_for_ranks(dp: int, cp: int, http_port: int, env: Mapping[str, str]) -> list[dict[str, str]]:
+    """`rank_dist_env` for every DP rank, with one checked or freshly picked MASTER_PORT. Raises ConfigError."""
+    host = env.get("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" in env:
+        try:
+            master = int(env["MASTER_PORT"])
+        except ValueError:
+            raise ConfigError(f"MASTER_PORT={env['MASTER_PORT']!r} is not an integer") from None
+        check_master_port(master, host if host not in ("localhost",) else "127.0.0.1", http_port)
+    else:
+        master = pick_master_port("127.0.0.1" if host == "localhost" else host, http_port)
+    return [rank_dist_env(r, dp, cp, http_port, env, master) for r in range(dp)]
+
+
+# -- rank side: the engine ---------------------------------------------------------------------------------------
+
+
+def _rendezvous_hint() -> str:
+    port = os.environ.get("MASTER_PORT", "23333")
+    try:
+        rdv = str(int(port) - 50)
+    except ValueError:
+        rdv = "?"
+    return (
+        f" (DeepInfer's rendezvous is tcp://{os.environ.get('MASTER_ADDR', 'localhost')}:MASTER_PORT-50"
+        f"+engine_group_rank = port {rdv} with MASTER_PORT={port}: it must be free, differ from the HTTP port and be "
+        "the same for every rank; set another MASTER_PORT)"
+    )
+
+
+def build(cfg: dict[str, Any]) -> DeepInferEngine:
+    """Construct (and thereby warm up: profiling run, KV allocation, CUDA graphs) this rank's LLMEngine.
+
+    `cfg`: model, trust_remote_code, expert/data/context_parallel_size, engine_rank, max_model_len, max_num_seqs,
+    max_num_batched_tokens, gpu_memory_utilization; optional engine_group_rank, disable_log_stats, seed.
+    Collective: every DP rank must call it.
+    """
+    serving_env_defaults()
+    raw = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    if not raw or not all(x.strip().isdigit() for x in raw.split(",")):
+        raise ConfigError(f"CUDA_VISIBLE_DEVICES={raw!r}: DeepInfer needs it set to integer GPU ids")
+    nextn = int(os.environ.get("DEEPINFER_USE_NEXTN_DECODE", "5") or 0)
+    max_num_seqs = int(cfg["max_num_seqs"])
+    batched = cfg.get("max_num_batched_tokens")
+    if batched is not None and int(batched) < max_num_seqs * (1 + max(0, nextn)):
+        raise ConfigError(
+            f"--max-num-batched-tokens {batched} is below --max-num-seqs x (1 + DEEPINFER_USE_NEXTN_DECODE) = "
+            f"{max_num_seqs} x {1 + nextn}: every running sequence needs room for its draft tokens"
+        )
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from deepinfer._C.engine import RequestOutput
+    from deepinfer.engine.arg_utils import EngineArgs
+    from deepinfer.engine.llm_engine import LLMEngine
+    from deepinfer.model_executor.parallel_utils.parallel_state import PG
+    from deepinfer.sampling_params import SamplingParams
+
+    args = EngineArgs(
+        model=str(cfg["model"]),
+        trust_remote_code=bool(cfg.get("trust_remote_code", False)),
+        seed=int(cfg.get("seed", 0)),
+        expert_parallel_size=int(cfg["expert_parallel_size"]),
+        data_parallel_size=int(cfg["data_parallel_size"]),
+        context_parallel_size=int(cfg["context_parallel_size"]),
+        engine_rank=int(cfg["engine_rank"]),
+        engine_group_rank=int(cfg.get("engine_group_rank", 0)),
+        max_model_len=int(cfg["max_model_len"]),
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=None if batched is None else int(batched),
+        gpu_memory_utilization=float(cfg["gpu_memory_utilization"]),
+        stop_preempted_request=False,  # recompute preempted requests instead of failing them
+        disable_log_stats=bool(cfg.get("disable_log_stats", False)),
+    )
+    try:
+        engine = LLMEngine.from_engine_args(args)
+    except Exception as e:
+        text = str(e).lower()
+        if isinstance(e, OSError) and e.errno in (errno.EADDRINUSE, errno.ECONNREFUSED):
+            raise RuntimeError(f"{e}{_rendezvous_hint()}") from e
+        if any(s in text for s in ("address already in use", "connection refused", "rendezvous", "timed out")):
+            raise RuntimeError(f"{e}{_rendezvous_hint()}") from e
+        raise
+    return DeepInferEngine(
+        engine,
+        max_model_len=int(engine.scheduler_config.max_model_len),
+        np=np,
+        torch=torch,
+        dist=dist,
+        request_output=RequestOutput,
+        sampling_params=SamplingParams,
+        dp_group=PG.cpu_data_parallel_group(),
+    )
+
+
+class DeepInferEngine:
+    """One DP rank's LLMEngine behind the `Engine` protocol, plus `sync` and `flush` for the lockstep loop.
+
+    Not thread-safe: every call happens on the rank's single engine thread (DeepInfer requires it).
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        *,
+        max_model_len: int,
+        np: Any,
+        torch: Any,
+        dist: Any,
+        request_output: Any,
+        sampling_params: Any,
+        dp_group: Any,
+    ) -> None:
+        self.engine = engine
+        self.max_model_len = max_model_len
+        self._np = np
+        self._torch = torch
+        self._dist = dist
+        self._ro = request_output
+        self._sp = sampling_params
+        self._group = dp_group
+        self.group_size = int(dp_group.size()) if dp_group is not None else 1
+        self.live: set[int] = set()  # requests the server still waits for
+        self.aborted: OrderedDict[int, None] = OrderedDict()  # aborted by the server; outputs dropped, re-aborted
+        self.re_aborts = 0
+        self.broken = False  # a collective failed: a peer is gone, never enter another collective
+        self.closed = False
+
+    # -- requests ----------------------------------------------------------------------------------------------
+    def add(self, req: Submit) -> list[Output]:
+        rid = req.request_id
+        prompt = req.prompt
+        if not prompt:
+            return [(rid, [], _native.FINISH_ERROR, "empty prompt")]
+        if min(prompt) < 0 or max(prompt) > _INT32_MAX:
+            return [(rid, [], _native.FINISH_ERROR, "prompt contains a token id outside the vocabulary")]
+        n = len(prompt)
+        max_tokens = max(1, min(req.max_tokens, self.max_model_len - n, _INT32_MAX))
+        try:
+            sp = self._sp(
+                temperature=req.temperature,
+                top_p=req.top_p,
+                top_k=req.top_k,
+                max_tokens=max_tokens,
+                ignore_eos=req.ignore_eos,
+                seq_seed=req.seed,
+            )
+            ids = self._np.ascontiguousarray(self._np.asarray(prompt, dtype=self._np.int32))
+            seq = self.engine.add_request(
+                user_id=_USER_ID,
+                request_id=str(rid),
+                sampling_params=sp,
+                prompt_token_ids=ids,
+                multi_modal_data=dict(_TEXT_ONLY),
+            )
+        except (ValueError, TypeError, OverflowError) as e:
+            return [(rid, [], _native.FINISH_ERROR, f"invalid request: {e}")]
+        if seq is None:  # dropped by the engine: token ids outside [0, vocab_size)
+            return [(rid, [], _native.FINISH_ERROR, "prompt contains a token id outside the vocabulary")]
+        self.live.add(rid)
+        return []
+
+    def abort(self, request_ids: list[int]) -> None:
+        ids = [rid for rid in request_ids if rid in self.live]
+        if not ids:
+            return
+        for rid in ids:
+            self.live.discard(rid)
+            self._remember_abort(rid)
+        self.engine.abort_request([str(rid) for rid in ids])
+
+    def _remember_abort(self, rid: int) -> None:
+        self.aborted[rid] = None
+        self.aborted.move_to_end(rid)
+        while len(self.aborted) > _MAX_REMEMBERED_ABORTS:
+            self.aborted.popitem(last=False)
+
+    # -- state -------------------------------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        """Local: waiting, running or still-admitting requests on this rank (no collective)."""
+        e = self.engine
+        return bool(e.scheduler.has_unfinished_seqs() or e.so_builder_has_pending())
+
+    def load(self) -> tuple[int, int]:
+        _, waiting_tokens = self.engine.scheduler.get_sum_prompt_len_waiting()
+        return len(self.live), int(waiting_tokens)
+
+    def sync(self, busy: bool, stop: bool) -> tuple[bool, bool]:
+        """THE collective of a loop iteration: MAX of (busy, stop) over the DP group. Same answer on every rank."""
+        if self.group_size <= 1:
+            return busy, stop
+        flags = self._torch.tensor([int(busy), int(stop)], dtype=self._torch.int64)
+        try:
+            self._dist.all_reduce(flags, op=self._dist.ReduceOp.MAX, group=self._group)
+        except BaseException:
+            self.broken = True
+            raise
+        return bool(flags[0]), bool(flags[1])
+
+    # -- steps -------------------------------------------------------------------------------------------------
+    def step(self) -> list[Output]:
+        try:
+            ptrs = self.engine.step()
+        except BaseException:
+            self.broken = True
+            raise
+        return self._collect(ptrs)
+
+    def flush(self) -> list[Output]:
+        """Post-process the step still in flight (async scheduling) when the group goes idle."""
+        try:
+            ptrs = self.engine.flush_inflight_reqs()
+        except BaseException:
+            self.broken = True
+            raise
+        out = self._collect(ptrs)
+        if self.live and not self.has_work():
+            # Nothing left in the engine, yet the server still waits: the engine dropped these without an output.
+            for rid in sorted(self.live):
+                out.append((rid, [], _native.FINISH_ERROR, "the engine dropped the request without a result"))
+            self.live.clear()
+        return out
+
+    def _collect(self, ptrs: Any) -> list[Output]:
+        """Read the step's RequestOutputs now (they are released by the next step) into one row per request."""
+        ro = self._ro
+        rows: dict[int, list[Any]] = {}
+        re_abort: list[str] = []
+        for p in ptrs:
+            sid = ro.get_request_id(p)
+            try:
+                rid = int(sid)
+            except ValueError:
+                continue  # not ours (e.g. an engine-internal placeholder)
+            row = rows.get(rid)
+            if row is None:
+                if rid not in self.live:
+                    # Aborted (or already finished): drop. Still running means the abort was lost: abort again.
+                    if ro.get_finished(p):
+                        self.aborted.pop(rid, None)
+                    elif sid not in re_abort:
+                        re_abort.append(sid)
+                    continue
+                row = rows[rid] = [[], _native.FINISH_NONE, None]
+            elif row[1] != _native.FINISH_NONE:
+                continue  # after the finish in this step (the engine trims these; be safe)
+            reason = ro.get_finish_reason(p)
+            if reason in _REAL_TOKEN_REASONS:
+                row[0].append(int(ro.get_token_id(p)))
+                if ro.get_finished(p):
+                    row[1] = _native.FINISH_STOP if reason == "stop" else _native.FINISH_LENGTH
+            else:  # terminal without a token: its token_id is a prompt or earlier token
+                row[1] = _native.FINISH_ERROR
+                row[2] = reason
+            if row[1] != _native.FINISH_NONE:
+                self.live.discard(rid)
+        if re_abort:
+            self.re_aborts += len(re_abort)
+            log.info("re-aborting %d request(s) whose abort was lost: %s", len(re_abort), ", ".join(re_abort[:8]))
+            self.engine.abort_request(re_abort)
+        return [(rid, row[0], row[1], row[2]) for rid, row in rows.items()]
+
+    def close(self) -> None:
+        """Collective close (all ranks leave the loop at the same iteration). After a failed collective, skip it."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.broken:
+            log.warning("a DP peer is gone: skipping the collective engine.close()")
+            with contextlib.suppress(Exception):
+                self.engine.closed = True  # LLMEngine.__del__ would run the collective close() otherwise
+            return
+        self.engine.close()

@@ -1,0 +1,100 @@
+"""Rank loop for engines whose data-parallel ranks must step together (DeepInfer).
+
+DeepInfer's DP ranks run the same number of `step()` calls: every step holds scheduler votes and MoE collectives,
+and an idle rank runs a placeholder batch. There is no central coordinator; each rank's loop does, per iteration:
+
+1. drain its request ring without blocking (submits, aborts, shutdown);
+2. ONE all-reduce MAX of (local busy, stop) over the DP group (`engine.sync`), so every rank takes the same branch;
+3. step if any rank is busy; else, once after going idle, flush the step still in flight (async scheduling returns
+   decode tokens one step late); else, if any rank asked to stop, leave the loop (all ranks at the same iteration,
+   so the collective `engine.close()` that follows meets every peer);
+4. publish the outputs before the next step, and update the aux words (load, heartbeat).
+
+When the whole group is idle, each rank sleeps on its request ring's futex, but only for `IDLE_POLL_S`: the ranks
+must keep iterating together, since a rank that receives a request can step only once every peer has reached the
+next all-reduce. The bound is the extra first-token latency on an idle server (at most `IDLE_POLL_S`) traded
+against idle CPU (one gloo all-reduce per `IDLE_POLL_S` per rank: at 2 ms, ~500 small TCP round trips a second,
+a few percent of one core). 2 ms is well under one decode step of the real model. A single rank (DP = 1) has no
+peer to keep up with and waits up to `IDLE_WAIT_S` (it wakes at once on a request). Override with
+DEEPINFER_SERVER_IDLE_POLL_MS.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Protocol, cast
+
+from deepinfer_server import _native
+from deepinfer_server.engine.base import Engine, Output, Submit
+
+log = logging.getLogger("deepinfer_server.lockstep")
+
+IDLE_POLL_S = float(os.environ.get("DEEPINFER_SERVER_IDLE_POLL_MS", "2")) / 1000.0
+IDLE_WAIT_S = 1.0
+
+
+class LockstepEngine(Engine, Protocol):
+    group_size: int
+
+    def sync(self, busy: bool, stop: bool) -> tuple[bool, bool]:
+        """One collective: (any rank busy, any rank stopping)."""
+
+    def flush(self) -> list[Output]:
+        """Outputs of the step still in flight, when going idle."""
+
+
+def serve_lockstep(any_engine: Engine, requests: _native.Ring, outputs: _native.Ring) -> None:
+    """The loop. Returns when any rank got SHUTDOWN or lost its rings, on every rank at the same iteration."""
+    if not callable(getattr(any_engine, "sync", None)) or not callable(getattr(any_engine, "flush", None)):
+        raise TypeError(f"{type(any_engine).__name__} has no sync()/flush(): it cannot run in lockstep")
+    engine = cast(LockstepEngine, any_engine)
+    set_aux = outputs.set_aux
+    idle_wait = IDLE_POLL_S if engine.group_size > 1 else IDLE_WAIT_S
+    stopping = False  # this rank wants to stop (SHUTDOWN or the server closed the rings)
+    flushed = True  # nothing in flight since the last flush
+    while True:
+        published: list[Output] = []
+        if not stopping:
+            try:
+                msgs = requests.drain_requests()
+            except _native.RingClosed:
+                msgs, stopping = [], True
+            aborts: list[int] = []
+            for msg in msgs:
+                tag = msg[0]
+                if tag == _native.KIND_SUBMIT:
+                    _, rid, prompt, max_tokens, temperature, top_p, top_k, seed, ignore_eos = msg
+                    sub = Submit(rid, prompt, max_tokens, temperature, top_p, top_k, seed, ignore_eos)
+                    published += engine.add(sub)
+                elif tag == _native.KIND_ABORT:
+                    aborts.append(msg[1])
+                elif tag == _native.KIND_SHUTDOWN:
+                    stopping = True
+            if aborts:
+                engine.abort(aborts)
+
+        busy, stop = engine.sync(engine.has_work(), stopping)  # the one collective of the iteration
+        if stop:
+            return  # every rank returns here at this iteration; in-flight work is abandoned with the server
+        if busy:
+            published += engine.step()
+            flushed = False
+        elif not flushed:
+            published += engine.flush()
+            flushed = True
+
+        if published and not stopping:
+            try:
+                outputs.publish(published)
+            except _native.RingClosed:
+                stopping = True  # leave at the next all-reduce, together with the peers
+        n_requests, queued_tokens = engine.load()
+        set_aux(_native.AUX_REQUESTS, n_requests)
+        set_aux(_native.AUX_QUEUED_TOKENS, queued_tokens)
+        set_aux(_native.AUX_HEARTBEAT_MS, int(time.monotonic() * 1000))
+        if not busy and flushed and not stopping:
+            requests.wait(idle_wait)
+            if requests.closed:
+                stopping = True

@@ -1,0 +1,1 @@
+"""Fake of the compiled extension `deepinfer._C`."""

@@ -1,0 +1,357 @@
+"""Fake of deepinfer/engine/llm_engine.py: `LLMEngine` with the real method names and the serving quirks.
+
+Output is real text: tokens of a small corpus (`_fake_corpus.txt`) encoded with the checkpoint's tokenizer.json,
+deterministic per prompt and seq_seed, ending with EOS after a plausible length (EOS stays an ordinary token
+under ignore_eos). See ../README.md for the quirks and the test knobs.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+import zlib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tokenizers import Tokenizer
+
+from deepinfer._C import engine as _C
+from deepinfer._C.engine import RequestOutput
+from deepinfer.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from deepinfer.engine.arg_utils import EngineArgs
+from deepinfer.engine.engine_type import EngineType
+from deepinfer.environ import envs
+from deepinfer.model_executor.parallel_utils.parallel_state import PG
+from deepinfer.sampling_params import SamplingParams
+from deepinfer.utils import get_distributed_init_method
+
+CORPUS = Path(__file__).resolve().parent.parent / "_fake_corpus.txt"
+NUM_IMAGE_SPECIAL = 5
+
+
+def _say(msg: str) -> None:
+    print(f"fake-deepinfer {msg}", file=sys.stderr, flush=True)
+
+
+class Sequence:
+    def __init__(self, request_id: str, prompt: list[int], sp: SamplingParams, plan: list[int], offset: int) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.sampling_params = sp
+        self.plan = plan
+        self.offset = offset
+        self.output: list[int] = []
+        self.status = "WAITING"
+
+    def get_len(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    def get_prompt_len(self) -> int:
+        return len(self.prompt)
+
+
+class Scheduler:
+    def __init__(self) -> None:
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.decode_step = 0
+
+    def has_unfinished_seqs(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def get_num_unfinished_seqs(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def get_sum_prompt_len_waiting(self) -> tuple[int, int]:
+        return len(self.waiting), sum(len(s.prompt) for s in self.waiting)
+
+    def abort_sequence(self, request_ids: list[str]) -> list[Sequence]:
+        ids = set(request_ids)
+        gone = [s for s in self.waiting + self.running if s.request_id in ids]
+        for s in gone:
+            s.status = "FINISHED_ABORTED"
+        self.running = [s for s in self.running if s.request_id not in ids]
+        return gone
+
+
+class LLMEngine:
+    """This release does not include an online-serving wrapper (nor does the fake)."""
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        cache_config: CacheConfig,
+        parallel_config: ParallelConfig,
+        scheduler_config: SchedulerConfig,
+        log_stats: bool = True,
+        engine_type: EngineType = EngineType.NORMAL,
+        offline_inference: bool = False,
+    ) -> None:
+        gpu_ids = list(map(int, os.environ["CUDA_VISIBLE_DEVICES"].split(",")))
+        self.driver_gpu_id = gpu_ids[0]
+        self.model_config = model_config
+        self.cache_config = cache_config
+        self.parallel_config = parallel_config
+        self.scheduler_config = scheduler_config
+        self.log_stats = log_stats
+        self.engine_type = engine_type
+        self.offline_inference = offline_inference
+        self.closed = False
+        self.tokenizer = Tokenizer.from_file(str(Path(model_config.tokenizer) / "tokenizer.json"))
+        vocab = self.tokenizer.get_vocab(with_added_tokens=True)
+        self.eos_id = vocab["<｜end▁of▁sentence｜>"]
+        self.corpus = self.tokenizer.encode(CORPUS.read_text(encoding="utf-8"), add_special_tokens=False).ids
+        self.starts = [i + 1 for i, t in enumerate(self.corpus[:-1]) if self.tokenizer.id_to_token(t) in (".", ".Ċ")]
+        self.nextn = max(0, envs.DEEPINFER_USE_NEXTN_DECODE)
+        self.zos = envs.DEEPINFER_ZERO_OVERHEAD_SCHEDULING
+        self.step_s = float(os.environ.get("FAKE_DEEPINFER_STEP_MS", "0")) / 1000.0
+        self.admission_steps = int(os.environ.get("FAKE_DEEPINFER_ADMISSION_STEPS", "0"))
+        kv = int(os.environ.get("FAKE_DEEPINFER_KV_TOKENS", str(1 << 24)))
+        self.kv_tokens = int(kv * cache_config.gpu_memory_utilization)
+        pc = parallel_config
+        if pc.context_parallel_size > 1:
+            _say(f"rank {pc.engine_rank}: CP={pc.context_parallel_size} workers are not simulated")
+        # Distributed init (worker/base.py): the fake's world is the DP drivers.
+        if not dist.is_initialized():
+            dist.init_process_group(
+                backend="gloo",
+                init_method=get_distributed_init_method(pc),
+                timeout=__import__("datetime").timedelta(seconds=envs.DEEPINFER_GLOO_TIMEOUT),
+                world_size=pc.data_parallel_size,
+                rank=pc.engine_rank,
+            )
+        PG.create_process_groups()
+        dist.barrier()  # model init and warm-up are collective
+        self.scheduler = Scheduler()
+        self._admitting: list[tuple[int, Sequence]] = []  # (admitted at step, seq): the lost-abort window
+        self._inflight: list[RequestOutput] = []  # ZOS: decode outputs of the last step, returned one step late
+        self._ignored: list[RequestOutput] = []  # terminal outputs of aborted-while-waiting requests
+        self.generate_step = 0
+        self.flushes = 0
+        self.max_tokens_per_req_step = 0
+        self.lost_aborts = 0
+        self.aborted_ids: set[str] = set()
+        self.reaborted = 0
+        self._lost: set[str] = set()
+        _say(
+            f"rank {pc.engine_rank}/{pc.data_parallel_size}: CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']} "
+            f"rendezvous={get_distributed_init_method(pc)} nextn={self.nextn} zos={int(self.zos)} "
+            f"prefill_intervals={scheduler_config.prefill_attempt_interval}/{scheduler_config.prefill_any_attempt_interval} "
+            f"multimodal_pool={int(envs.DEEPINFER_USE_MULTIMODAL_POOL)} max_model_len={scheduler_config.max_model_len} "
+            f"max_num_seqs={scheduler_config.max_num_seqs} trust_remote_code={model_config.trust_remote_code}"
+        )
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
+        engine_configs = engine_args.create_engine_configs()
+        return cls(
+            *engine_configs,
+            log_stats=not engine_args.disable_log_stats,
+            engine_type=engine_args.engine_type,
+            offline_inference=engine_args.offline_inference,
+        )
+
+    # -- requests --------------------------------------------------------------------------------------------------
+    def add_request(
+        self,
+        /,
+        user_id: str,
+        request_id: str,
+        sampling_params: dict | SamplingParams | None,
+        prompt_token_ids: np.ndarray,
+        multi_modal_data: dict | None = None,
+        arrival_time: float | None = None,
+        extra: dict | None = None,
+        enqueue: bool = True,
+        chunk_checkpoints: list[int] | None = None,
+    ) -> Sequence | None:
+        if sampling_params is None:
+            sampling_params = {}
+        if isinstance(sampling_params, dict):
+            sampling_params = SamplingParams(**{k: v for k, v in sampling_params.items() if v is not None})
+        sampling_params.eos_id = self.eos_id
+        a = prompt_token_ids
+        if not (isinstance(a, np.ndarray) and a.dtype == np.int32 and a.ndim == 1 and a.flags.c_contiguous):
+            raise TypeError("prompt_token_ids must be a 1-D C-contiguous np.ndarray[np.int32] (noconvert)")
+        if a.size == 0:
+            raise ValueError("prompt must not be empty")
+        max_valid = self.model_config.get_vocab_size() + (NUM_IMAGE_SPECIAL if multi_modal_data is not None else 0)
+        if a.min() < 0 or a.max() >= max_valid:
+            _say(f"Drop request {request_id} from {user_id=} due to invalid token")
+            return None
+        prompt = a.tolist()
+        rng = random.Random(zlib.crc32(a.tobytes()) * 1_000_003 + sampling_params.seq_seed)
+        plan = [] if not self.corpus else self._text(rng, rng.randint(8, 60))
+        plan.append(self.eos_id)
+        seq = Sequence(request_id, prompt, sampling_params, plan, rng.randrange(1 << 30))
+        if self.admission_steps > 0:
+            self._admitting.append((self.generate_step + self.admission_steps, seq))
+        else:
+            self.scheduler.waiting.append(seq)
+        return seq
+
+    def _text(self, rng: random.Random, n: int) -> list[int]:
+        start = rng.choice(self.starts) if self.starts else 0
+        return [self.corpus[(start + k) % len(self.corpus)] for k in range(n)]
+
+    def abort_request(self, request_id: str | Iterable[str]) -> tuple[int, int]:
+        assert isinstance(request_id, (str, dict, set, list, tuple)), f"invalid request_id type: {type(request_id)}"
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        for rid in ids:
+            if rid in self._lost:
+                self.reaborted += 1
+                self._lost.discard(rid)
+            if any(s.request_id == rid for _, s in self._admitting):
+                self.lost_aborts += 1  # not in the scheduler yet: the abort finds nothing and the request runs later
+                self._lost.add(rid)
+        sched = self.scheduler
+        waiting = [s for s in sched.waiting if s.request_id in ids]
+        seqs = sched.abort_sequence(ids)
+        for s in waiting:  # aborted while waiting: one terminal output with reason "abort", next step
+            sched.waiting.remove(s)
+            self._ignored.append(self._out(s, s.prompt[-1], "abort", True))
+        dropped = set(ids)
+        self._inflight = [r for r in self._inflight if r.request_id not in dropped]  # running: nothing more
+        return len(seqs), sum(s.get_len() for s in seqs)
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.scheduler.get_num_unfinished_seqs() + len(self._admitting)
+
+    def so_builder_has_pending(self) -> bool:
+        return bool(self._admitting)
+
+    def has_unfinished_requests(self) -> bool:
+        unfinished = self.scheduler.has_unfinished_seqs() or self.so_builder_has_pending()
+        dp_group = PG.cpu_data_parallel_group()
+        if dp_group.size() > 1:
+            t = torch.full((1,), unfinished, dtype=torch.int64, device="cpu")
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=dp_group)
+            unfinished = t.item() > 0
+        return bool(unfinished)
+
+    def get_num_pendings(self) -> int:
+        num_pendings, _ = self.scheduler.get_sum_prompt_len_waiting()
+        return num_pendings
+
+    # -- steps -----------------------------------------------------------------------------------------------------
+    def _out(self, s: Sequence, token: int, reason: str, finished: bool) -> RequestOutput:
+        return RequestOutput(
+            request_id=s.request_id,
+            prompt_len=len(s.prompt),
+            token_id=token,
+            finish_reason=reason,
+            finished=finished,
+            max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
+            num_output_tokens=len(s.output) + (1 if reason in ("", "stop", "length") else 1),
+        )
+
+    def _generate(self, s: Sequence, n: int) -> list[RequestOutput]:
+        """Up to n tokens for s; stops at EOS (unless ignore_eos), max_tokens or the context."""
+        outs = []
+        sp = s.sampling_params
+        for _ in range(n):
+            i = len(s.output)
+            tok = s.plan[i] if i < len(s.plan) else self.corpus[(s.offset + i) % len(self.corpus)]
+            s.output.append(tok)
+            if tok == self.eos_id and not sp.ignore_eos:
+                reason = "stop"
+            elif len(s.output) >= sp.max_tokens or s.get_len() > self.scheduler_config.max_model_len:
+                reason = "length"
+            else:
+                reason = ""
+            outs.append(self._out(s, tok, reason, reason != ""))
+            outs[-1].num_output_tokens = len(s.output)
+            if reason:
+                s.status = "FINISHED"
+                break
+        return outs
+
+    def step(self) -> np.ndarray:
+        _C._release_all()
+        t0 = time.perf_counter()
+        self.generate_step += 1
+        sched = self.scheduler
+        ready = [s for at, s in self._admitting if at <= self.generate_step]
+        self._admitting = [(at, s) for at, s in self._admitting if at > self.generate_step]
+        sched.waiting += ready
+        # Every step is collective (scheduler votes, MoE all-to-all): the DP group agrees on prefill vs decode.
+        want_prefill = int(bool(sched.waiting) and len(sched.running) < self.scheduler_config.max_num_seqs)
+        vote = dist._collective("step", [want_prefill], dist.ReduceOp.MAX) if dist.get_world_size() > 1 else [want_prefill]
+        outs: list[RequestOutput] = self._ignored
+        self._ignored = []
+        if self.zos:
+            outs += self._inflight
+            self._inflight = []
+        limit = min(self.scheduler_config.max_model_len, self.scheduler_config.max_num_batched_tokens)
+        if vote[0]:  # prefill step (NORMAL engines never mix prefill and decode); first tokens come back now
+            budget = self.scheduler_config.max_num_batched_tokens
+            while sched.waiting and len(sched.running) < self.scheduler_config.max_num_seqs:
+                s = sched.waiting[0]
+                if len(s.prompt) > limit or len(s.prompt) > self.kv_tokens:
+                    sched.waiting.pop(0)
+                    s.status = "FINISHED_IGNORED"
+                    outs.append(self._out(s, s.prompt[-1], "prompt_length_exceeded", True))
+                    continue
+                if len(s.prompt) > budget and budget < self.scheduler_config.max_num_batched_tokens:
+                    break
+                budget -= len(s.prompt)
+                sched.waiting.pop(0)
+                s.status = "RUNNING"
+                sched.running.append(s)
+                outs += self._generate(s, 1)
+        else:  # decode step: 1 + accepted draft tokens per request
+            produced: list[RequestOutput] = []
+            for s in sched.running:
+                rng = random.Random(zlib.crc32(f"{s.request_id}/{self.generate_step}".encode()))
+                n = 1 + (rng.randint(0, self.nextn) if self.nextn else 0)
+                got = self._generate(s, n)
+                self.max_tokens_per_req_step = max(self.max_tokens_per_req_step, len(got))
+                if got:
+                    got[-1].draft_tok, got[-1].accept_tok = self.nextn, len(got) - 1
+                produced += got
+            if self.zos:
+                self._inflight = produced
+            else:
+                outs += produced
+            sched.decode_step += 1
+        sched.running = [s for s in sched.running if s.status == "RUNNING"]
+        if self.step_s:
+            left = t0 + self.step_s - time.perf_counter()
+            if left > 0:
+                time.sleep(left)
+        return _C._publish(outs)
+
+    def flush_inflight_reqs(self) -> np.ndarray:
+        _C._release_all()
+        self.flushes += 1
+        if dist.get_world_size() > 1:
+            dist._collective("flush", [], None)  # stricter than the real engine: ranks flush together
+        outs = self._inflight
+        self._inflight = []
+        return _C._publish(outs)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        _C._release_all()
+        counts = [self.generate_step, -self.generate_step, self.flushes, -self.flushes]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            counts = dist._collective("close", counts, dist.ReduceOp.MAX)
+            if counts[0] != -counts[1] or counts[2] != -counts[3]:
+                raise RuntimeError(f"fake deepinfer: DP ranks stepped a different number of times: {counts}")
+        _say(
+            f"rank {self.parallel_config.engine_rank} closed: steps={self.generate_step} flushes={self.flushes} "
+            f"max_tokens_per_request_step={self.max_tokens_per_req_step} lost_aborts={self.lost_aborts} "
+            f"reaborted={self.reaborted} lockstep=ok"
+        )
+        dist.destroy_process_group()
+
+    def __del__(self) -> None:
+        pass  # the real one calls close() (collective); the fake does not run collectives from GC
