@@ -7,8 +7,9 @@ use axum::http::StatusCode;
 use bytes::BytesMut;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::thread;
+use std::time::Duration;
 use tokio::sync::oneshot;
 
 /// What the HTTP layer asks the codec to prepare.
@@ -53,14 +54,27 @@ pub struct Codec {
     codec: Py<PyAny>,
     decode_batch: Py<PyAny>,
     jobs: Mutex<mpsc::Sender<Job>>,
+    /// Requests waiting for or in `prepare`. Decoding yields the GIL to them: a new request's time to first
+    /// token should not queue behind other requests' token batches.
+    preparing: Mutex<usize>,
+    prepared: Condvar,
 }
+
+/// Longest a decode batch waits for pending prepares before taking the GIL anyway.
+const PREPARE_PRIORITY_WAIT: Duration = Duration::from_millis(2);
 
 impl Codec {
     /// Start `threads` prepare workers around the Python `Codec` object and its `decode_batch` function.
     pub fn start(codec: Py<PyAny>, decode_batch: Py<PyAny>, threads: usize) -> Arc<Self> {
         let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
-        let this = Arc::new(Codec { codec, decode_batch, jobs: Mutex::new(tx) });
+        let this = Arc::new(Codec {
+            codec,
+            decode_batch,
+            jobs: Mutex::new(tx),
+            preparing: Mutex::new(0),
+            prepared: Condvar::new(),
+        });
         for i in 0..threads.max(1) {
             let rx = rx.clone();
             let me = this.clone();
@@ -70,7 +84,10 @@ impl Codec {
                     loop {
                         let job = rx.lock().unwrap().recv();
                         let Ok((req, reply)) = job else { return };
-                        let _ = reply.send(Python::attach(|py| me.prepare_blocking(py, &req)));
+                        let result = Python::attach(|py| me.prepare_blocking(py, &req));
+                        *me.preparing.lock().unwrap() -= 1;
+                        me.prepared.notify_all();
+                        let _ = reply.send(result);
                     }
                 })
                 .expect("spawn codec thread");
@@ -81,7 +98,11 @@ impl Codec {
     /// Convert and encode on the codec pool.
     pub async fn prepare(&self, req: PrepareRequest) -> Result<Prepared, ApiError> {
         let (tx, rx) = oneshot::channel();
-        self.jobs.lock().unwrap().send((req, tx)).map_err(|_| ApiError::Unavailable("codec stopped".into()))?;
+        *self.preparing.lock().unwrap() += 1;
+        if self.jobs.lock().unwrap().send((req, tx)).is_err() {
+            *self.preparing.lock().unwrap() -= 1;
+            return Err(ApiError::Unavailable("codec stopped".into()));
+        }
         rx.await.map_err(|_| ApiError::Internal)?
     }
 
@@ -115,6 +136,14 @@ impl Codec {
             decoder: get("decoder")?.unbind(),
             first,
         })
+    }
+
+    /// Called before a decode batch takes the GIL: let pending request preparations go first (bounded wait).
+    pub fn yield_to_prepares(&self) {
+        let pending = self.preparing.lock().unwrap();
+        if *pending > 0 {
+            let _ = self.prepared.wait_timeout_while(pending, PREPARE_PRIORITY_WAIT, |n| *n > 0);
+        }
     }
 
     /// Decode one batch: `(decoder, new tokens, engine finish code)` per request, one Python call in all.

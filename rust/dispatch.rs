@@ -5,6 +5,7 @@
 
 use crate::admission::Permit;
 use crate::error::ApiError;
+use crate::metrics::Metrics;
 use crate::ring::records::{self, Abort, Submit};
 use crate::ring::{Ring, Sender};
 use crate::stream::Outlet;
@@ -12,7 +13,7 @@ use pyo3::prelude::*;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A request running on a rank.
 pub struct Inflight {
@@ -20,7 +21,29 @@ pub struct Inflight {
     /// The Python `codec.Decoder`; only touched with the GIL, on the rank_io thread.
     pub decoder: Py<PyAny>,
     pub outlet: Outlet,
-    pub started: Instant,
+    pub arrival: Instant,
+    /// Token timing, written by the rank_io thread only.
+    timing: Mutex<Timing>,
+}
+
+#[derive(Default)]
+struct Timing {
+    first: Option<Instant>,
+    last: Option<Instant>,
+}
+
+impl Inflight {
+    /// Record that tokens arrived now; returns (time to first token if this was the first, gap since the last).
+    pub fn tokens_arrived(&self, now: Instant) -> (Option<Duration>, Option<Duration>) {
+        let mut t = self.timing.lock().unwrap();
+        let gap = t.last.map(|l| now - l);
+        t.last = Some(now);
+        if t.first.is_none() {
+            t.first = Some(now);
+            return (Some(now - self.arrival), None);
+        }
+        (None, gap)
+    }
 }
 
 /// One data-parallel rank as the server sees it.
@@ -89,6 +112,7 @@ impl RankLink {
 
 pub struct Dispatcher {
     pub ranks: Vec<RankLink>,
+    pub metrics: Arc<Metrics>,
     next_id: AtomicU64,
 }
 
@@ -104,8 +128,8 @@ pub struct Job<'a> {
 }
 
 impl Dispatcher {
-    pub fn new(ranks: Vec<RankLink>) -> Arc<Self> {
-        Arc::new(Dispatcher { ranks, next_id: AtomicU64::new(1) })
+    pub fn new(ranks: Vec<RankLink>, metrics: Arc<Metrics>) -> Arc<Self> {
+        Arc::new(Dispatcher { ranks, metrics, next_id: AtomicU64::new(1) })
     }
 
     pub fn next_id(&self) -> u64 {
@@ -129,9 +153,10 @@ impl Dispatcher {
         decoder: Py<PyAny>,
         outlet: Outlet,
         permit: Permit,
+        arrival: Instant,
     ) -> Result<Ticket, ApiError> {
         let rank = self.pick().ok_or_else(|| ApiError::Unavailable("no engine rank is running".into()))?;
-        let entry = Arc::new(Inflight { id, decoder, outlet, started: Instant::now() });
+        let entry = Arc::new(Inflight { id, decoder, outlet, arrival, timing: Mutex::default() });
         rank.inflight.lock().unwrap().insert(id, entry);
         rank.count.fetch_add(1, Ordering::Relaxed);
         let submit = Submit {
@@ -149,7 +174,15 @@ impl Dispatcher {
             tracing::error!(rank = rank.index, "cannot send request to rank: {e}");
             return Err(ApiError::Unavailable(format!("engine rank {} is not accepting requests", rank.index)));
         }
-        Ok(Ticket { dispatcher: self.clone(), rank: rank.index, id, _permit: permit })
+        self.metrics.queue.observe(arrival.elapsed().as_secs_f64());
+        self.metrics.prompt_tokens.inc_by(job.prompt.len() as u64);
+        Ok(Ticket {
+            dispatcher: self.clone(),
+            rank: rank.index,
+            id,
+            abort_reason: "client_disconnect",
+            _permit: permit,
+        })
     }
 }
 
@@ -159,6 +192,8 @@ pub struct Ticket {
     dispatcher: Arc<Dispatcher>,
     rank: usize,
     id: u64,
+    /// Why the request stops if the ticket is dropped while it still runs.
+    abort_reason: &'static str,
     _permit: Permit,
 }
 
@@ -171,15 +206,20 @@ impl Ticket {
         self.rank
     }
 
-    /// Abort now (timeout); the same as dropping it.
-    pub fn abort(self) {}
+    /// Abort now, counting it under `reason`.
+    pub fn abort(mut self, reason: &'static str) {
+        self.abort_reason = reason;
+    }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
         let link = &self.dispatcher.ranks[self.rank];
-        if link.take(self.id).is_some() && link.is_alive() {
-            link.send_abort(self.id);
+        if link.take(self.id).is_some() {
+            self.dispatcher.metrics.aborted.with_label_values(&[self.abort_reason]).inc();
+            if link.is_alive() {
+                link.send_abort(self.id);
+            }
         }
     }
 }

@@ -64,6 +64,11 @@ impl ApiError {
         self.parts().0
     }
 
+    /// The error code, also used as the metrics label for rejections.
+    pub fn code(&self) -> &'static str {
+        self.parts().2
+    }
+
     /// The envelope `{"error": {"message", "type", "param", "code"}}` as JSON text.
     pub fn envelope(&self) -> String {
         if let ApiError::Codec { body, .. } = self {

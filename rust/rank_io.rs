@@ -7,14 +7,15 @@
 use crate::codec::{Codec, DecodeState};
 use crate::dispatch::{Dispatcher, Inflight, RankLink};
 use crate::error::ApiError;
-use crate::ring::records::{self, FINISH_ABORT, FINISH_ERROR, FINISH_NONE};
+use crate::metrics::Metrics;
+use crate::ring::records::{self, FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_NONE};
 use crate::stream::{DONE, Outlet};
 use bytes::Bytes;
 use pyo3::prelude::*;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Bytes drained per wake-up; bounds the latency of the first request in a huge backlog.
 const DRAIN_MAX_BYTES: usize = 1 << 20;
@@ -52,7 +53,7 @@ fn run(dispatcher: &Dispatcher, codec: &Codec, rank: usize) {
             }
             continue;
         }
-        deliver(link, codec, batches);
+        deliver(link, &dispatcher.metrics, codec, batches);
     }
 }
 
@@ -98,30 +99,44 @@ fn drain(link: &RankLink) -> Vec<Batch> {
     out
 }
 
-fn deliver(link: &RankLink, codec: &Codec, batches: Vec<Batch>) {
+fn deliver(link: &RankLink, metrics: &Metrics, codec: &Codec, batches: Vec<Batch>) {
+    let now = Instant::now();
     let found = link.lookup(batches.iter().map(|b| b.id));
     let mut work: Vec<(Arc<Inflight>, &Batch)> = Vec::with_capacity(batches.len());
     for (entry, b) in found.into_iter().zip(&batches) {
         let Some(entry) = entry else { continue }; // aborted or timed out: drop late tokens
         if b.finish == FINISH_ERROR || b.finish == FINISH_ABORT {
             if let Some(e) = link.take(b.id) {
+                metrics.aborted.with_label_values(&["engine_error"]).inc();
                 let reason = b.reason.clone().unwrap_or_else(|| "the engine aborted the request".into());
                 tracing::warn!(rank = link.index, request = b.id, "engine ended the request: {reason}");
                 e.outlet.fail(ApiError::Engine(format!("The engine could not complete the request: {reason}")));
             }
             continue;
         }
+        if !b.tokens.is_empty() {
+            let (ttft, gap) = entry.tokens_arrived(now);
+            if let Some(t) = ttft {
+                metrics.ttft.observe(t.as_secs_f64());
+            }
+            metrics.observe_tokens(b.tokens.len(), gap);
+        }
         work.push((entry, b));
     }
     if work.is_empty() {
         return;
     }
+    codec.yield_to_prepares();
     Python::attach(|py| {
         let items: Vec<_> = work.iter().map(|(e, b)| (&e.decoder, b.tokens.as_slice(), b.finish)).collect();
         match codec.decode(py, &items) {
             Ok(decoded) => {
-                for ((entry, _), d) in work.iter().zip(decoded) {
-                    finish_one(link, entry, d.state, d.bytes.freeze());
+                for ((entry, b), d) in work.iter().zip(decoded) {
+                    if finish_one(link, entry, d.state, d.bytes.freeze()) {
+                        metrics.e2e.observe(entry.arrival.elapsed().as_secs_f64());
+                        let reason = if b.finish == FINISH_LENGTH { "length" } else { "stop" };
+                        metrics.success.with_label_values(&[reason]).inc();
+                    }
                 }
             }
             Err(err) => {
@@ -138,7 +153,8 @@ fn deliver(link: &RankLink, codec: &Codec, batches: Vec<Batch>) {
     });
 }
 
-fn finish_one(link: &RankLink, entry: &Inflight, state: DecodeState, bytes: Bytes) {
+/// Hand decoded bytes to the request; true if this ended it.
+fn finish_one(link: &RankLink, entry: &Inflight, state: DecodeState, bytes: Bytes) -> bool {
     match state {
         DecodeState::Running => {
             if let Outlet::Stream(s) = &entry.outlet
@@ -146,10 +162,11 @@ fn finish_one(link: &RankLink, entry: &Inflight, state: DecodeState, bytes: Byte
             {
                 s.push(&bytes, false);
             }
+            false
         }
         DecodeState::Finished | DecodeState::StoppedEarly => {
             if link.take(entry.id).is_none() {
-                return; // the client left in the meantime; its ticket already aborted it
+                return false; // the client left in the meantime; its ticket already aborted it
             }
             if state == DecodeState::StoppedEarly {
                 link.send_abort(entry.id); // a stop sequence matched: the rank is still generating
@@ -161,6 +178,7 @@ fn finish_one(link: &RankLink, entry: &Inflight, state: DecodeState, bytes: Byte
                 }),
                 unary => unary.complete(bytes),
             }
+            true
         }
     }
 }

@@ -6,6 +6,7 @@ use crate::codec::Codec;
 use crate::config::ServerConfig;
 use crate::dispatch::{Dispatcher, RankLink};
 use crate::http::{self, AppState};
+use crate::metrics::Metrics;
 use crate::rank_io;
 use crate::ring::py::PyRing;
 use crate::supervisor::{Supervisor, fail_in_flight};
@@ -35,7 +36,8 @@ pub fn serve(
     init_logging(&config.log_level);
     let links = rings.iter().enumerate().map(|(i, (req, out))| RankLink::new(i, req.ring(), out.ring())).collect();
     drop(rings);
-    let dispatcher = Dispatcher::new(links);
+    let metrics = Arc::new(Metrics::new(config.served_model_names.first().map_or("", String::as_str)));
+    let dispatcher = Dispatcher::new(links, metrics);
     let codec = Codec::start(codec, decode_batch, config.codec_threads);
     let capacity = dispatcher.ranks.len() * config.max_num_seqs as usize;
     let state = Arc::new(AppState {

@@ -175,7 +175,7 @@ impl Stream for SseBody {
             let secs = *secs;
             this.deadline = None;
             if let Some(t) = this.ticket.take() {
-                t.abort();
+                t.abort("timeout");
             }
             this.buf.push(&error_tail(&ApiError::Timeout(secs)), true);
             return Pin::new(this).poll_next(cx);

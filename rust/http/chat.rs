@@ -15,10 +15,24 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
+use std::time::Instant;
 
 pub async fn chat_completions(
     State(st): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let arrival = Instant::now();
+    let result = handle(&st, body, arrival).await;
+    if let Err(e) = &result {
+        st.dispatcher.metrics.rejected.with_label_values(&[e.code()]).inc();
+    }
+    result
+}
+
+async fn handle(
+    st: &Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+    arrival: Instant,
 ) -> Result<Response, ApiError> {
     let body = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
@@ -57,7 +71,7 @@ pub async fn chat_completions(
     if req.stream {
         let buf = StreamBuf::new();
         buf.push(&prepared.first, false);
-        let ticket = st.dispatcher.submit(id, job, prepared.decoder, Outlet::Stream(buf.clone()), permit)?;
+        let ticket = st.dispatcher.submit(id, job, prepared.decoder, Outlet::Stream(buf.clone()), permit, arrival)?;
         let body = Body::from_stream(SseBody::new(buf, ticket, timeout));
         return Ok((
             [
@@ -70,11 +84,14 @@ pub async fn chat_completions(
             .into_response());
     }
     let (outlet, rx) = Outlet::unary();
-    let ticket = st.dispatcher.submit(id, job, prepared.decoder, outlet, permit)?;
+    let ticket = st.dispatcher.submit(id, job, prepared.decoder, outlet, permit, arrival)?;
     let result = match timeout {
         Some(t) => match tokio::time::timeout(t, rx).await {
             Ok(r) => r,
-            Err(_) => return Err(ApiError::Timeout(t.as_secs_f64())), // dropping the ticket aborts the request
+            Err(_) => {
+                ticket.abort("timeout");
+                return Err(ApiError::Timeout(t.as_secs_f64()));
+            }
         },
         None => rx.await,
     };

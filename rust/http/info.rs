@@ -28,3 +28,8 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Response {
         .collect();
     Json(json!({"object": "list", "data": data})).into_response()
 }
+
+pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    let body = st.dispatcher.metrics.render(&st.dispatcher, st.config.max_num_seqs as usize);
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
+}

@@ -49,6 +49,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/models", get(info::models))
         .route("/health", get(info::health))
+        .route("/metrics", get(info::metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))

@@ -42,5 +42,8 @@ class Engine(Protocol):
     def load(self) -> tuple[int, int]:
         """(running + waiting requests, prompt tokens still to prefill), for dispatch by load."""
 
+    def kv_usage(self) -> float:
+        """Fraction of the KV cache in use (0-1)."""
+
     def close(self) -> None:
         """Release the engine."""

@@ -54,7 +54,7 @@ SERVING_ENV_DEFAULTS: dict[str, str] = {
 }
 
 # Text-only requests pass empty image lists, as deepinfer's own `LLM.generate` does (llm.py:158-159).
-_TEXT_ONLY = {"image_bytes": [], "image_sizes": []}
+_TEXT_ONLY: dict[str, list[Any]] = {"image_bytes": [], "image_sizes": []}
 _USER_ID = "deepinfer-server"
 _REAL_TOKEN_REASONS = ("", "stop", "length")
 _MAX_REMEMBERED_ABORTS = 1 << 16
@@ -86,7 +86,7 @@ def _port_free(host: str, port: int) -> bool:
 
 
 def pick_master_port(host: str, http_port: int, engine_group_rank: int = 0) -> int:
-    """A MASTER_PORT whose rendezvous port (MASTER_PORT - 50 + engine_group_rank) is free now and is not the HTTP port."""
+    """A MASTER_PORT whose rendezvous port (MASTER_PORT - 50 + engine_group_rank) is free and not the HTTP port."""
     for _ in range(64):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
@@ -333,12 +333,19 @@ class DeepInferEngine:
     # -- state -------------------------------------------------------------------------------------------------
     def has_work(self) -> bool:
         """Local: waiting, running or still-admitting requests on this rank (no collective)."""
-        e = self.engine
-        return bool(e.scheduler.has_unfinished_seqs() or e.so_builder_has_pending())
+        return bool(self.engine.scheduler.has_unfinished_seqs() or self.engine.so_builder_has_pending())
 
     def load(self) -> tuple[int, int]:
         _, waiting_tokens = self.engine.scheduler.get_sum_prompt_len_waiting()
         return len(self.live), int(waiting_tokens)
+
+    def kv_usage(self) -> float:
+        """Share of this rank's KV blocks in use (block manager's free count against the profiled total)."""
+        total = self.engine.cache_config.num_gpu_blocks
+        if not total:
+            return 0.0
+        free = self.engine.scheduler.get_num_free_gpu_blocks()
+        return float(min(1.0, max(0.0, 1.0 - free / total)))
 
     def sync(self, busy: bool, stop: bool) -> tuple[bool, bool]:
         """THE collective of a loop iteration: MAX of (busy, stop) over the DP group. Same answer on every rank."""

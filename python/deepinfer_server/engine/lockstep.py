@@ -93,6 +93,7 @@ def serve_lockstep(any_engine: Engine, requests: _native.Ring, outputs: _native.
         n_requests, queued_tokens = engine.load()
         set_aux(_native.AUX_REQUESTS, n_requests)
         set_aux(_native.AUX_QUEUED_TOKENS, queued_tokens)
+        set_aux(_native.AUX_KV_USAGE_PPM, int(engine.kv_usage() * 1_000_000))
         set_aux(_native.AUX_HEARTBEAT_MS, int(time.monotonic() * 1000))
         if not busy and flushed and not stopping:
             requests.wait(idle_wait)

@@ -22,10 +22,10 @@ from deepinfer_server.engine.base import Engine, Output, Submit
 log = logging.getLogger("deepinfer_server.rank")
 
 IDLE_WAIT_S = 1.0  # bounded so a rank notices a closed ring or a lost parent even when idle
-# Unread output the rank may leave in its ring before it waits for the server to catch up. A real engine's step
-# is far slower than the server, so this only binds a zero-cost engine, which would otherwise run far ahead and
-# make every new request's first token queue behind a backlog of other requests' tokens.
-RUN_AHEAD_BYTES = int(os.environ.get("DEEPINFER_RANK_RUN_AHEAD_BYTES", 16 << 10))
+# Engine steps of output the rank may leave unread before it waits for the server to catch up. A real engine's
+# step is far slower than the server, so this only binds a zero-cost engine, which would otherwise run far ahead
+# and make every new request's first token queue behind a backlog of other requests' tokens.
+RUN_AHEAD_STEPS = int(os.environ.get("DEEPINFER_SIM_RUN_AHEAD_STEPS", "32"))
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -78,11 +78,13 @@ def serve_rank(engine: Engine, requests: _native.Ring, outputs: _native.Ring) ->
             published += engine.step()
         if published:
             outputs.publish(published)
-            if outputs.used_bytes > RUN_AHEAD_BYTES:
-                outputs.wait_drained(RUN_AHEAD_BYTES)
+            ahead = RUN_AHEAD_STEPS * (8 + 24 * len(published))  # about the size of this step's record
+            if outputs.used_bytes > ahead:
+                outputs.wait_drained(ahead)
         n_requests, queued_tokens = engine.load()
         set_aux(_native.AUX_REQUESTS, n_requests)
         set_aux(_native.AUX_QUEUED_TOKENS, queued_tokens)
+        set_aux(_native.AUX_KV_USAGE_PPM, int(engine.kv_usage() * 1_000_000))
         set_aux(_native.AUX_HEARTBEAT_MS, int(time.monotonic() * 1000))
 
 
@@ -108,7 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     outputs.set_aux(_native.AUX_STATE, _native.STATE_READY)
     log.info("rank %d ready (engine %s)", rank, conf["engine"])
     try:
-        serve_rank(engine, requests, outputs)
+        if conf["engine"] == "deepinfer":
+            from deepinfer_server.engine.lockstep import serve_lockstep
+
+            serve_lockstep(engine, requests, outputs)  # DP ranks step together
+        else:
+            serve_rank(engine, requests, outputs)
     except _native.RingClosed:
         pass  # the server is gone or shutting down
     finally:

@@ -38,10 +38,11 @@ class SimConfig:
 
 
 class _Seq:
-    __slots__ = ("generated", "max_tokens", "offset", "plan", "prompt_left", "rid")
+    __slots__ = ("generated", "max_tokens", "offset", "plan", "prompt_left", "prompt_len", "rid")
 
     def __init__(self, rid: int, prompt_len: int, max_tokens: int, plan: list[int], offset: int) -> None:
         self.rid = rid
+        self.prompt_len = prompt_len
         self.prompt_left = prompt_len
         self.max_tokens = max_tokens
         self.plan = plan  # scripted tokens; past its end the corpus continues (ignore_eos)
@@ -99,6 +100,11 @@ class SimEngine:
     def load(self) -> tuple[int, int]:
         queued = sum(s.prompt_left for s in self.waiting) + sum(s.prompt_left for s in self.running)
         return len(self.running) + len(self.waiting), queued
+
+    def kv_usage(self) -> float:
+        """Share of the KV cache (max_num_seqs x max_model_len token slots) the running requests hold."""
+        held = sum(s.prompt_len - s.prompt_left + s.generated for s in self.running)
+        return min(1.0, held / (self.cfg.max_num_seqs * self.cfg.max_model_len))
 
     def close(self) -> None:
         self.waiting.clear()

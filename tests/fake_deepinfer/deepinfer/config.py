@@ -17,16 +17,31 @@ def _get_max_num_batched_tokens(max_model_len: int, max_num_batched_tokens: int 
 
 
 class ModelConfig:
-    def __init__(self, model, tokenizer, trust_remote_code, load_format, seed, max_num_seqs, revision,
-                 tokenizer_revision, max_model_len, max_num_batched_tokens, ignore_len, served_model_name,
-                 engine_type) -> None:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        trust_remote_code,
+        load_format,
+        seed,
+        max_num_seqs,
+        revision,
+        tokenizer_revision,
+        max_model_len,
+        max_num_batched_tokens,
+        ignore_len,
+        served_model_name,
+        engine_type,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.trust_remote_code = trust_remote_code
         self.load_format = load_format
         self.seed = seed
         self.max_model_len = 4096 if max_model_len is None else max_model_len
-        self.max_num_batched_tokens = _get_max_num_batched_tokens(self.max_model_len, max_num_batched_tokens, max_num_seqs)
+        self.max_num_batched_tokens = _get_max_num_batched_tokens(
+            self.max_model_len, max_num_batched_tokens, max_num_seqs
+        )
         self.served_model_name = served_model_name
         self.engine_type = engine_type
         cfg = json.loads((Path(model) / "config.json").read_text())
@@ -43,11 +58,20 @@ class CacheConfig:
         self.block_size = block_size
         self.gpu_memory_utilization = gpu_memory_utilization
         self.lookahead_tokens = lookahead_tokens
+        self.num_gpu_blocks = None  # set after profiling
 
 
 class ParallelConfig:
-    def __init__(self, data_parallel_size, context_parallel_size, expert_parallel_size, engram_parallel_size,
-                 engine_rank, engine_group_rank, engine_type) -> None:
+    def __init__(
+        self,
+        data_parallel_size,
+        context_parallel_size,
+        expert_parallel_size,
+        engram_parallel_size,
+        engine_rank,
+        engine_group_rank,
+        engine_type,
+    ) -> None:
         cp, ep = context_parallel_size, expert_parallel_size
         dp = data_parallel_size if data_parallel_size > 0 else max(1, ep // cp)
         self.data_parallel_size = dp
@@ -63,8 +87,16 @@ class ParallelConfig:
 
 
 class SchedulerConfig:
-    def __init__(self, max_num_batched_tokens, max_num_seqs, max_model_len, stop_preempted_request=False,
-                 chunked_prefill=False, prefill_attempt_interval=None, prefill_any_attempt_interval=None) -> None:
+    def __init__(
+        self,
+        max_num_batched_tokens,
+        max_num_seqs,
+        max_model_len,
+        stop_preempted_request=False,
+        chunked_prefill=False,
+        prefill_attempt_interval=None,
+        prefill_any_attempt_interval=None,
+    ) -> None:
         self.max_num_batched_tokens = _get_max_num_batched_tokens(max_model_len, max_num_batched_tokens, max_num_seqs)
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len

@@ -43,4 +43,4 @@ def full(shape: tuple[int, ...], value: Any, dtype: Any = None, device: Any = No
     return Tensor([int(value) if dtype in (int64, int32) else value] * shape[0], dtype)
 
 
-from torch import distributed  # noqa: E402
+from torch import distributed  # noqa: E402, F401

@@ -14,7 +14,6 @@ import time
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -57,7 +56,8 @@ class Sequence:
 
 
 class Scheduler:
-    def __init__(self) -> None:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.decode_step = 0
@@ -67,6 +67,11 @@ class Scheduler:
 
     def get_num_unfinished_seqs(self) -> int:
         return len(self.waiting) + len(self.running)
+
+    def get_num_free_gpu_blocks(self) -> int:
+        bs = self.engine.cache_config.block_size
+        used = sum(-(-s.get_len() // bs) for s in self.running)
+        return max(0, self.engine.cache_config.num_gpu_blocks - used)
 
     def get_sum_prompt_len_waiting(self) -> tuple[int, int]:
         return len(self.waiting), sum(len(s.prompt) for s in self.waiting)
@@ -128,7 +133,8 @@ class LLMEngine:
             )
         PG.create_process_groups()
         dist.barrier()  # model init and warm-up are collective
-        self.scheduler = Scheduler()
+        self.cache_config.num_gpu_blocks = max(1, self.kv_tokens // cache_config.block_size)
+        self.scheduler = Scheduler(self)
         self._admitting: list[tuple[int, Sequence]] = []  # (admitted at step, seq): the lost-abort window
         self._inflight: list[RequestOutput] = []  # ZOS: decode outputs of the last step, returned one step late
         self._ignored: list[RequestOutput] = []  # terminal outputs of aborted-while-waiting requests
@@ -142,7 +148,8 @@ class LLMEngine:
         _say(
             f"rank {pc.engine_rank}/{pc.data_parallel_size}: CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']} "
             f"rendezvous={get_distributed_init_method(pc)} nextn={self.nextn} zos={int(self.zos)} "
-            f"prefill_intervals={scheduler_config.prefill_attempt_interval}/{scheduler_config.prefill_any_attempt_interval} "
+            f"prefill_intervals={scheduler_config.prefill_attempt_interval}/"
+            f"{scheduler_config.prefill_any_attempt_interval} "
             f"multimodal_pool={int(envs.DEEPINFER_USE_MULTIMODAL_POOL)} max_model_len={scheduler_config.max_model_len} "
             f"max_num_seqs={scheduler_config.max_num_seqs} trust_remote_code={model_config.trust_remote_code}"
         )
@@ -248,7 +255,7 @@ class LLMEngine:
             finish_reason=reason,
             finished=finished,
             max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
-            num_output_tokens=len(s.output) + (1 if reason in ("", "stop", "length") else 1),
+            num_output_tokens=len(s.output) + 1,  # the generated-token case overwrites it
         )
 
     def _generate(self, s: Sequence, n: int) -> list[RequestOutput]:
@@ -282,7 +289,9 @@ class LLMEngine:
         sched.waiting += ready
         # Every step is collective (scheduler votes, MoE all-to-all): the DP group agrees on prefill vs decode.
         want_prefill = int(bool(sched.waiting) and len(sched.running) < self.scheduler_config.max_num_seqs)
-        vote = dist._collective("step", [want_prefill], dist.ReduceOp.MAX) if dist.get_world_size() > 1 else [want_prefill]
+        vote = (
+            dist._collective("step", [want_prefill], dist.ReduceOp.MAX) if dist.get_world_size() > 1 else [want_prefill]
+        )
         outs: list[RequestOutput] = self._ignored
         self._ignored = []
         if self.zos:

@@ -9,6 +9,7 @@ A dead peer makes the collective raise at once (the real gloo may hang instead).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -118,7 +119,7 @@ def _reduce(op: str | None, columns: list[list[Any]]) -> list[Any]:
     if op is None or not columns or not columns[0]:
         return []
     fn = {ReduceOp.MAX: max, ReduceOp.MIN: min, ReduceOp.SUM: sum}[op]
-    return [fn(col) for col in zip(*columns)]
+    return [fn(col) for col in zip(*columns, strict=True)]
 
 
 def _collective(tag: str, values: list[Any], op: str | None) -> list[Any]:
@@ -199,9 +200,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
     if st is None:
         return
     for f in st.peers.values():
-        try:
+        with contextlib.suppress(OSError):
             f.close()
-        except OSError:
-            pass
     if st.server is not None:
         st.server.close()

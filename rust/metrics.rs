@@ -1,0 +1,177 @@
+//! Prometheus metrics under vLLM's names (so GIE/llm-d schedulers and GPUStack's vLLM mapping work unchanged),
+//! plus `deepinfer_*` internals. Hot-path updates are atomic; gauges that mirror rank state are read at scrape
+//! time, so nothing here takes the GIL or a rank lock.
+
+use crate::dispatch::Dispatcher;
+use crate::ring::status::{AUX_KV_USAGE_PPM, AUX_QUEUED_TOKENS};
+use prometheus::{
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+use std::time::Duration;
+
+pub struct Metrics {
+    registry: Registry,
+    running: IntGauge,
+    waiting: IntGauge,
+    kv_usage: Gauge,
+    pub prompt_tokens: IntCounter,
+    pub generation_tokens: IntCounter,
+    pub success: IntCounterVec,
+    pub ttft: Histogram,
+    pub itl: Histogram,
+    pub e2e: Histogram,
+    pub queue: Histogram,
+    pub rejected: IntCounterVec,
+    pub aborted: IntCounterVec,
+    rank_requests: IntGaugeVec,
+    rank_queued_tokens: IntGaugeVec,
+    ring_used: IntGaugeVec,
+}
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+    80.0, 160.0, 640.0, 2560.0,
+];
+const ITL_BUCKETS: &[f64] =
+    &[0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5];
+
+impl Metrics {
+    pub fn new(model_name: &str) -> Self {
+        let registry = Registry::new();
+        let opts = |name: &str, help: &str| Opts::new(name, help).const_label("model_name", model_name);
+        let hist = |name: &str, help: &str, buckets: &[f64]| {
+            Histogram::with_opts(
+                HistogramOpts::new(name, help).const_label("model_name", model_name).buckets(buckets.to_vec()),
+            )
+            .expect("valid histogram")
+        };
+        let m = Metrics {
+            running: IntGauge::with_opts(opts("vllm:num_requests_running", "Requests running on the engine ranks."))
+                .unwrap(),
+            waiting: IntGauge::with_opts(opts(
+                "vllm:num_requests_waiting",
+                "Admitted requests waiting for a batch slot.",
+            ))
+            .unwrap(),
+            kv_usage: Gauge::with_opts(opts(
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage (0-1), highest over the ranks.",
+            ))
+            .unwrap(),
+            prompt_tokens: IntCounter::with_opts(opts("vllm:prompt_tokens_total", "Prompt tokens processed.")).unwrap(),
+            generation_tokens: IntCounter::with_opts(opts("vllm:generation_tokens_total", "Tokens generated."))
+                .unwrap(),
+            success: IntCounterVec::new(
+                opts("vllm:request_success_total", "Requests that finished, by finish reason."),
+                &["finished_reason"],
+            )
+            .unwrap(),
+            ttft: hist("vllm:time_to_first_token_seconds", "Arrival to first generated token.", LATENCY_BUCKETS),
+            itl: hist("vllm:inter_token_latency_seconds", "Time between generated tokens.", ITL_BUCKETS),
+            e2e: hist("vllm:e2e_request_latency_seconds", "Arrival to the last token.", LATENCY_BUCKETS),
+            queue: hist(
+                "vllm:request_queue_time_seconds",
+                "Arrival until the request is handed to its rank (checks, admission, conversion, encoding).",
+                LATENCY_BUCKETS,
+            ),
+            rejected: IntCounterVec::new(
+                Opts::new("deepinfer_rejected_requests_total", "Requests refused before running, by reason."),
+                &["reason"],
+            )
+            .unwrap(),
+            aborted: IntCounterVec::new(
+                Opts::new("deepinfer_aborted_requests_total", "Requests stopped before the engine finished them."),
+                &["reason"],
+            )
+            .unwrap(),
+            rank_requests: IntGaugeVec::new(
+                Opts::new("deepinfer_rank_requests", "Requests in flight per data-parallel rank."),
+                &["rank"],
+            )
+            .unwrap(),
+            rank_queued_tokens: IntGaugeVec::new(
+                Opts::new("deepinfer_rank_queued_prefill_tokens", "Prompt tokens a rank still has to prefill."),
+                &["rank"],
+            )
+            .unwrap(),
+            ring_used: IntGaugeVec::new(
+                Opts::new("deepinfer_ring_used_bytes", "Unread bytes in a rank's shared-memory ring."),
+                &["rank", "ring"],
+            )
+            .unwrap(),
+            registry,
+        };
+        m.register_all();
+        // Export every label value from the start, so dashboards and rate() see zeros rather than gaps.
+        for reason in ["stop", "length"] {
+            m.success.with_label_values(&[reason]);
+        }
+        for reason in ["invalid_request_error", "model_not_found", "payload_too_large", "rate_limit_exceeded"] {
+            m.rejected.with_label_values(&[reason]);
+        }
+        for reason in ["client_disconnect", "timeout", "engine_error"] {
+            m.aborted.with_label_values(&[reason]);
+        }
+        m
+    }
+
+    fn register_all(&self) {
+        let r = &self.registry;
+        let all: Vec<Box<dyn prometheus::core::Collector>> = vec![
+            Box::new(self.running.clone()),
+            Box::new(self.waiting.clone()),
+            Box::new(self.kv_usage.clone()),
+            Box::new(self.prompt_tokens.clone()),
+            Box::new(self.generation_tokens.clone()),
+            Box::new(self.success.clone()),
+            Box::new(self.ttft.clone()),
+            Box::new(self.itl.clone()),
+            Box::new(self.e2e.clone()),
+            Box::new(self.queue.clone()),
+            Box::new(self.rejected.clone()),
+            Box::new(self.aborted.clone()),
+            Box::new(self.rank_requests.clone()),
+            Box::new(self.rank_queued_tokens.clone()),
+            Box::new(self.ring_used.clone()),
+        ];
+        for c in all {
+            r.register(c).expect("unique metric names");
+        }
+    }
+
+    /// Observe `n` tokens that arrived `gap` after the previous ones.
+    pub fn observe_tokens(&self, n: usize, gap: Option<Duration>) {
+        self.generation_tokens.inc_by(n as u64);
+        if let Some(gap) = gap
+            && n > 0
+        {
+            let each = gap.as_secs_f64() / n as f64;
+            for _ in 0..n {
+                self.itl.observe(each);
+            }
+        }
+    }
+
+    /// The text exposition, with the rank-state gauges refreshed first.
+    pub fn render(&self, dispatcher: &Dispatcher, max_num_seqs: usize) -> String {
+        let (mut running, mut waiting, mut kv) = (0usize, 0usize, 0f64);
+        for link in &dispatcher.ranks {
+            let n = link.in_flight();
+            let rank = link.index.to_string();
+            running += n.min(max_num_seqs);
+            waiting += n.saturating_sub(max_num_seqs);
+            kv = kv.max(link.output.aux(AUX_KV_USAGE_PPM) as f64 / 1e6);
+            self.rank_requests.with_label_values(&[&rank]).set(n as i64);
+            self.rank_queued_tokens.with_label_values(&[&rank]).set(link.output.aux(AUX_QUEUED_TOKENS) as i64);
+            self.ring_used.with_label_values(&[&rank, "request"]).set(link.requests.ring().used_bytes() as i64);
+            self.ring_used.with_label_values(&[&rank, "output"]).set(link.output.used_bytes() as i64);
+        }
+        self.running.set(running as i64);
+        self.waiting.set(waiting as i64);
+        self.kv_usage.set(kv);
+        let mut out = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+}

@@ -1,0 +1,351 @@
+"""`--engine deepinfer` end to end against the fake deepinfer (tests/fake_deepinfer), plus adapter unit tests.
+
+The server runs with tests/fake_deepinfer first on PYTHONPATH, so its rank processes import the fake `deepinfer`
+and `torch` (whose collectives really run across the rank processes, and fail loudly when ranks leave lockstep).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from conftest import MODEL, Server, shm_segments
+
+HERE = Path(__file__).resolve().parent
+FAKE = HERE / "fake_deepinfer"
+BUNDLED = HERE.parent / "python" / "deepinfer_server" / "tokenizer"
+NO_THINK = {"thinking": {"type": "disabled"}}
+
+
+def make_checkpoint(root: Path, vocab_size: int = 129280) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (root / name).write_bytes((BUNDLED / name).read_bytes())
+    (root / "config.json").write_text(json.dumps({"model_type": "deepseek_v41", "vocab_size": vocab_size}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt"))
+
+
+def fake_env(**extra: str) -> dict[str, str]:
+    path = os.environ.get("PYTHONPATH", "")
+    env = {
+        "PYTHONPATH": f"{FAKE}{os.pathsep}{path}" if path else str(FAKE),
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",  # the fake needs integer ids, like the real engine
+        "DEEPINFER_USE_NEXTN_DECODE": "0",
+    }
+    env.update(extra)
+    return env
+
+
+def _integrated() -> str | None:
+    """The owner's rank.py/launcher.py edits that plug the adapter in (see the report); None when present."""
+    import deepinfer_server.engine.rank as rank_mod
+    import deepinfer_server.launcher as launcher_mod
+
+    if "serve_lockstep" not in Path(rank_mod.__file__).read_text():
+        return f"{rank_mod.__file__} does not dispatch --engine deepinfer to lockstep.serve_lockstep"
+    if "dist_env_for_ranks" not in Path(launcher_mod.__file__).read_text():
+        return f"{launcher_mod.__file__} does not set the ranks' CUDA_VISIBLE_DEVICES/MASTER_PORT/engine_rank"
+    return None
+
+
+@pytest.fixture
+def deepinfer_server(make_server, checkpoint):
+    missing = _integrated()
+    if missing:
+        pytest.fail(f"--engine deepinfer is not wired into the rank process: {missing}")
+
+    def start(*args: str, **env: str) -> Server:
+        return make_server("--engine", "deepinfer", *args, "--", str(checkpoint), env=fake_env(**env))
+
+    return start
+
+
+def stop_cleanly(srv: Server) -> str:
+    before = {s for s in shm_segments() if f"-{srv.proc.pid}-" in s}
+    assert srv.stop() == 0, srv.log()
+    left = {s for s in shm_segments() if f"-{srv.proc.pid}-" in s}
+    assert not left, (before, left)
+    return srv.log()
+
+
+def chat(client: openai.OpenAI, content: str = "hello", **kw: object) -> object:
+    return client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": content}],
+        extra_body={**NO_THINK, **kw.pop("extra", {})},
+        **kw,
+    )
+
+
+def stream_text(client: openai.OpenAI, **kw: object) -> tuple[str, str | None, int | None]:
+    text, finish, usage = "", None, None
+    for ch in client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": kw.pop("content", "hello")}],
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={**NO_THINK, **kw.pop("extra", {})},
+        **kw,
+    ):
+        if ch.usage is not None:
+            usage = ch.usage.completion_tokens
+        for c in ch.choices:
+            text += c.delta.content or ""
+            finish = c.finish_reason or finish
+    return text, finish, usage
+
+
+# -- end to end ---------------------------------------------------------------------------------------------------
+
+
+def test_dp2_lockstep_stream_and_non_stream_then_clean_shutdown(deepinfer_server) -> None:
+    srv = deepinfer_server("--ep", "2", "--dp", "2", "--max-num-seqs", "8", "--max-model-len", "4096")
+    client = srv.client(timeout=30)
+    results: list[object] = []
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            if i % 2:
+                results.append(stream_text(client, content=f"question {i}", max_tokens=200))
+            else:
+                r = chat(client, f"question {i}", max_tokens=200)
+                results.append((r.choices[0].message.content, r.choices[0].finish_reason, r.usage.completion_tokens))
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(results) == 12
+    for text, finish, n in results:  # type: ignore[misc]
+        assert text and finish in ("stop", "length") and n and n > 0
+    assert any(finish == "stop" for _, finish, _ in results)  # type: ignore[misc]
+    log = stop_cleanly(srv)
+    starts = re.findall(r"fake-deepinfer rank (\d)/2: CUDA_VISIBLE_DEVICES=(\S+) rendezvous=(\S+) nextn=(\d+)", log)
+    assert sorted(s[:2] for s in starts) == [("0", "0"), ("1", "1")], log
+    assert len({s[2] for s in starts}) == 1  # one rendezvous shared by the ranks
+    assert all(s[3] == "0" for s in starts)  # speculative decoding off by default
+    assert "prefill_intervals=1/1" in log and "multimodal_pool=0" in log
+    closed = re.findall(r"rank (\d) closed: steps=(\d+) flushes=(\d+).* lockstep=ok", log)
+    assert len(closed) == 2 and closed[0][1:] == closed[1][1:], log
+
+
+def test_speculative_multi_token_steps_keep_exact_ignore_eos_lengths(deepinfer_server) -> None:
+    srv = deepinfer_server(
+        "--dp", "2", "--max-num-seqs", "8", "--max-model-len", "4096", DEEPINFER_USE_NEXTN_DECODE="3"
+    )
+    client = srv.client(timeout=30)
+    for n in (1, 2, 7, 37, 250):
+        r = chat(client, f"count {n}", max_tokens=n, extra={"ignore_eos": True})
+        assert r.usage.completion_tokens == n and r.choices[0].finish_reason == "length", (n, r)
+        _, finish, usage = stream_text(client, content=f"stream {n}", max_tokens=n, extra={"ignore_eos": True})
+        assert usage == n and finish == "length", (n, usage, finish)
+    log = stop_cleanly(srv)
+    assert "nextn=3" in log
+    per_step = [int(x) for x in re.findall(r"max_tokens_per_request_step=(\d+)", log)]
+    assert per_step and max(per_step) == 4, log
+
+
+def test_lost_abort_and_stop_sequence_free_engine_capacity(deepinfer_server) -> None:
+    # One engine slot, 5 ms steps, requests spend 40 steps being admitted (aborts in that window are lost).
+    srv = deepinfer_server(
+        "--dp", "1", "--max-num-seqs", "1", "--max-model-len", "8192",
+        FAKE_DEEPINFER_STEP_MS="5", FAKE_DEEPINFER_ADMISSION_STEPS="40",
+    )  # fmt: skip
+    long = {"max_tokens": 8000, "extra": {"ignore_eos": True}}
+    with pytest.raises(openai.APITimeoutError):  # client leaves while the request is still being admitted
+        chat(srv.client(timeout=0.05), "long one", **long)
+    # Without the re-abort, the lost request would hold the only engine slot for 8000 steps (40 s).
+    r = chat(srv.client(timeout=10), "short", max_tokens=5, extra={"ignore_eos": True})
+    assert r.usage.completion_tokens == 5
+    # A stop sequence ends a running request early: the server aborts it and the slot comes back.
+    text, finish, _ = stream_text(srv.client(timeout=10), content="stop early", stop=["e"], **long)
+    assert finish == "stop" and "e" not in text
+    r = chat(srv.client(timeout=10), "after", max_tokens=5, extra={"ignore_eos": True})
+    assert r.usage.completion_tokens == 5
+    log = stop_cleanly(srv)
+    assert "lost_aborts=1" in log and "reaborted=1" in log, log
+
+
+def test_engine_rejection_is_an_error_for_that_request_only(deepinfer_server) -> None:
+    # KV for 100 prompt tokens: a longer prompt ends with "prompt_length_exceeded" (no token).
+    srv = deepinfer_server("--dp", "2", "--gpu-memory-utilization", "0.5", FAKE_DEEPINFER_KV_TOKENS="200")
+    client = srv.client(timeout=30)
+    big = "lorem ipsum dolor sit amet " * 40
+    with pytest.raises(openai.InternalServerError, match="prompt_length_exceeded"):
+        chat(client, big, max_tokens=5)
+    with pytest.raises(openai.APIError, match="prompt_length_exceeded"):
+        stream_text(client, content=big, max_tokens=5)
+    for _ in range(4):  # both ranks still serve
+        r = chat(client, "short", max_tokens=5, extra={"ignore_eos": True})
+        assert r.usage.completion_tokens == 5
+    stop_cleanly(srv)
+
+
+def failed_start(checkpoint: Path, *args: str, **env: str) -> str:
+    """Run a server expected to fail start-up; returns its output (start_server leaks its pipe on failure)."""
+    cmd = [sys.executable, "-m", "deepinfer_server", "--port", "0", "--engine", "deepinfer", *args, str(checkpoint)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={**os.environ, **fake_env(**env)})
+    assert proc.returncode == 1, proc
+    return proc.stdout + proc.stderr
+
+
+def test_rendezvous_port_in_use_fails_start_up_naming_master_port(deepinfer_server, checkpoint) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        out = failed_start(checkpoint, "--dp", "2", MASTER_PORT=str(busy + 50))
+    assert f"MASTER_PORT - 50 + engine_group_rank = {busy + 50} - 50 + 0 = {busy} is already in use" in out, out
+
+
+def test_gpu_uuids_are_rejected(deepinfer_server, checkpoint) -> None:
+    out = failed_start(checkpoint, "--dp", "1", CUDA_VISIBLE_DEVICES="GPU-1234")
+    assert "integer GPU ids" in out, out
+
+
+# -- adapter unit tests, in process ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_modules() -> Iterator[None]:
+    saved_env = dict(os.environ)
+    sys.path.insert(0, str(FAKE))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(FAKE))
+        for name in [m for m in sys.modules if m.split(".")[0] in ("torch", "deepinfer")]:
+            del sys.modules[name]
+        os.environ.clear()
+        os.environ.update(saved_env)
+
+
+def build_engine(checkpoint: Path, **env: str):
+    from deepinfer_server.engine.deepinfer import build
+
+    os.environ.update({"CUDA_VISIBLE_DEVICES": "3", "MASTER_PORT": "29500", **env})
+    cfg = {
+        "model": str(checkpoint),
+        "trust_remote_code": False,
+        "expert_parallel_size": 1,
+        "data_parallel_size": 1,
+        "context_parallel_size": 1,
+        "engine_rank": 0,
+        "max_model_len": 256,
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 256,
+        "gpu_memory_utilization": 0.9,
+    }
+    return build(cfg)
+
+
+def run_until_idle(e, limit: int = 2000) -> dict[int, tuple[list[int], int, str | None]]:
+    done: dict[int, tuple[list[int], int, str | None]] = {}
+    flushed = True
+    for _ in range(limit):
+        busy, _ = e.sync(e.has_work(), False)
+        if busy:
+            out, flushed = e.step(), False
+        elif not flushed:
+            out, flushed = e.flush(), True
+        else:
+            return done
+        for rid, toks, fin, reason in out:
+            prev = done.get(rid, ([], 0, None))[0]
+            assert done.get(rid, ([], 0, None))[1] == 0, f"output after finish for {rid}"
+            done[rid] = (prev + toks, fin, reason)
+    raise AssertionError("engine did not go idle")
+
+
+def sub(rid: int, prompt: list[int], max_tokens: int = 16, ignore_eos: bool = False, seed: int | None = 1):
+    from deepinfer_server.engine.base import Submit
+
+    return Submit(rid, prompt, max_tokens, 1.0, 1.0, -1, seed, ignore_eos)
+
+
+def test_adapter_finish_codes_clamping_and_rejections(fake_modules, checkpoint) -> None:
+    from deepinfer_server import _native
+
+    e = build_engine(checkpoint, DEEPINFER_USE_NEXTN_DECODE="5")
+    assert os.environ["DEEPINFER_PREFILL_ATTEMPT_INTERVAL"] == "1"
+    assert os.environ["DEEPINFER_USE_NEXTN_DECODE"] == "5"  # the environment wins over the serving default
+    assert e.add(sub(1, [])) == [(1, [], _native.FINISH_ERROR, "empty prompt")]
+    assert e.add(sub(2, [0, 10**6]))[0][2] == _native.FINISH_ERROR  # add_request returned None
+    assert e.add(sub(3, [0, -1]))[0][2] == _native.FINISH_ERROR
+    assert e.add(sub(4, [0, 5, 6], max_tokens=10**9, ignore_eos=True)) == []  # clamped to the context
+    assert e.add(sub(5, [0, 5, 6], max_tokens=40)) == []
+    assert e.add(sub(6, [7] * 250, max_tokens=3, ignore_eos=True)) == []
+    done = run_until_idle(e)
+    assert len(done[4][0]) == 256 - 3 and done[4][1] == _native.FINISH_LENGTH
+    toks, fin, _ = done[5]
+    assert (fin == _native.FINISH_STOP and toks[-1] == 1) or (fin == _native.FINISH_LENGTH and len(toks) == 40)
+    assert len(done[6][0]) == 3
+    assert not e.live
+    e.close()
+
+
+def test_adapter_drops_and_re_aborts_lost_aborts(fake_modules, checkpoint) -> None:
+    e = build_engine(checkpoint, FAKE_DEEPINFER_ADMISSION_STEPS="3", DEEPINFER_USE_NEXTN_DECODE="2")
+    e.add(sub(1, [0, 5, 6], max_tokens=100, ignore_eos=True))
+    e.add(sub(2, [0, 5, 7], max_tokens=20, ignore_eos=True))
+    e.sync(True, False)
+    e.step()
+    e.abort([1])  # still being admitted: the engine loses this abort
+    assert e.engine.lost_aborts == 1
+    done = run_until_idle(e)
+    assert 1 not in done and len(done[2][0]) == 20
+    assert e.re_aborts == 1 and e.engine.reaborted == 1
+    # abort of a running request: nothing more is published for it
+    e.add(sub(3, [0, 9], max_tokens=100, ignore_eos=True))
+    for _ in range(6):
+        e.step()
+    e.abort([3])
+    assert 3 not in run_until_idle(e)
+    e.close()
+
+
+def test_prompt_length_exceeded_is_an_error_without_token(fake_modules, checkpoint) -> None:
+    from deepinfer_server import _native
+
+    e = build_engine(checkpoint, FAKE_DEEPINFER_KV_TOKENS="50")
+    e.add(sub(1, [5] * 60))
+    e.add(sub(2, [5] * 10, max_tokens=4, ignore_eos=True))
+    done = run_until_idle(e)
+    assert done[1] == ([], _native.FINISH_ERROR, "prompt_length_exceeded")
+    assert len(done[2][0]) == 4
+    e.close()
+
+
+def test_launcher_helpers_pick_and_check_ports() -> None:
+    from deepinfer_server.engine.deepinfer import ConfigError, dist_env_for_ranks
+
+    envs = dist_env_for_ranks(2, 2, 8000, {"CUDA_VISIBLE_DEVICES": "4,5,6,7"})
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["4,5", "6,7"]
+    assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
+    assert envs[0]["DEEPINFER_USE_NEXTN_DECODE"] == "0"
+    env = dist_env_for_ranks(1, 1, 8000, {"MASTER_PORT": "29650", "DEEPINFER_USE_NEXTN_DECODE": "4"})[0]
+    assert env["MASTER_PORT"] == "29650" and env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert env["DEEPINFER_USE_NEXTN_DECODE"] == "4"
+    with pytest.raises(ConfigError, match="HTTP --port"):
+        dist_env_for_ranks(1, 1, 29600, {"MASTER_PORT": "29650"})
+    with pytest.raises(ConfigError, match="lists 2 GPU"):
+        dist_env_for_ranks(3, 1, 8000, {"CUDA_VISIBLE_DEVICES": "0,1"})
