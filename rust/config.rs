@@ -22,6 +22,10 @@ pub struct ServerConfig {
     pub http_workers: usize,
     #[pyo3(default = 2)]
     pub codec_threads: usize,
+    #[pyo3(default)]
+    pub api_key: Option<String>,
+    #[pyo3(default = "text".to_string())]
+    pub log_format: String,
 }
 
 impl ServerConfig {
@@ -45,6 +49,8 @@ impl ServerConfig {
             drain_timeout_s: 5.0,
             http_workers: 1,
             codec_threads: 1,
+            api_key: None,
+            log_format: "text".into(),
         }
     }
 }

@@ -18,6 +18,10 @@ use std::time::{Duration, Instant};
 /// A request running on a rank.
 pub struct Inflight {
     pub id: u64,
+    /// The client-facing id (`X-Request-Id`), for logs.
+    pub request_id: String,
+    pub rank: usize,
+    pub prompt_tokens: usize,
     /// The Python `codec.Decoder`; only touched with the GIL, on the rank_io thread.
     pub decoder: Py<PyAny>,
     pub outlet: Outlet,
@@ -30,12 +34,14 @@ pub struct Inflight {
 struct Timing {
     first: Option<Instant>,
     last: Option<Instant>,
+    tokens: usize,
 }
 
 impl Inflight {
     /// Record that tokens arrived now; returns (time to first token if this was the first, gap since the last).
-    pub fn tokens_arrived(&self, now: Instant) -> (Option<Duration>, Option<Duration>) {
+    pub fn tokens_arrived(&self, now: Instant, n: usize) -> (Option<Duration>, Option<Duration>) {
         let mut t = self.timing.lock().unwrap();
+        t.tokens += n;
         let gap = t.last.map(|l| now - l);
         t.last = Some(now);
         if t.first.is_none() {
@@ -44,6 +50,31 @@ impl Inflight {
         }
         (None, gap)
     }
+
+    /// One structured log line for the request's end.
+    pub fn log_end(&self, status: u16, reason: &str) {
+        let t = self.timing.lock().unwrap();
+        let ttft_ms = t.first.map(|f| (f - self.arrival).as_secs_f64() * 1e3);
+        tracing::info!(
+            target: "deepinfer_server::request",
+            request_id = %self.request_id,
+            rank = self.rank,
+            prompt_tokens = self.prompt_tokens,
+            output_tokens = t.tokens,
+            ttft_ms,
+            e2e_ms = self.arrival.elapsed().as_secs_f64() * 1e3,
+            status,
+            reason,
+            "request finished"
+        );
+    }
+}
+
+/// Who the request is, for the dispatcher.
+pub struct RequestMeta {
+    pub id: u64,
+    pub request_id: String,
+    pub arrival: Instant,
 }
 
 /// One data-parallel rank as the server sees it.
@@ -148,15 +179,24 @@ impl Dispatcher {
     /// Register the request, then send it: the rank's first token can never beat its registration.
     pub fn submit(
         self: &Arc<Self>,
-        id: u64,
+        meta: RequestMeta,
         job: Job<'_>,
         decoder: Py<PyAny>,
         outlet: Outlet,
         permit: Permit,
-        arrival: Instant,
     ) -> Result<Ticket, ApiError> {
         let rank = self.pick().ok_or_else(|| ApiError::Unavailable("no engine rank is running".into()))?;
-        let entry = Arc::new(Inflight { id, decoder, outlet, arrival, timing: Mutex::default() });
+        let RequestMeta { id, request_id, arrival } = meta;
+        let entry = Arc::new(Inflight {
+            id,
+            request_id,
+            rank: rank.index,
+            prompt_tokens: job.prompt.len(),
+            decoder,
+            outlet,
+            arrival,
+            timing: Mutex::default(),
+        });
         rank.inflight.lock().unwrap().insert(id, entry);
         rank.count.fetch_add(1, Ordering::Relaxed);
         let submit = Submit {
@@ -215,8 +255,10 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         let link = &self.dispatcher.ranks[self.rank];
-        if link.take(self.id).is_some() {
+        if let Some(entry) = link.take(self.id) {
             self.dispatcher.metrics.aborted.with_label_values(&[self.abort_reason]).inc();
+            let status = if self.abort_reason == "timeout" { 504 } else { 499 };
+            entry.log_end(status, self.abort_reason);
             if link.is_alive() {
                 link.send_abort(self.id);
             }

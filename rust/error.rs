@@ -29,6 +29,8 @@ pub enum ApiError {
     RouteNotFound(String),
     #[error("Method not allowed.")]
     MethodNotAllowed,
+    #[error("Invalid or missing API key: send 'Authorization: Bearer <key>'.")]
+    Unauthorized,
     #[error("Internal server error.")]
     Internal,
 }
@@ -56,6 +58,7 @@ impl ApiError {
             Engine(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", "engine_error"),
             RouteNotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", "not_found"),
             MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed"),
+            Unauthorized => (StatusCode::UNAUTHORIZED, "invalid_request_error", "invalid_api_key"),
             Internal => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error"),
         }
     }

@@ -108,6 +108,7 @@ fn deliver(link: &RankLink, metrics: &Metrics, codec: &Codec, batches: Vec<Batch
         if b.finish == FINISH_ERROR || b.finish == FINISH_ABORT {
             if let Some(e) = link.take(b.id) {
                 metrics.aborted.with_label_values(&["engine_error"]).inc();
+                e.log_end(500, "engine_error");
                 let reason = b.reason.clone().unwrap_or_else(|| "the engine aborted the request".into());
                 tracing::warn!(rank = link.index, request = b.id, "engine ended the request: {reason}");
                 e.outlet.fail(ApiError::Engine(format!("The engine could not complete the request: {reason}")));
@@ -115,7 +116,7 @@ fn deliver(link: &RankLink, metrics: &Metrics, codec: &Codec, batches: Vec<Batch
             continue;
         }
         if !b.tokens.is_empty() {
-            let (ttft, gap) = entry.tokens_arrived(now);
+            let (ttft, gap) = entry.tokens_arrived(now, b.tokens.len());
             if let Some(t) = ttft {
                 metrics.ttft.observe(t.as_secs_f64());
             }
@@ -136,6 +137,7 @@ fn deliver(link: &RankLink, metrics: &Metrics, codec: &Codec, batches: Vec<Batch
                         metrics.e2e.observe(entry.arrival.elapsed().as_secs_f64());
                         let reason = if b.finish == FINISH_LENGTH { "length" } else { "stop" };
                         metrics.success.with_label_values(&[reason]).inc();
+                        entry.log_end(200, reason);
                     }
                 }
             }

@@ -33,7 +33,7 @@ pub fn serve(
     rings: Vec<(PyRef<'_, PyRing>, PyRef<'_, PyRing>)>,
     pids: Vec<i32>,
 ) -> PyResult<i32> {
-    init_logging(&config.log_level);
+    init_logging(&config.log_level, config.log_format == "json");
     let links = rings.iter().enumerate().map(|(i, (req, out))| RankLink::new(i, req.ring(), out.ring())).collect();
     drop(rings);
     let metrics = Arc::new(Metrics::new(config.served_model_names.first().map_or("", String::as_str)));
@@ -147,8 +147,14 @@ async fn drain(state: &AppState, why: &str) -> i32 {
     0
 }
 
-fn init_logging(level: &str) {
+fn init_logging(level: &str, json: bool) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level},hyper=warn")));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = if json {
+        fmt.json().with_current_span(false).try_init()
+    } else {
+        fmt.with_ansi(std::io::stderr().is_terminal()).try_init()
+    };
 }

@@ -52,6 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-request-body-bytes", type=int, default=16 << 20)
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--log-format", default="text", choices=("text", "json"), help="json: one JSON object per line.")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("DEEPINFER_SERVER_API_KEY"),
+        help="Require 'Authorization: Bearer KEY' on /v1/* (default from DEEPINFER_SERVER_API_KEY); "
+        "/health and /metrics stay open.",
+    )
     sim = p.add_argument_group("simulated engine (--engine sim)")
     sim.add_argument("--sim-prefill-ms-per-1k-tokens", type=float, default=0.0, help="Prefill cost; 0 = free.")
     sim.add_argument("--sim-decode-step-ms", type=float, default=0.0, help="Decode step time; 0 = free.")

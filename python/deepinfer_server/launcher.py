@@ -203,7 +203,12 @@ def run(args: argparse.Namespace) -> int:
     # Prompt encoding runs on the codec threads next to the HTTP and decode threads; rayon's spinning worker
     # pool (the tokenizers default) costs more under load than it saves on short prompts.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    fmt = (
+        '{"time": "%(asctime)s", "level": "%(levelname)s", "target": "%(name)s", "message": %(message)r}'
+        if args.log_format == "json"
+        else "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.basicConfig(level=args.log_level.upper(), format=fmt)
     try:
         tokenizer, version = resolve_model(args)
     except StartupError as e:
@@ -230,6 +235,8 @@ def run(args: argparse.Namespace) -> int:
             "log_level": args.log_level,
             "exit_on_rank_failure_s": args.exit_on_rank_failure,
             "drain_timeout_s": args.drain_timeout,
+            "api_key": args.api_key or None,
+            "log_format": args.log_format,
         }
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the Rust server handles SIGTERM/SIGINT from here on
         # The codec threads (request conversion) and the rank output threads (decoding) share the GIL. Python's

@@ -5,10 +5,12 @@
 
 use super::AppState;
 use super::request;
+use super::request_id::RequestId;
 use crate::codec::PrepareRequest;
-use crate::dispatch::Job;
+use crate::dispatch::{Job, RequestMeta};
 use crate::error::ApiError;
 use crate::stream::{Outlet, SseBody, StreamBuf};
+use axum::Extension;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
@@ -19,12 +21,20 @@ use std::time::Instant;
 
 pub async fn chat_completions(
     State(st): State<Arc<AppState>>,
+    Extension(RequestId(request_id)): Extension<RequestId>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let arrival = Instant::now();
-    let result = handle(&st, body, arrival).await;
+    let result = handle(&st, body, arrival, request_id.clone()).await;
     if let Err(e) = &result {
         st.dispatcher.metrics.rejected.with_label_values(&[e.code()]).inc();
+        tracing::info!(
+            target: "deepinfer_server::request",
+            request_id = %request_id,
+            status = e.status().as_u16(),
+            reason = e.code(),
+            "request refused: {e}"
+        );
     }
     result
 }
@@ -33,6 +43,7 @@ async fn handle(
     st: &Arc<AppState>,
     body: Result<Bytes, BytesRejection>,
     arrival: Instant,
+    request_id: String,
 ) -> Result<Response, ApiError> {
     let body = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
@@ -71,7 +82,8 @@ async fn handle(
     if req.stream {
         let buf = StreamBuf::new();
         buf.push(&prepared.first, false);
-        let ticket = st.dispatcher.submit(id, job, prepared.decoder, Outlet::Stream(buf.clone()), permit, arrival)?;
+        let meta = RequestMeta { id, request_id, arrival };
+        let ticket = st.dispatcher.submit(meta, job, prepared.decoder, Outlet::Stream(buf.clone()), permit)?;
         let body = Body::from_stream(SseBody::new(buf, ticket, timeout));
         return Ok((
             [
@@ -84,7 +96,8 @@ async fn handle(
             .into_response());
     }
     let (outlet, rx) = Outlet::unary();
-    let ticket = st.dispatcher.submit(id, job, prepared.decoder, outlet, permit, arrival)?;
+    let meta = RequestMeta { id, request_id, arrival };
+    let ticket = st.dispatcher.submit(meta, job, prepared.decoder, outlet, permit)?;
     let result = match timeout {
         Some(t) => match tokio::time::timeout(t, rx).await {
             Ok(r) => r,

@@ -1,8 +1,10 @@
 //! HTTP routes. `app(state)` builds the router; binding and serving live in `server.rs`.
 
+mod auth;
 mod chat;
 mod info;
 pub mod request;
+pub mod request_id;
 
 use crate::admission::Admission;
 use crate::codec::Codec;
@@ -12,6 +14,7 @@ use crate::error::ApiError;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::Uri;
+use axum::middleware;
 use axum::routing::{get, post};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,14 +48,18 @@ impl AppState {
 
 pub fn app(state: Arc<AppState>) -> Router {
     let limit = state.config.max_body_bytes;
-    Router::new()
+    let inference = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/models", get(info::models))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
+    Router::new()
+        .merge(inference)
         .route("/health", get(info::health))
         .route("/metrics", get(info::metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn(request_id::request_id))
         .with_state(state)
 }
 

@@ -1,0 +1,42 @@
+//! `--api-key`: inference routes need `Authorization: Bearer <key>`; /health and /metrics stay open.
+
+use super::AppState;
+use crate::error::ApiError;
+use axum::extract::{Request, State};
+use axum::http::header::AUTHORIZATION;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+
+pub async fn require_api_key(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let Some(key) = st.config.api_key.as_deref() else { return next.run(req).await };
+    let given = req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    if given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
+        return next.run(req).await;
+    }
+    st.dispatcher.metrics.rejected.with_label_values(&["invalid_api_key"]).inc();
+    ApiError::Unauthorized.into_response()
+}
+
+/// Equality whose time depends only on the lengths, not on where the bytes differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u8 | u8::from(a.len() != b.len());
+    for (i, x) in a.iter().enumerate() {
+        diff |= x ^ b.get(i).copied().unwrap_or(0);
+    }
+    diff == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn compares_whole_keys() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+        assert!(constant_time_eq(b"", b""));
+    }
+}
