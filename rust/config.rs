@@ -26,6 +26,9 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     #[pyo3(default = "text".to_string())]
     pub log_format: String,
+    /// The OpenAPI document served at /openapi.json (read at start-up).
+    #[pyo3(default)]
+    pub openapi: Option<String>,
 }
 
 impl ServerConfig {
@@ -51,6 +54,7 @@ impl ServerConfig {
             codec_threads: 1,
             api_key: None,
             log_format: "text".into(),
+            openapi: None,
         }
     }
 }

@@ -3,7 +3,7 @@
 # lints, cargo test and pytest. Usage: bash scripts/test.sh [pytest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV="${VENV:-.venv}"
+VENV="$(realpath -m "${VENV:-.venv}")"
 PY="${PYTHON:-python3}"
 
 if ! command -v cargo >/dev/null 2>&1; then
@@ -20,12 +20,13 @@ fi
 
 echo "== rustfmt / clippy"
 cargo fmt --check
-cargo clippy --all-targets -q -- -D warnings
+PYO3_PYTHON="$VENV/bin/python" cargo clippy --all-targets -q -- -D warnings
 echo "== ruff / mypy"
-"$VENV/bin/ruff" check python tests scripts
-"$VENV/bin/ruff" format --check python tests scripts
+"$VENV/bin/ruff" check python tests scripts bench
+"$VENV/bin/ruff" format --check python tests scripts bench
 "$VENV/bin/mypy" python/deepinfer_server
+export PYO3_PYTHON="$VENV/bin/python"
 echo "== cargo test"
-PYO3_PYTHON="$VENV/bin/python" cargo test -q
+cargo test -q
 echo "== pytest"
 "$VENV/bin/python" -m pytest -q "$@"

@@ -28,6 +28,7 @@ log = logging.getLogger("deepinfer_server")
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "deepinfer-"
 BUNDLED_TOKENIZER = Path(__file__).with_name("tokenizer") / "tokenizer.json"
+OPENAPI = Path(__file__).with_name("openapi.json")
 DEFAULT_MODEL_NAME = "deepseek-v4.1-flash"
 OUTPUT_RING_BYTES = 8 << 20
 GIL_SWITCH_INTERVAL_S = 0.0002
@@ -236,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
             "exit_on_rank_failure_s": args.exit_on_rank_failure,
             "drain_timeout_s": args.drain_timeout,
             "api_key": args.api_key or None,
+            "openapi": OPENAPI.read_text(encoding="utf-8") if OPENAPI.is_file() else None,
             "log_format": args.log_format,
         }
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the Rust server handles SIGTERM/SIGINT from here on

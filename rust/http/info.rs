@@ -33,3 +33,10 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let body = st.dispatcher.metrics.render(&st.dispatcher, st.config.max_num_seqs as usize);
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }
+
+pub async fn openapi(State(st): State<Arc<AppState>>) -> Response {
+    match &st.config.openapi {
+        Some(doc) => ([(axum::http::header::CONTENT_TYPE, "application/json")], doc.clone()).into_response(),
+        None => crate::error::ApiError::RouteNotFound("/openapi.json".into()).into_response(),
+    }
+}

@@ -56,6 +56,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .merge(inference)
         .route("/health", get(info::health))
         .route("/metrics", get(info::metrics))
+        .route("/openapi.json", get(info::openapi))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
