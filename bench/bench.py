@@ -1,35 +1,50 @@
 #!/usr/bin/env python3
-"""Side-by-side benchmark: DeepInfer-server vs the pure-Python FastAPI peer, on the zero-cost simulated engine.
+"""Side-by-side benchmarks: DeepInfer-server vs the pure-Python FastAPI peer (shared/bench/peer_fastapi.py).
 
-Both servers run DP 2 with 128 sequences per rank and the same tokenizer (the bundled one). The load generator is
-`shared/bench/loadgen.py`. For each scenario each server is driven in turn, in the same run, and the CPU the server
-process and its rank processes spend (from /proc) is divided by the streamed tokens.
+Every scenario runs both servers in turn in the same run, with the same DP, capacity and tokenizer (the bundled
+one), on loopback. CPU figures are the server process plus its rank processes, from /proc.
 
-    python bench/bench.py [--bench-dir ../shared/bench] [--quick] [--json-out results.json]
+    python bench/bench.py [--only zero,wrk,sweep,paced,idle] [--quick] [--json-out F] [--plots DIR]
 
-Prints one JSON summary and a table of ratios (ours / peer).
+Scenarios:
+  zero   zero-cost sim, DP 2, 128 seqs/rank: loadgen 64 streams (CPU per streamed token, TTFT), 16 streams
+         (TTFT), 64 non-streaming clients; 256-token prompts, 256 output tokens, ignore_eos, both usage options
+  wrk    the same engine, saturated by wrk (one thread): streamed tokens/s at 64 and 128 connections, non-stream
+         requests/s at 64 connections, and /health latency while saturated
+  sweep  zero-cost sim, loadgen at concurrency 1, 4, 16, 64, 128: throughput and TTFT (plotted with --plots)
+  paced  sim with a 10 ms decode step and 50 ms per 1k prompt tokens, DP 2, 16 seqs/rank, 32 streams of
+         2,048-token prompts arriving over 4 s: ITL and TTFT against the ideal
+  idle   ours only: 1,000 open streams on a 1 s decode step: server RSS and idle CPU
+Prints one JSON summary and a table.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = ROOT / "python" / "deepinfer_server" / "tokenizer" / "tokenizer.json"
 MODEL = "deepseek-v4.1-flash"
+TICK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
-class Proc:
+class Server:
     name: str
     popen: subprocess.Popen[bytes]
     url: str
@@ -42,13 +57,31 @@ class Proc:
         if self.popen.poll() is None:
             self.popen.send_signal(signal.SIGINT if self.name == "peer" else signal.SIGTERM)
             try:
-                self.popen.wait(timeout=20)
+                self.popen.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait()
 
 
-def wait_health(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / TICK
+        except OSError:
+            pass
+    return total
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def wait_health(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -63,153 +96,428 @@ def wait_health(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) ->
     raise SystemExit(f"{url} not healthy after {timeout} s")
 
 
-def start_ours(port: int, extra: list[str]) -> Proc:
-    cmd = [
-        sys.executable,
-        "-m",
-        "deepinfer_server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--served-model-name",
-        MODEL,
-        "--log-level",
-        "warning",
-        *extra,
-    ]
+def start(
+    name: str, bench_dir: Path, port: int, dp: int, seqs: int, step_ms: float = 0, prefill_ms: float = 0
+) -> Server:
+    if name == "ours":
+        cmd = [
+            sys.executable,
+            "-m",
+            "deepinfer_server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--served-model-name",
+            MODEL,
+            "--log-level",
+            "warning",
+            "--dp",
+            str(dp),
+            "--max-num-seqs",
+            str(seqs),
+            "--max-model-len",
+            "16384",
+            "--sim-decode-step-ms",
+            str(step_ms),
+            "--sim-prefill-ms-per-1k-tokens",
+            str(prefill_ms),
+        ]
+    else:
+        cmd = [
+            sys.executable,
+            str(bench_dir / "peer_fastapi.py"),
+            "--port",
+            str(port),
+            "--tokenizer",
+            str(TOKENIZER),
+            "--served-model-name",
+            MODEL,
+            "--dp",
+            str(dp),
+            "--max-num-seqs",
+            str(seqs),
+            "--itl-ms",
+            str(step_ms),
+            "--prefill-ms-per-1k-tokens",
+            str(prefill_ms),
+        ]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     wait_health(url, p)
-    return Proc("ours", p, url)
+    return Server(name, p, url)
 
 
-def start_peer(bench_dir: Path, port: int, extra: list[str]) -> Proc:
-    cmd = [
-        sys.executable,
-        str(bench_dir / "peer_fastapi.py"),
-        "--port",
-        str(port),
-        "--tokenizer",
-        str(TOKENIZER),
-        "--served-model-name",
-        MODEL,
-        *extra,
-    ]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    wait_health(url, p)
-    return Proc("peer", p, url)
-
-
-def loadgen(bench_dir: Path, proc: Proc, *args: str) -> dict:
+def loadgen(bench_dir: Path, srv: Server, *args: str) -> dict[str, Any]:
+    pids = srv.pids()
     cmd = [
         sys.executable,
         str(bench_dir / "loadgen.py"),
         "--base-url",
-        proc.url,
+        srv.url,
         "--model",
         MODEL,
         "--tokenizer",
         str(TOKENIZER),
         "--watch-pids",
-        ",".join(map(str, proc.pids())),
+        ",".join(map(str, pids)),
         *args,
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    res = json.loads(out.strip().splitlines()[-1])
+    res: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     cpu_s = sum(v for v in res.get("watched_cpu_pct", {}).values() if v is not None) / 100.0 * res["wall_s"]
     res["server_cpu_s"] = round(cpu_s, 3)
-    tokens = res["completion_tokens"] or 1
-    res["server_cpu_us_per_token"] = round(1e6 * cpu_s / tokens, 3)
+    res["server_cpu_us_per_token"] = round(1e6 * cpu_s / max(1, res["completion_tokens"]), 3)
     return res
 
 
-def scenario_zero_cost(bench_dir: Path, quick: bool) -> dict:
-    """Issue #2's shape: 64 streams, 256-token prompts, 256 output tokens, ignore_eos, both usage options."""
-    n = "600" if quick else "2500"
-    common = ["--prompt-tokens", "256", "--max-tokens", "256", "--ignore-eos"]
-    runs = {}
-    for name in ("ours", "peer"):
-        proc = (
-            start_ours(18611, ["--dp", "2", "--max-num-seqs", "128", "--max-model-len", "4096"])
-            if name == "ours"
-            else start_peer(
-                bench_dir,
-                18612,
-                ["--dp", "2", "--max-num-seqs", "128", "--itl-ms", "0", "--prefill-ms-per-1k-tokens", "0"],
-            )
-        )
+def each_server(bench_dir: Path, dp: int, seqs: int, fn: Callable[[Server], dict[str, Any]], **kw: float) -> dict:
+    out = {}
+    for i, name in enumerate(("ours", "peer")):
+        srv = start(name, bench_dir, 18700 + i, dp, seqs, **kw)
         try:
-            r64 = loadgen(bench_dir, proc, "--concurrency", "64", "--requests", n, "--warmup", "64", *common)
-            r16 = loadgen(
-                bench_dir, proc, "--concurrency", "16", "--requests", str(int(n) // 2), "--warmup", "16", *common
-            )
+            out[name] = fn(srv)
         finally:
-            proc.stop()
-        runs[name] = {"c64": r64, "c16": r16}
-    return runs
+            srv.stop()
+        time.sleep(1)
+    return out
+
+
+COMMON = ["--prompt-tokens", "256", "--max-tokens", "256", "--ignore-eos"]
+
+
+def scenario_zero(bench_dir: Path, quick: bool) -> dict:
+    n = 600 if quick else 2500
+
+    def run(srv: Server) -> dict[str, Any]:
+        return {
+            "c64": loadgen(bench_dir, srv, "--concurrency", "64", "--requests", str(n), "--warmup", "64", *COMMON),
+            "c16": loadgen(bench_dir, srv, "--concurrency", "16", "--requests", str(n // 2), "--warmup", "16", *COMMON),
+            "c64_nostream": loadgen(
+                bench_dir,
+                srv,
+                "--concurrency",
+                "64",
+                "--requests",
+                str(2 * n),
+                "--warmup",
+                "64",
+                "--no-stream",
+                *COMMON,
+            ),
+        }
+
+    return each_server(bench_dir, 2, 128, run)
+
+
+def wrk_body(stream: bool) -> str:
+    words = ["the", "of", "and", "to", "in", "is", "as", "be", "he", "have", "an", "you", "more", "weather", "Paris"]
+    text = " ".join(words[i % len(words)] for i in range(250))
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 256,
+        "ignore_eos": True,
+        "stream": stream,
+        "thinking": {"type": "disabled"},
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    return json.dumps(body)
+
+
+def run_wrk(url: str, conns: int, seconds: int, stream: bool, pids: list[int]) -> dict[str, Any]:
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(
+            f'wrk.method = "POST"\nwrk.body = {json.dumps(wrk_body(stream))}\n'
+            'wrk.headers["Content-Type"] = "application/json"\n'
+        )
+        script = f.name
+    target = f"{url}/v1/chat/completions"
+    subprocess.run(["wrk", "-t1", f"-c{conns}", "-d2s", "-s", script, target], capture_output=True, check=True)
+    cpu0 = cpu_seconds(pids)
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "-s", script, target], capture_output=True, text=True, check=True
+    ).stdout
+    cpu1 = cpu_seconds(pids)
+    os.unlink(script)
+    reqs = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: (.*)", out)
+    return {
+        "requests_per_s": reqs,
+        "tokens_per_s": round(reqs * 256),
+        "non_2xx": int(non2xx.group(1)) if non2xx else 0,
+        "socket_errors": errors.group(1) if errors else None,
+        "server_cpu_pct": round(100 * (cpu1 - cpu0) / seconds, 1),
+    }
+
+
+def health_latency(url: str, stop: threading.Event, out: list[float]) -> None:
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+                r.read()
+            out.append((time.perf_counter() - t0) * 1e3)
+        except OSError:
+            out.append(float("inf"))
+        time.sleep(0.05)
+
+
+def scenario_wrk(bench_dir: Path, quick: bool) -> dict:
+    secs = 5 if quick else 10
+
+    def run(srv: Server) -> dict[str, Any]:
+        res = {
+            "stream_c64": run_wrk(srv.url, 64, secs, True, srv.pids()),
+            "nostream_c64": run_wrk(srv.url, 64, secs, False, srv.pids()),
+        }
+        lat: list[float] = []
+        stop = threading.Event()
+        t = threading.Thread(target=health_latency, args=(srv.url, stop, lat))
+        t.start()
+        res["stream_c128"] = run_wrk(srv.url, 128, secs, True, srv.pids())
+        stop.set()
+        t.join()
+        lat.sort()
+        res["health_during_c128_ms"] = {
+            "n": len(lat),
+            "p50": round(lat[len(lat) // 2], 3),
+            "p99": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 3),
+            "max": round(lat[-1], 3),
+        }
+        return res
+
+    return each_server(bench_dir, 2, 128, run)
+
+
+def scenario_sweep(bench_dir: Path, quick: bool) -> dict:
+    levels = [1, 4, 16, 64, 128]
+
+    def run(srv: Server) -> dict[str, Any]:
+        out = {}
+        for c in levels:
+            n = max(40, (8 if quick else 25) * c)
+            r = loadgen(bench_dir, srv, "--concurrency", str(c), "--requests", str(n), "--warmup", str(c), *COMMON)
+            out[str(c)] = {
+                "output_tokens_per_s": r["output_tokens_per_s"],
+                "ttft_ms": r["ttft_ms"],
+                "server_cpu_us_per_token": r["server_cpu_us_per_token"],
+            }
+        return out
+
+    return each_server(bench_dir, 2, 64, run)
+
+
+def scenario_paced(bench_dir: Path, quick: bool) -> dict:
+    n = 48 if quick else 96
+
+    def run(srv: Server) -> dict[str, Any]:
+        r = loadgen(
+            bench_dir,
+            srv,
+            "--concurrency",
+            "32",
+            "--requests",
+            str(n),
+            "--ramp-s",
+            "4",
+            "--prompt-tokens",
+            "2048",
+            "--max-tokens",
+            "256",
+            "--ignore-eos",
+        )
+        single = loadgen(
+            bench_dir,
+            srv,
+            "--concurrency",
+            "1",
+            "--requests",
+            "6",
+            "--prompt-tokens",
+            "2048",
+            "--max-tokens",
+            "256",
+            "--ignore-eos",
+        )
+        return {"c32_ramp": r, "c1": single}
+
+    out = each_server(bench_dir, 2, 16, run, step_ms=10, prefill_ms=50)
+    prompt = out["ours"]["c1"]["prompt_tokens_mean"]
+    out["ideal"] = {"itl_ms": 10.0, "ttft_ms": round(prompt * 50 / 1000 + 10, 2), "prompt_tokens": prompt}
+    return out
+
+
+async def idle_streams(url: str, n: int) -> list[asyncio.StreamWriter]:
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 1000,
+            "ignore_eos": True,
+            "stream": True,
+            "thinking": {"type": "disabled"},
+        }
+    ).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    writers = []
+    for _ in range(n):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(head + body)
+        writers.append(writer)
+        await writer.drain()
+        await reader.readuntil(b"\r\n\r\n")
+    return writers
+
+
+def scenario_idle(bench_dir: Path, quick: bool) -> dict:
+    n = 1000
+    srv = start("ours", bench_dir, 18720, 2, 500, step_ms=1000)
+    try:
+        rss_before = rss_mb(srv.popen.pid)
+
+        async def run() -> dict[str, Any]:
+            writers = await idle_streams(srv.url, n)
+            await asyncio.sleep(3)
+            pids = srv.pids()
+            cpu0, t0 = cpu_seconds(pids), time.monotonic()
+            await asyncio.sleep(10)
+            cpu1, t1 = cpu_seconds(pids), time.monotonic()
+            rss = rss_mb(srv.popen.pid)
+            for w in writers:
+                w.close()
+            return {
+                "streams": n,
+                "server_rss_mb_before": round(rss_before, 1),
+                "server_rss_mb": round(rss, 1),
+                "cpu_pct_server_and_ranks": round(100 * (cpu1 - cpu0) / (t1 - t0), 2),
+            }
+
+        return asyncio.run(run())
+    finally:
+        srv.stop()
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
 
+def plots(sweep: dict, out_dir: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = []
+    for key, label, fname in (
+        ("output_tokens_per_s", "output tokens/s", "throughput_vs_concurrency.png"),
+        ("ttft_p50", "TTFT p50 (ms)", "ttft_vs_concurrency.png"),
+    ):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name in ("ours", "peer"):
+            xs = sorted(int(c) for c in sweep[name])
+            ys = [sweep[name][str(c)]["ttft_ms"]["p50"] if key == "ttft_p50" else sweep[name][str(c)][key] for c in xs]
+            ax.plot(xs, ys, marker="o", label="DeepInfer-server" if name == "ours" else "FastAPI peer")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylabel(label)
+        ax.set_title(f"{label} vs concurrency (zero-cost sim, DP 2)")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out_dir / fname, dpi=110)
+        plt.close(fig)
+        files.append(str(out_dir / fname))
+    return files
+
+
+def table(summary: dict) -> list[tuple[str, Any, Any, Any]]:
+    rows: list[tuple[str, Any, Any, Any]] = []
+
+    def add(label: str, o: Any, p: Any) -> None:
+        rows.append((label, o, p, ratio(o, p) if isinstance(o, (int, float)) and isinstance(p, (int, float)) else None))
+
+    if "zero" in summary:
+        z = summary["zero"]
+        o, p = z["ours"], z["peer"]
+        add(
+            "zero c64: CPU µs per streamed token",
+            o["c64"]["server_cpu_us_per_token"],
+            p["c64"]["server_cpu_us_per_token"],
+        )
+        add("zero c64: output tok/s", o["c64"]["output_tokens_per_s"], p["c64"]["output_tokens_per_s"])
+        add("zero c64: TTFT p50 ms", o["c64"]["ttft_ms"]["p50"], p["c64"]["ttft_ms"]["p50"])
+        add("zero c16: TTFT p50 ms", o["c16"]["ttft_ms"]["p50"], p["c16"]["ttft_ms"]["p50"])
+        add("zero c64 non-stream: requests/s", o["c64_nostream"]["requests_per_s"], p["c64_nostream"]["requests_per_s"])
+        add(
+            "zero c64 non-stream: CPU µs/token",
+            o["c64_nostream"]["server_cpu_us_per_token"],
+            p["c64_nostream"]["server_cpu_us_per_token"],
+        )
+    if "wrk" in summary:
+        o, p = summary["wrk"]["ours"], summary["wrk"]["peer"]
+        add("wrk stream c64: tokens/s", o["stream_c64"]["tokens_per_s"], p["stream_c64"]["tokens_per_s"])
+        add("wrk stream c128: tokens/s", o["stream_c128"]["tokens_per_s"], p["stream_c128"]["tokens_per_s"])
+        add("wrk non-stream c64: requests/s", o["nostream_c64"]["requests_per_s"], p["nostream_c64"]["requests_per_s"])
+        add("/health p99 ms under wrk c128", o["health_during_c128_ms"]["p99"], p["health_during_c128_ms"]["p99"])
+    if "paced" in summary:
+        o, p, ideal = summary["paced"]["ours"], summary["paced"]["peer"], summary["paced"]["ideal"]
+        add("paced c32 ramp: ITL p50 ms (ideal 10)", o["c32_ramp"]["itl_ms"]["p50"], p["c32_ramp"]["itl_ms"]["p50"])
+        add(
+            f"paced c32 ramp: TTFT p50 ms (ideal {ideal['ttft_ms']})",
+            o["c32_ramp"]["ttft_ms"]["p50"],
+            p["c32_ramp"]["ttft_ms"]["p50"],
+        )
+        add("paced c1: TTFT p50 ms", o["c1"]["ttft_ms"]["p50"], p["c1"]["ttft_ms"]["p50"])
+    if "idle" in summary:
+        i = summary["idle"]
+        add("1,000 idle streams: server RSS MB", i["server_rss_mb"], None)
+        add("1,000 idle streams: CPU % (server+ranks)", i["cpu_pct_server_and_ranks"], None)
+    return rows
+
+
+SCENARIOS: dict[str, Callable[[Path, bool], dict]] = {
+    "zero": scenario_zero,
+    "wrk": scenario_wrk,
+    "sweep": scenario_sweep,
+    "paced": scenario_paced,
+    "idle": scenario_idle,
+}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
-    ap.add_argument("--quick", action="store_true", help="fewer requests (a smoke run, not for BENCHMARKS.md)")
+    ap.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios")
+    ap.add_argument("--quick", action="store_true", help="fewer requests: a smoke run, not for BENCHMARKS.md")
     ap.add_argument("--json-out", type=Path)
+    ap.add_argument("--plots", type=Path, help="write PNG plots of the sweep here")
     args = ap.parse_args()
     if not (args.bench_dir / "loadgen.py").is_file():
         raise SystemExit(f"loadgen.py not found in {args.bench_dir} (use --bench-dir)")
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    runs = scenario_zero_cost(args.bench_dir, args.quick)
-    o, p = runs["ours"], runs["peer"]
-    summary = {
-        "machine": {"cpus": os.cpu_count(), "kernel": os.uname().release},
-        "zero_cost": runs,
-        "ratios_ours_over_peer": {
-            "cpu_us_per_token_c64": ratio(o["c64"]["server_cpu_us_per_token"], p["c64"]["server_cpu_us_per_token"]),
-            "ttft_p50_c64": ratio(o["c64"]["ttft_ms"]["p50"], p["c64"]["ttft_ms"]["p50"]),
-            "ttft_p50_c16": ratio(o["c16"]["ttft_ms"]["p50"], p["c16"]["ttft_ms"]["p50"]),
-            "output_tok_s_c64": ratio(o["c64"]["output_tokens_per_s"], p["c64"]["output_tokens_per_s"]),
-        },
-    }
+    summary: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "kernel": os.uname().release}}
+    for name in args.only.split(","):
+        t0 = time.monotonic()
+        print(f"== {name}", file=sys.stderr, flush=True)
+        summary[name] = SCENARIOS[name](args.bench_dir, args.quick)
+        print(f"   {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    if args.plots and "sweep" in summary:
+        summary["plots"] = plots(summary["sweep"], args.plots)
     text = json.dumps(summary, indent=1)
     print(text)
     if args.json_out:
         args.json_out.write_text(text + "\n")
-    rows = [("metric", "ours", "peer", "ours/peer")]
-    for c in ("c64", "c16"):
-        for key, label in (
-            ("server_cpu_us_per_token", "server+ranks CPU µs/token"),
-            ("output_tokens_per_s", "output tok/s"),
-        ):
-            rows.append((f"{c} {label}", o[c][key], p[c][key], ratio(o[c][key], p[c][key])))
-        for q in ("p50", "p95"):
-            rows.append(
-                (
-                    f"{c} TTFT {q} ms",
-                    o[c]["ttft_ms"][q],
-                    p[c]["ttft_ms"][q],
-                    ratio(o[c]["ttft_ms"][q], p[c]["ttft_ms"][q]),
-                )
-            )
-        rows.append(
-            (
-                f"{c} ITL p50 ms",
-                o[c]["itl_ms"]["p50"],
-                p[c]["itl_ms"]["p50"],
-                ratio(o[c]["itl_ms"]["p50"], p[c]["itl_ms"]["p50"]),
-            )
-        )
-        rows.append(
-            (f"{c} errors", sum(o[c]["errors_by_status"].values()), sum(p[c]["errors_by_status"].values()), None)
-        )
-    print()
-    for r in rows:
-        print(f"| {r[0]:<34} | {r[1]!s:>10} | {r[2]!s:>10} | {r[3]!s:>9} |")
+    print(f"\n| {'metric':<46} | {'ours':>10} | {'peer':>10} | {'ours/peer':>9} |")
+    print(f"|{'-' * 48}|{'-' * 12}|{'-' * 12}|{'-' * 11}|")
+    for label, o, p, r in table(summary):
+        print(f"| {label:<46} | {o!s:>10} | {p!s:>10} | {r!s:>9} |")
     return 0
 
 

@@ -30,6 +30,8 @@ pub struct Prepared {
     pub top_p: f32,
     pub seed: Option<u64>,
     pub decoder: Py<PyAny>,
+    /// Whether output must be decoded as it arrives (streams, stop sequences) or may wait for the end.
+    pub incremental: bool,
     /// Framed SSE events to send before any token (the role delta); empty for non-streams.
     pub first: BytesMut,
 }
@@ -134,6 +136,7 @@ impl Codec {
             top_p: get("top_p")?.extract().map_err(|e| internal(py, e))?,
             seed: get("seed")?.extract().map_err(|e| internal(py, e))?,
             decoder: get("decoder")?.unbind(),
+            incremental: get("incremental")?.extract().map_err(|e| internal(py, e))?,
             first,
         })
     }

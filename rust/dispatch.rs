@@ -26,6 +26,9 @@ pub struct Inflight {
     pub decoder: Py<PyAny>,
     pub outlet: Outlet,
     pub arrival: Instant,
+    /// False for a non-stream without stop sequences: its tokens are held here and decoded once at the end.
+    pub incremental: bool,
+    held: Mutex<Vec<u32>>,
     /// Token timing, written by the rank_io thread only.
     timing: Mutex<Timing>,
 }
@@ -49,6 +52,21 @@ impl Inflight {
             return (Some(now - self.arrival), None);
         }
         (None, gap)
+    }
+
+    /// Keep tokens for a single decode at the end.
+    pub fn hold(&self, tokens: &[u32]) {
+        self.held.lock().unwrap().extend_from_slice(tokens);
+    }
+
+    /// Everything held so far followed by `last`.
+    pub fn held_then(&self, last: Vec<u32>) -> Vec<u32> {
+        let mut held = std::mem::take(&mut *self.held.lock().unwrap());
+        if held.is_empty() {
+            return last;
+        }
+        held.extend_from_slice(&last);
+        held
     }
 
     /// One structured log line for the request's end.
@@ -150,6 +168,7 @@ pub struct Dispatcher {
 /// What the codec prepared, ready to go to a rank.
 pub struct Job<'a> {
     pub prompt: &'a [u32],
+    pub incremental: bool,
     pub max_tokens: u32,
     pub temperature: f32,
     pub top_p: f32,
@@ -195,6 +214,8 @@ impl Dispatcher {
             decoder,
             outlet,
             arrival,
+            incremental: job.incremental,
+            held: Mutex::default(),
             timing: Mutex::default(),
         });
         rank.inflight.lock().unwrap().insert(id, entry);

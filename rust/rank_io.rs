@@ -102,8 +102,8 @@ fn drain(link: &RankLink) -> Vec<Batch> {
 fn deliver(link: &RankLink, metrics: &Metrics, codec: &Codec, batches: Vec<Batch>) {
     let now = Instant::now();
     let found = link.lookup(batches.iter().map(|b| b.id));
-    let mut work: Vec<(Arc<Inflight>, &Batch)> = Vec::with_capacity(batches.len());
-    for (entry, b) in found.into_iter().zip(&batches) {
+    let mut work: Vec<(Arc<Inflight>, Batch)> = Vec::with_capacity(batches.len());
+    for (entry, mut b) in found.into_iter().zip(batches) {
         let Some(entry) = entry else { continue }; // aborted or timed out: drop late tokens
         if b.finish == FINISH_ERROR || b.finish == FINISH_ABORT {
             if let Some(e) = link.take(b.id) {
@@ -121,6 +121,14 @@ fn deliver(link: &RankLink, metrics: &Metrics, codec: &Codec, batches: Vec<Batch
                 metrics.ttft.observe(t.as_secs_f64());
             }
             metrics.observe_tokens(b.tokens.len(), gap);
+        }
+        // A non-stream without stop sequences needs no text before it ends: decode it once, in one push.
+        if !entry.incremental {
+            if b.finish == FINISH_NONE {
+                entry.hold(&b.tokens);
+                continue;
+            }
+            b.tokens = entry.held_then(b.tokens);
         }
         work.push((entry, b));
     }

@@ -57,6 +57,7 @@ class Prepared:
     seed: int | None
     decoder: Decoder
     first_chunks: list[str]
+    incremental: bool  # decode as tokens arrive (streams, stop sequences), or once at the end
 
 
 class Codec:
@@ -122,6 +123,7 @@ class Codec:
             seed=opts.seed,
             decoder=decoder,
             first_chunks=decoder.start(),
+            incremental=conv.stream or bool(conv.parsing_options.stop_sequences),
         )
 
 

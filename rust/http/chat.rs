@@ -71,6 +71,7 @@ async fn handle(
         .await?;
     let job = Job {
         prompt: &prepared.prompt,
+        incremental: prepared.incremental,
         max_tokens: prepared.max_tokens,
         temperature: prepared.temperature,
         top_p: prepared.top_p,
