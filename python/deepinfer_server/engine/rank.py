@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from deepinfer_server import _native
@@ -21,6 +22,7 @@ from deepinfer_server.engine.base import Engine, Output, Submit
 
 log = logging.getLogger("deepinfer_server.rank")
 
+STATUS_EVERY_S = 0.005
 IDLE_WAIT_S = 1.0  # bounded so a rank notices a closed ring or a lost parent even when idle
 # Engine steps of output the rank may leave unread before it waits for the server to catch up. A real engine's
 # step is far slower than the server, so this only binds a zero-cost engine, which would otherwise run far ahead
@@ -53,9 +55,19 @@ def build_engine(kind: str, cfg: dict[str, Any]) -> Engine:
     raise ValueError(f"unknown engine {kind!r}")
 
 
+def publish_status(engine: Engine, set_aux: Callable[[int, int], None], now: float) -> None:
+    """Load, KV usage and a heartbeat in the output ring's status words, for dispatch and /metrics."""
+    n_requests, queued_tokens = engine.load()
+    set_aux(_native.AUX_REQUESTS, n_requests)
+    set_aux(_native.AUX_QUEUED_TOKENS, queued_tokens)
+    set_aux(_native.AUX_KV_USAGE_PPM, int(engine.kv_usage() * 1_000_000))
+    set_aux(_native.AUX_HEARTBEAT_MS, int(now * 1000))
+
+
 def serve_rank(engine: Engine, requests: _native.Ring, outputs: _native.Ring) -> None:
     """The loop. Returns on SHUTDOWN or when the server closes the rings."""
     set_aux = outputs.set_aux
+    next_status = 0.0
     while True:
         if not engine.has_work():
             requests.wait(IDLE_WAIT_S)
@@ -81,11 +93,10 @@ def serve_rank(engine: Engine, requests: _native.Ring, outputs: _native.Ring) ->
             ahead = RUN_AHEAD_STEPS * (8 + 24 * len(published))  # about the size of this step's record
             if outputs.used_bytes > ahead:
                 outputs.wait_drained(ahead)
-        n_requests, queued_tokens = engine.load()
-        set_aux(_native.AUX_REQUESTS, n_requests)
-        set_aux(_native.AUX_QUEUED_TOKENS, queued_tokens)
-        set_aux(_native.AUX_KV_USAGE_PPM, int(engine.kv_usage() * 1_000_000))
-        set_aux(_native.AUX_HEARTBEAT_MS, int(time.monotonic() * 1000))
+        now = time.monotonic()
+        if now >= next_status or not engine.has_work():  # O(requests) to compute: not on every step
+            publish_status(engine, set_aux, now)
+            next_status = now + STATUS_EVERY_S
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -134,18 +134,16 @@ class SimEngine:
         out: list[Output] = []
         finished = False
         corpus, n_corpus, eos = self.corpus, len(self.corpus), self.eos
+        running, stop, length = _native.FINISH_NONE, _native.FINISH_STOP, _native.FINISH_LENGTH
         for s in decoding + prefilled:
             i = s.generated
-            tok = s.plan[i] if i < len(s.plan) else corpus[(s.offset + i) % n_corpus]
+            plan = s.plan
+            tok = plan[i] if i < len(plan) else corpus[(s.offset + i) % n_corpus]
             s.generated = i + 1
-            if tok == eos and i < len(s.plan):
-                finish = _native.FINISH_STOP
-            elif s.generated >= s.max_tokens:
-                finish = _native.FINISH_LENGTH
-            else:
-                out.append((s.rid, [tok], _native.FINISH_NONE, None))
+            if i + 1 < s.max_tokens and (tok != eos or i >= len(plan)):
+                out.append((s.rid, [tok], running))
                 continue
-            out.append((s.rid, [tok], finish, None))
+            out.append((s.rid, [tok], stop if tok == eos and i < len(plan) else length))
             del self.by_id[s.rid]
             finished = True
         if finished:
