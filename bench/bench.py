@@ -15,6 +15,8 @@ Scenarios:
   paced  sim with a 10 ms decode step and 50 ms per 1k prompt tokens, DP 2, 16 seqs/rank, 32 streams of
          2,048-token prompts arriving over 4 s: ITL and TTFT against the ideal
   idle   ours only: 1,000 open streams on a 1 s decode step: server RSS and idle CPU
+  replay ours only: the original 8 x B200 benchmark's shape (DP 8, 100 requests, 16 concurrent, 8,192-token
+         prompts, 1,024 output tokens) on the calibrated sim cost model, beside the seed's two columns
 Prints one JSON summary and a table.
 """
 
@@ -404,6 +406,103 @@ def scenario_idle(bench_dir: Path, quick: bool) -> dict:
         srv.stop()
 
 
+# The original benchmark (shared/seeds/000_*.txt): DeepInfer-server and vLLM on 8 x B200, DP 8 + EP 8.
+SEED = {
+    "deepinfer_server": {
+        "output_tok_s": 1392.44,
+        "ttft_mean_s": 4.28,
+        "ttft_p95_s": 16.33,
+        "itl_mean_ms": 8.74,
+        "e2e_mean_s": 13.23,
+        "e2e_p95_s": 25.46,
+    },
+    "vllm": {
+        "output_tok_s": 1112.20,
+        "ttft_mean_s": 2.04,
+        "ttft_p95_s": 8.27,
+        "itl_mean_ms": 11.98,
+        "e2e_mean_s": 14.30,
+        "e2e_p95_s": 20.03,
+    },
+}
+# Cost model standing for one node of 8 B200s (DP 8, EP 8), calibrated in BENCHMARKS.md: a decode step of
+# 8.5 ms + 0.1 ms per sequence (8.7 ms at the original run's ~2 sequences per rank), prefill at 25 ms per 1k
+# tokens, compute-bound prefill chunks of up to 340 tokens hidden under the memory-bound decode step, and the
+# ranks in lockstep.
+REPLAY_SIM = [
+    "--sim-decode-step-ms",
+    "8.5",
+    "--sim-decode-ms-per-seq",
+    "0.1",
+    "--sim-prefill-ms-per-1k-tokens",
+    "25",
+    "--sim-overlap-prefill",
+    "--sim-prefill-chunk-tokens",
+    "340",
+    "--sim-lockstep",
+]
+
+
+def scenario_replay(bench_dir: Path, quick: bool) -> dict:
+    """The original benchmark's shape through the real server: DP 8, 16 concurrent, 8,192 / 1,024 tokens."""
+    n = 32 if quick else 100
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepinfer_server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "18730",
+        "--served-model-name",
+        MODEL,
+        "--log-level",
+        "warning",
+        "--dp",
+        "8",
+        "--max-num-seqs",
+        "16",
+        "--max-num-batched-tokens",
+        "32768",
+        "--max-model-len",
+        "32768",
+        *REPLAY_SIM,
+    ]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    srv = Server("ours", p, "http://127.0.0.1:18730")
+    try:
+        wait_health(srv.url, p)
+        r = loadgen(
+            bench_dir,
+            srv,
+            "--concurrency",
+            "16",
+            "--requests",
+            str(n),
+            "--prompt-tokens",
+            "8192",
+            "--max-tokens",
+            "1024",
+            "--ignore-eos",
+            "--timeout",
+            "600",
+        )
+    finally:
+        srv.stop()
+    ours = {
+        "output_tok_s": r["output_tokens_per_s"],
+        "ttft_mean_s": round(r["ttft_ms"]["mean"] / 1e3, 3),
+        "ttft_p95_s": round(r["ttft_ms"]["p95"] / 1e3, 3),
+        "itl_mean_ms": r["itl_ms"]["mean"],
+        "itl_p95_ms": r["itl_ms"]["p95"],
+        "e2e_mean_s": r["e2e_s"]["mean"],
+        "e2e_p95_s": r["e2e_s"]["p95"],
+        "ok": r["ok"],
+        "errors": r["errors_by_status"],
+    }
+    return {"ours_sim": ours, "seed": SEED, "sim_flags": REPLAY_SIM, "loadgen": r}
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
 
@@ -476,6 +575,10 @@ def table(summary: dict) -> list[tuple[str, Any, Any, Any]]:
             p["c32_ramp"]["ttft_ms"]["p50"],
         )
         add("paced c1: TTFT p50 ms", o["c1"]["ttft_ms"]["p50"], p["c1"]["ttft_ms"]["p50"])
+    if "replay" in summary:
+        o, d, v = summary["replay"]["ours_sim"], SEED["deepinfer_server"], SEED["vllm"]
+        for key in ("ttft_mean_s", "ttft_p95_s", "itl_mean_ms", "output_tok_s", "e2e_mean_s", "e2e_p95_s"):
+            rows.append((f"replay DP8 c16 8k/1k: {key} (seed DIS | vLLM)", o[key], f"{d[key]} | {v[key]}", None))
     if "idle" in summary:
         i = summary["idle"]
         add("1,000 idle streams: server RSS MB", i["server_rss_mb"], None)
@@ -489,13 +592,14 @@ SCENARIOS: dict[str, Callable[[Path, bool], dict]] = {
     "sweep": scenario_sweep,
     "paced": scenario_paced,
     "idle": scenario_idle,
+    "replay": scenario_replay,
 }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
-    ap.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios")
+    ap.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios")  # all by default
     ap.add_argument("--quick", action="store_true", help="fewer requests: a smoke run, not for BENCHMARKS.md")
     ap.add_argument("--json-out", type=Path)
     ap.add_argument("--plots", type=Path, help="write PNG plots of the sweep here")

@@ -7,6 +7,7 @@ use crate::admission::Permit;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::ring::records::{self, Abort, Submit};
+use crate::ring::status::AUX_QUEUED_TOKENS;
 use crate::ring::{Ring, Sender};
 use crate::stream::Outlet;
 use pyo3::prelude::*;
@@ -190,9 +191,10 @@ impl Dispatcher {
         self.ranks.iter().all(RankLink::is_alive)
     }
 
-    /// The least loaded live rank.
+    /// The least loaded live rank: fewest requests in flight, then fewest prompt tokens still to prefill (a rank
+    /// busy prefilling long prompts would delay a new request's first token). Not round-robin.
     fn pick(&self) -> Option<&RankLink> {
-        self.ranks.iter().filter(|r| r.is_alive()).min_by_key(|r| r.in_flight())
+        self.ranks.iter().filter(|r| r.is_alive()).min_by_key(|r| (r.in_flight(), r.output.aux(AUX_QUEUED_TOKENS)))
     }
 
     /// Register the request, then send it: the rank's first token can never beat its registration.

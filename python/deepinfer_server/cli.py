@@ -62,6 +62,24 @@ def build_parser() -> argparse.ArgumentParser:
     sim = p.add_argument_group("simulated engine (--engine sim)")
     sim.add_argument("--sim-prefill-ms-per-1k-tokens", type=float, default=0.0, help="Prefill cost; 0 = free.")
     sim.add_argument("--sim-decode-step-ms", type=float, default=0.0, help="Decode step time; 0 = free.")
+    sim.add_argument("--sim-decode-ms-per-seq", type=float, default=0.0, help="Extra step time per decoding sequence.")
+    sim.add_argument(
+        "--sim-overlap-prefill",
+        action="store_true",
+        help="A step costs max(decode, prefill) (memory-bound decode hides a compute-bound prefill chunk) "
+        "instead of their sum.",
+    )
+    sim.add_argument(
+        "--sim-prefill-chunk-tokens",
+        type=int,
+        default=0,
+        help="Largest prefill chunk per request and step; 0 = budget.",
+    )
+    sim.add_argument(
+        "--sim-lockstep",
+        action="store_true",
+        help="DP ranks step together, each step as long as the slowest rank's (as DeepInfer's ranks do).",
+    )
     return p
 
 
@@ -116,6 +134,8 @@ def check_args(args: argparse.Namespace) -> str | None:
         "drain_timeout",
         "sim_prefill_ms_per_1k_tokens",
         "sim_decode_step_ms",
+        "sim_decode_ms_per_seq",
+        "sim_prefill_chunk_tokens",
     ):
         if getattr(args, flag) < 0:
             return f"--{flag.replace('_', '-')} must not be negative"

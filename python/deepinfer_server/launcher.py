@@ -30,7 +30,7 @@ SHM_PREFIX = "deepinfer-"
 BUNDLED_TOKENIZER = Path(__file__).with_name("tokenizer") / "tokenizer.json"
 OPENAPI = Path(__file__).with_name("openapi.json")
 DEFAULT_MODEL_NAME = "deepseek-v4.1-flash"
-OUTPUT_RING_BYTES = 8 << 20
+OUTPUT_RING_BYTES = 1 << 20  # ranks run at most a few steps ahead of the server (engine/rank.py)
 GIL_SWITCH_INTERVAL_S = 0.0002
 
 
@@ -96,6 +96,7 @@ class Ranks:
         self.paths: list[Path] = []
         self.rings: list[tuple[Any, Any]] = []
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.lockstep: Any = None
 
     def engine_config(self) -> dict[str, Any]:
         a = self.args
@@ -107,6 +108,9 @@ class Ranks:
                 "max_num_batched_tokens": a.max_num_batched_tokens,
                 "decode_step_ms": a.sim_decode_step_ms,
                 "prefill_ms_per_1k_tokens": a.sim_prefill_ms_per_1k_tokens,
+                "decode_ms_per_seq": a.sim_decode_ms_per_seq,
+                "overlap_prefill": a.sim_overlap_prefill,
+                "prefill_chunk_tokens": a.sim_prefill_chunk_tokens,
             }
         return {
             "model": a.model,
@@ -122,7 +126,8 @@ class Ranks:
 
     def start(self) -> None:
         a = self.args
-        request_bytes = _pow2_at_least(max(16 << 20, 8 * (4 * a.max_model_len + 64)))
+        # Room for four longest prompts at once; the server's sender queues anything beyond that in process.
+        request_bytes = _pow2_at_least(max(1 << 20, 4 * 2 * (4 * a.max_model_len + 64)))
         dist_envs: list[dict[str, str]] = []
         if a.engine == "deepinfer":
             from deepinfer_server.engine.deepinfer import ConfigError, dist_env_for_ranks
@@ -131,6 +136,11 @@ class Ranks:
                 dist_envs = dist_env_for_ranks(a.data_parallel_size, a.context_parallel_size, a.port, os.environ)
             except ConfigError as e:
                 raise StartupError(str(e)) from e
+        lockstep_path = None
+        if a.engine == "sim" and a.sim_lockstep and a.data_parallel_size > 1:
+            lockstep_path = SHM_DIR / f"{self.prefix}-lockstep"
+            self.lockstep = _native.Lockstep.create(str(lockstep_path), a.data_parallel_size)
+            self.paths.append(lockstep_path)
         for rank in range(a.data_parallel_size):
             req_path = SHM_DIR / f"{self.prefix}-r{rank}-req"
             out_path = SHM_DIR / f"{self.prefix}-r{rank}-out"
@@ -147,6 +157,7 @@ class Ranks:
                 "parent_pid": os.getpid(),
                 "log_level": a.log_level,
                 "engine_config": self.engine_config(),
+                "lockstep": str(lockstep_path) if lockstep_path else None,
             }
             env = self.rank_env(rank)
             if dist_envs:
@@ -185,6 +196,8 @@ class Ranks:
         self.paths.clear()
 
     def stop(self, grace: float = 5.0) -> None:
+        if self.lockstep is not None:
+            self.lockstep.close()
         for req, out in self.rings:
             with contextlib.suppress(Exception):
                 req.push_shutdown()

@@ -13,6 +13,7 @@
 
 pub mod futex;
 pub mod layout;
+pub mod lockstep;
 pub mod py;
 pub mod records;
 pub mod sender;

@@ -127,7 +127,9 @@ impl Ring {
     }
 
     fn map(file: &File, capacity: u64) -> io::Result<Ring> {
-        let map = MmapRaw::map_raw(file)?;
+        // Populate: fault every page in now, so the ring's memory is resident from the start instead of
+        // growing page by page (which looks like a leak in RSS) as records first walk through it.
+        let map = memmap2::MmapOptions::new().populate().map_raw(file)?;
         if (map.len() as u64) < HEADER_SIZE as u64 + capacity {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "short ring mapping"));
         }

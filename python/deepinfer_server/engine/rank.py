@@ -15,14 +15,18 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from deepinfer_server import _native
 from deepinfer_server.engine.base import Engine, Output, Submit
 
+if TYPE_CHECKING:
+    from deepinfer_server.engine.sim import SimEngine
+
 log = logging.getLogger("deepinfer_server.rank")
 
 STATUS_EVERY_S = 0.005
+LOCKSTEP_IDLE_POLL_S = 0.002
 IDLE_WAIT_S = 1.0  # bounded so a rank notices a closed ring or a lost parent even when idle
 # Engine steps of output the rank may leave unread before it waits for the server to catch up. A real engine's
 # step is far slower than the server, so this only binds a zero-cost engine, which would otherwise run far ahead
@@ -64,6 +68,33 @@ def publish_status(engine: Engine, set_aux: Callable[[int, int], None], now: flo
     set_aux(_native.AUX_HEARTBEAT_MS, int(now * 1000))
 
 
+def take_requests(engine: Engine, requests: _native.Ring) -> tuple[list[Output], bool]:
+    """Feed everything waiting in the request ring to the engine: (immediate outputs, shutdown asked)."""
+    published: list[Output] = []
+    aborts: list[int] = []
+    stop = False
+    for msg in requests.drain_requests():
+        tag = msg[0]
+        if tag == _native.KIND_SUBMIT:
+            _, rid, prompt, max_tokens, temperature, top_p, top_k, seed, ignore_eos = msg
+            published += engine.add(Submit(rid, prompt, max_tokens, temperature, top_p, top_k, seed, ignore_eos))
+        elif tag == _native.KIND_ABORT:
+            aborts.append(msg[1])
+        elif tag == _native.KIND_SHUTDOWN:
+            stop = True
+    if aborts:
+        engine.abort(aborts)
+    return published, stop
+
+
+def publish(outputs: _native.Ring, published: list[Output]) -> None:
+    """One TOKENS record per step; then let the server catch up if it fell more than a few steps behind."""
+    outputs.publish(published)
+    ahead = RUN_AHEAD_STEPS * (8 + 24 * len(published))  # about the size of this step's record
+    if outputs.used_bytes > ahead:
+        outputs.wait_drained(ahead)
+
+
 def serve_rank(engine: Engine, requests: _native.Ring, outputs: _native.Ring) -> None:
     """The loop. Returns on SHUTDOWN or when the server closes the rings."""
     set_aux = outputs.set_aux
@@ -73,30 +104,51 @@ def serve_rank(engine: Engine, requests: _native.Ring, outputs: _native.Ring) ->
             requests.wait(IDLE_WAIT_S)
             if requests.closed:
                 return
-        published: list[Output] = []
-        aborts: list[int] = []
-        for msg in requests.drain_requests():
-            tag = msg[0]
-            if tag == _native.KIND_SUBMIT:
-                _, rid, prompt, max_tokens, temperature, top_p, top_k, seed, ignore_eos = msg
-                published += engine.add(Submit(rid, prompt, max_tokens, temperature, top_p, top_k, seed, ignore_eos))
-            elif tag == _native.KIND_ABORT:
-                aborts.append(msg[1])
-            elif tag == _native.KIND_SHUTDOWN:
-                return
-        if aborts:
-            engine.abort(aborts)
+        published, stop = take_requests(engine, requests)
+        if stop:
+            return
         if engine.has_work():
             published += engine.step()
         if published:
-            outputs.publish(published)
-            ahead = RUN_AHEAD_STEPS * (8 + 24 * len(published))  # about the size of this step's record
-            if outputs.used_bytes > ahead:
-                outputs.wait_drained(ahead)
+            publish(outputs, published)
         now = time.monotonic()
         if now >= next_status or not engine.has_work():  # O(requests) to compute: not on every step
             publish_status(engine, set_aux, now)
             next_status = now + STATUS_EVERY_S
+
+
+def serve_sim_lockstep(
+    engine: SimEngine, requests: _native.Ring, outputs: _native.Ring, lock: _native.Lockstep
+) -> None:
+    """Simulated DP ranks in lockstep, as DeepInfer's: while any rank is busy every rank steps, and each step
+    lasts as long as the slowest rank's (idle ranks ride along). While all are idle each rank polls its request
+    ring every LOCKSTEP_IDLE_POLL_S between rounds, so a request on any rank starts the group within that."""
+    set_aux = outputs.set_aux
+    next_status = 0.0
+    try:
+        while True:
+            if not engine.has_work():
+                requests.wait(LOCKSTEP_IDLE_POLL_S)
+            published, stop = take_requests(engine, requests)
+            if stop or requests.closed:
+                return
+            busy = engine.has_work()
+            t0 = time.perf_counter()
+            cost = engine.plan() if busy else 0.0
+            any_busy, slowest = lock.sync(busy, cost)
+            if any_busy:
+                engine.wait_until(t0, max(slowest, engine.cfg.decode_step_ms))
+                published += engine.commit()
+            if published:
+                publish(outputs, published)
+            now = time.monotonic()
+            if now >= next_status or not busy:
+                publish_status(engine, set_aux, now)
+                next_status = now + STATUS_EVERY_S
+    except _native.RingClosed:
+        return
+    finally:
+        lock.close()  # never leave the other ranks waiting on a party that is gone
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,7 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     outputs.set_aux(_native.AUX_STATE, _native.STATE_READY)
     log.info("rank %d ready (engine %s)", rank, conf["engine"])
     try:
-        if conf["engine"] == "deepinfer":
+        if conf.get("lockstep"):
+            lock = _native.Lockstep.open(conf["lockstep"])
+            serve_sim_lockstep(cast("SimEngine", engine), requests, outputs, lock)
+        elif conf["engine"] == "deepinfer":
             from deepinfer_server.engine.lockstep import serve_lockstep
 
             serve_lockstep(engine, requests, outputs)  # DP ranks step together

@@ -35,6 +35,9 @@ class SimConfig:
     max_num_batched_tokens: int
     decode_step_ms: float = 0.0
     prefill_ms_per_1k_tokens: float = 0.0
+    decode_ms_per_seq: float = 0.0  # extra decode time per sequence in the batch
+    overlap_prefill: bool = False  # step = max(decode, prefill) instead of their sum
+    prefill_chunk_tokens: int = 0  # largest prefill chunk per request per step; 0 = the batched-token budget
 
 
 class _Seq:
@@ -69,6 +72,7 @@ class SimEngine:
         self.waiting: deque[_Seq] = deque()
         self.running: list[_Seq] = []
         self.by_id: dict[int, _Seq] = {}
+        self._batch: list[_Seq] = []
 
     # -- request side --------------------------------------------------------------------------------------------
     def add(self, req: Submit) -> list[Output]:
@@ -91,6 +95,7 @@ class SimEngine:
     def abort(self, request_ids: list[int]) -> None:
         gone = {rid for rid in request_ids if self.by_id.pop(rid, None) is not None}
         if gone:
+            self._batch = [s for s in self._batch if s.rid not in gone]
             self.waiting = deque(s for s in self.waiting if s.rid not in gone)
             self.running = [s for s in self.running if s.rid not in gone]
 
@@ -114,8 +119,13 @@ class SimEngine:
     # -- one step ------------------------------------------------------------------------------------------------
     def step(self) -> list[Output]:
         t0 = time.perf_counter()
+        self.wait_until(t0, self.plan())
+        return self.commit()
+
+    def plan(self) -> float:
+        """Schedule the next step (admission, decode batch, prefill chunks) and return its cost in ms."""
         cfg = self.cfg
-        while self.waiting and len(self.running) < cfg.max_num_seqs:
+        while self.waiting and len(self.running) < cfg.max_num_seqs:  # admitted into the very next step
             self.running.append(self.waiting.popleft())
         decoding = [s for s in self.running if s.prompt_left == 0]
         budget = cfg.max_num_batched_tokens - len(decoding)
@@ -123,19 +133,28 @@ class SimEngine:
         prefilled = []
         for s in self.running:  # chunked prefill in admission order, within the batched-token budget
             if s.prompt_left and budget > 0:
-                take = min(s.prompt_left, budget)
+                take = min(s.prompt_left, budget, cfg.prefill_chunk_tokens or s.prompt_left)
                 s.prompt_left -= take
                 budget -= take
                 prefill_tokens += take
                 if not s.prompt_left:
                     prefilled.append(s)  # prefill ends with the request's first token
-        self._wait(t0, cfg.decode_step_ms + prefill_tokens * cfg.prefill_ms_per_1k_tokens / 1000.0)
+        self._batch = decoding + prefilled
+        if not self.running:
+            return 0.0
+        decode_ms = cfg.decode_step_ms + cfg.decode_ms_per_seq * len(decoding)
+        prefill_ms = prefill_tokens * cfg.prefill_ms_per_1k_tokens / 1000.0
+        # overlap: a step is bound by the slower of memory-bound decode and compute-bound prefill (roofline);
+        # otherwise prefill adds to the step.
+        return max(decode_ms, prefill_ms) if cfg.overlap_prefill else decode_ms + prefill_ms
 
+    def commit(self) -> list[Output]:
+        """Emit the tokens of the step `plan` scheduled."""
         out: list[Output] = []
         finished = False
         corpus, n_corpus, eos = self.corpus, len(self.corpus), self.eos
         running, stop, length = _native.FINISH_NONE, _native.FINISH_STOP, _native.FINISH_LENGTH
-        for s in decoding + prefilled:
+        for s in self._batch:
             i = s.generated
             plan = s.plan
             tok = plan[i] if i < len(plan) else corpus[(s.offset + i) % n_corpus]
@@ -148,10 +167,11 @@ class SimEngine:
             finished = True
         if finished:
             self.running = [s for s in self.running if s.rid in self.by_id]
+        self._batch = []
         return out
 
     @staticmethod
-    def _wait(t0: float, cost_ms: float) -> None:
+    def wait_until(t0: float, cost_ms: float) -> None:
         """Take `cost_ms` of wall time for the step, as the GPU would (sleeping, not spinning)."""
         if cost_ms > 0:
             left = t0 + cost_ms / 1000.0 - time.perf_counter()
