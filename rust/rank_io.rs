@@ -17,6 +17,9 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+/// Under CPU saturation, converting new requests (codec threads) and the HTTP threads go before bulk decoding:
+/// time to first token matters more than a few microseconds of inter-token latency.
+const DECODE_NICE: i32 = 3;
 /// Bytes drained per wake-up; bounds the latency of the first request in a huge backlog.
 const DRAIN_MAX_BYTES: usize = 1 << 20;
 /// A bounded wait so a closed ring (shutdown, dead rank) is noticed even if no wake-up arrives.
@@ -39,6 +42,7 @@ pub fn spawn(dispatcher: Arc<Dispatcher>, codec: Arc<Codec>, rank: usize) -> Joi
 
 fn run(dispatcher: &Dispatcher, codec: &Codec, rank: usize) {
     let link = &dispatcher.ranks[rank];
+    crate::supervisor::lower_thread_priority(DECODE_NICE);
     loop {
         if !link.output.wait_readable(Some(IDLE_WAIT)) {
             if link.output.is_closed() {

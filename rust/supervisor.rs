@@ -109,3 +109,12 @@ pub fn fail_in_flight(dispatcher: &Dispatcher, rank: usize, why: &str) {
         entry.outlet.fail(ApiError::Unavailable(why.to_string()));
     }
 }
+
+/// Make the calling thread nicer (a higher nice value) so other threads win the CPU when it is contended.
+pub fn lower_thread_priority(nice: i32) {
+    // SAFETY: gettid has no preconditions; setpriority on our own thread id only changes its nice value.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
+    if rc != 0 {
+        tracing::debug!("cannot lower thread priority: {}", io::Error::last_os_error());
+    }
+}

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("deepinfer_server.rank")
 
 STATUS_EVERY_S = 0.005
+SIM_NICE = 10
 LOCKSTEP_IDLE_POLL_S = 0.002
 IDLE_WAIT_S = 1.0  # bounded so a rank notices a closed ring or a lost parent even when idle
 # Engine steps of output the rank may leave unread before it waits for the server to catch up. A real engine's
@@ -48,6 +49,10 @@ def _die_with_parent(parent_pid: int) -> None:
 def build_engine(kind: str, cfg: dict[str, Any]) -> Engine:
     if kind == "sim":
         from deepinfer_server.engine.sim import SimConfig, SimEngine
+
+        # The simulated engine stands in for a GPU: it should not take host CPU from the server's request
+        # handling (a real engine's step runs on the device, not on the cores the front end uses).
+        os.nice(SIM_NICE)
 
         sim: Engine = SimEngine(SimConfig(**cfg))
         return sim
