@@ -102,3 +102,16 @@ def test_unknown_route_and_method(http: httpx.Client) -> None:
     r = http.get("/v1/chat/completions")
     assert r.status_code == 405
     envelope(r)
+
+
+def test_too_many_messages_is_400(http: httpx.Client) -> None:
+    msgs = [{"role": "user", "content": "x"}] * 4097
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": msgs})
+    assert r.status_code == 400
+    assert envelope(r)["param"] == "messages"
+
+
+def test_oversized_headers_are_refused_and_the_server_carries_on(server: Server) -> None:
+    r = httpx.get(f"{server.url}/health", headers={"X-Big": "a" * 600_000})
+    assert r.status_code == 431
+    assert httpx.get(f"{server.url}/health").status_code == 200

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -42,13 +43,40 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(12, (n - 1).bit_length())
 
 
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def locate_model(model: str) -> Path:
+    """A local checkpoint directory, or a Hugging Face repo id fetched into the cache (HF_HOME) on first start."""
+    path = Path(model)
+    if path.is_dir():
+        return path
+    if not REPO_ID.match(model):
+        raise StartupError(f"MODEL {model!r} is neither a checkpoint directory nor a Hugging Face repo id (org/name)")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as e:  # pragma: no cover - tokenizers depends on huggingface_hub
+        raise StartupError(f"MODEL {model!r} looks like a repo id, but huggingface_hub is not installed") from e
+    log.info(
+        "fetching %s into the Hugging Face cache (%s); the first start downloads the checkpoint",
+        model,
+        os.environ.get("HF_HOME", "~/.cache/huggingface"),
+    )
+    try:
+        return Path(snapshot_download(model))
+    except Exception as e:
+        raise StartupError(f"cannot fetch MODEL {model!r} from the Hugging Face Hub: {e}") from e
+
+
 def resolve_model(args: argparse.Namespace) -> tuple[Path, str]:
-    """(tokenizer.json path, prompt encoding "v4" or "v4.1") for MODEL, or the bundled tokenizer without one."""
+    """(tokenizer.json path, prompt encoding "v4" or "v4.1") for MODEL, or the bundled tokenizer without one.
+
+    Sets `args.model_dir` to the local checkpoint directory the engine loads."""
+    args.model_dir = None
     if not args.model:
         return BUNDLED_TOKENIZER, "v4.1"
-    model = Path(args.model)
-    if not model.is_dir():
-        raise StartupError(f"MODEL {args.model!r} is not a local checkpoint directory")
+    model = locate_model(args.model)
+    args.model_dir = str(model)
     tokenizer = model / "tokenizer.json"
     if not tokenizer.is_file():
         raise StartupError(f"{tokenizer} not found: the checkpoint must contain a Hugging Face tokenizer.json")
@@ -113,7 +141,7 @@ class Ranks:
                 "prefill_chunk_tokens": a.sim_prefill_chunk_tokens,
             }
         return {
-            "model": a.model,
+            "model": a.model_dir,
             "trust_remote_code": a.trust_remote_code,
             "expert_parallel_size": a.expert_parallel_size,
             "data_parallel_size": a.data_parallel_size,

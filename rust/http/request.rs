@@ -60,6 +60,9 @@ fn check_content(i: usize, msg: &Map<String, Value>) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Most messages one request may carry (a conversation this long is a mistake or an attack).
+pub const MAX_MESSAGES: usize = 4096;
+
 pub fn parse(raw: &[u8], served: &[String]) -> Result<ChatRequest, ApiError> {
     let mut v: Value = serde_json::from_slice(raw)
         .map_err(|e| ApiError::bad_request(format!("The request body is not valid JSON: {e}")))?;
@@ -77,6 +80,12 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<ChatRequest, ApiError> {
     }
 
     match obj.get_mut("messages") {
+        Some(Value::Array(msgs)) if msgs.len() > MAX_MESSAGES => {
+            return Err(ApiError::bad_param(
+                "messages",
+                format!("Too many messages: {} (at most {MAX_MESSAGES}).", msgs.len()),
+            ));
+        }
         Some(Value::Array(msgs)) if !msgs.is_empty() => {
             for (i, m) in msgs.iter_mut().enumerate() {
                 let m = m
@@ -211,6 +220,8 @@ mod tests {
         assert_eq!(err(json!({"model": "m"})).status(), 400);
         assert_eq!(err(json!({"model": "m", "messages": []})).status(), 400);
         assert_eq!(err(json!({"model": "m", "messages": ["x"]})).status(), 400);
+        let many: Vec<_> = (0..=MAX_MESSAGES).map(|_| json!({"role": "user", "content": "x"})).collect();
+        assert_eq!(err(json!({"model": "m", "messages": many})).status(), 400);
     }
 
     #[test]
