@@ -138,11 +138,13 @@ def serve_sim_lockstep(
             if stop or requests.closed:
                 return
             busy = engine.has_work()
-            t0 = time.perf_counter()
+            start = engine.step_start()
             cost = engine.plan() if busy else 0.0
             any_busy, slowest = lock.sync(busy, cost)
             if any_busy:
-                engine.wait_until(t0, max(slowest, engine.cfg.decode_step_ms))
+                step_ms = max(slowest, engine.cfg.decode_step_ms)
+                engine.wait_until(start, step_ms)
+                engine.step_done(start, step_ms)
                 published += engine.commit()
             if published:
                 publish(outputs, published)

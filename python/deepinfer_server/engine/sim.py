@@ -24,6 +24,7 @@ from deepinfer_server import _native
 from deepinfer_server.engine.base import Output, Submit
 
 CORPUS = Path(__file__).with_name("sim_corpus.txt")
+ANCHOR_SLACK_S = 0.001
 _TOOLS_SECTION = re.compile(r"### Available Tool Schemas\n\n(.*?)\n\nYou MUST strictly follow", re.S)
 
 
@@ -73,6 +74,7 @@ class SimEngine:
         self.running: list[_Seq] = []
         self.by_id: dict[int, _Seq] = {}
         self._batch: list[_Seq] = []
+        self._next_start = 0.0
 
     # -- request side --------------------------------------------------------------------------------------------
     def add(self, req: Submit) -> list[Output]:
@@ -118,9 +120,17 @@ class SimEngine:
 
     # -- one step ------------------------------------------------------------------------------------------------
     def step(self) -> list[Output]:
-        t0 = time.perf_counter()
-        self.wait_until(t0, self.plan())
+        start = self.step_start()
+        cost = self.plan()
+        self.wait_until(start, cost)
+        self.step_done(start, cost)
         return self.commit()
+
+    def step_start(self) -> float:
+        """When the next step starts: back to back with the previous one if the rank loop's own work between
+        steps took less than a millisecond, so that work and sleep overshoot do not stretch the step period."""
+        now = time.perf_counter()
+        return self._next_start if 0.0 <= now - self._next_start < ANCHOR_SLACK_S else now
 
     def plan(self) -> float:
         """Schedule the next step (admission, decode batch, prefill chunks) and return its cost in ms."""
@@ -147,6 +157,10 @@ class SimEngine:
         # overlap: a step is bound by the slower of memory-bound decode and compute-bound prefill (roofline);
         # otherwise prefill adds to the step.
         return max(decode_ms, prefill_ms) if cfg.overlap_prefill else decode_ms + prefill_ms
+
+    def step_done(self, start: float, cost_ms: float) -> None:
+        """Record a step run outside `step` (the lockstep loop), for `step_start`."""
+        self._next_start = start + cost_ms / 1000.0
 
     def commit(self) -> list[Output]:
         """Emit the tokens of the step `plan` scheduled."""
