@@ -168,14 +168,10 @@ pub struct Dispatcher {
 
 /// What the codec prepared, ready to go to a rank.
 pub struct Job<'a> {
-    pub prompt: &'a [u32],
+    /// The SUBMIT record (its `request_id` is the dispatcher id from `next_id`).
+    pub submit: Submit<&'a [u32]>,
+    /// Decode as tokens arrive, or once at the end (see `Inflight::incremental`).
     pub incremental: bool,
-    pub max_tokens: u32,
-    pub temperature: f32,
-    pub top_p: f32,
-    pub top_k: i32,
-    pub seed: Option<u64>,
-    pub ignore_eos: bool,
 }
 
 impl Dispatcher {
@@ -185,10 +181,6 @@ impl Dispatcher {
 
     pub fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
-    }
-
-    pub fn all_alive(&self) -> bool {
-        self.ranks.iter().all(RankLink::is_alive)
     }
 
     /// The least loaded live rank: fewest requests in flight, then fewest prompt tokens still to prefill (a rank
@@ -208,11 +200,12 @@ impl Dispatcher {
     ) -> Result<Ticket, ApiError> {
         let rank = self.pick().ok_or_else(|| ApiError::Unavailable("no engine rank is running".into()))?;
         let RequestMeta { id, request_id, arrival } = meta;
+        let prompt_tokens = job.submit.prompt.len();
         let entry = Arc::new(Inflight {
             id,
             request_id,
             rank: rank.index,
-            prompt_tokens: job.prompt.len(),
+            prompt_tokens,
             decoder,
             outlet,
             arrival,
@@ -222,23 +215,13 @@ impl Dispatcher {
         });
         rank.inflight.lock().unwrap().insert(id, entry);
         rank.count.fetch_add(1, Ordering::Relaxed);
-        let submit = Submit {
-            request_id: id,
-            prompt: job.prompt,
-            max_tokens: job.max_tokens,
-            temperature: job.temperature,
-            top_p: job.top_p,
-            top_k: job.top_k,
-            seed: job.seed,
-            ignore_eos: job.ignore_eos,
-        };
-        if let Err(e) = rank.requests.send(records::SUBMIT, submit.encode()) {
+        if let Err(e) = rank.requests.send(records::SUBMIT, Submit { request_id: id, ..job.submit }.encode()) {
             rank.take(id);
             tracing::error!(rank = rank.index, "cannot send request to rank: {e}");
             return Err(ApiError::Unavailable(format!("engine rank {} is not accepting requests", rank.index)));
         }
         self.metrics.queue.observe(arrival.elapsed().as_secs_f64());
-        self.metrics.prompt_tokens.inc_by(job.prompt.len() as u64);
+        self.metrics.prompt_tokens.inc_by(prompt_tokens as u64);
         Ok(Ticket {
             dispatcher: self.clone(),
             rank: rank.index,

@@ -4,34 +4,16 @@
 
 use crate::dispatch::Dispatcher;
 use crate::error::ApiError;
+use rustix::event::{EventfdFlags, PollFd, PollFlags, eventfd, poll};
+use rustix::process::{Pid, PidfdFlags, pidfd_open};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
 pub struct Supervisor {
-    wake: OwnedFd,
+    wake: Arc<OwnedFd>,
     thread: Option<JoinHandle<()>>,
-}
-
-fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; we own the returned fd.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
-
-fn eventfd() -> io::Result<OwnedFd> {
-    // SAFETY: eventfd(0, EFD_CLOEXEC) returns a new fd or -1.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 impl Supervisor {
@@ -41,32 +23,42 @@ impl Supervisor {
         pids: &[i32],
         on_failure: impl Fn(usize) + Send + 'static,
     ) -> io::Result<Self> {
-        let pidfds = pids.iter().map(|&p| pidfd_open(p)).collect::<io::Result<Vec<_>>>()?;
-        let wake = eventfd()?;
-        let wake_raw = wake.as_raw_fd();
+        let pidfds = pids
+            .iter()
+            .map(|&p| {
+                let pid = Pid::from_raw(p).ok_or_else(|| io::Error::other(format!("bad rank pid {p}")))?;
+                Ok(pidfd_open(pid, PidfdFlags::empty())?)
+            })
+            .collect::<io::Result<Vec<_>>>()?;
+        let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC)?);
+        let stop = wake.clone();
         let thread = thread::Builder::new().name("supervisor".into()).spawn(move || {
             let mut alive: Vec<bool> = vec![true; pidfds.len()];
             loop {
-                let mut fds: Vec<libc::pollfd> = vec![libc::pollfd { fd: wake_raw, events: libc::POLLIN, revents: 0 }];
-                fds.extend(pidfds.iter().map(|f| libc::pollfd { fd: f.as_raw_fd(), events: libc::POLLIN, revents: 0 }));
-                // SAFETY: `fds` is a valid, writable array of `fds.len()` pollfd structs.
-                let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
-                if n < 0 {
-                    if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                        continue;
+                let mut fds = vec![PollFd::new(&*stop, PollFlags::IN)];
+                fds.extend(pidfds.iter().map(|f| PollFd::new(f, PollFlags::IN)));
+                match poll(&mut fds, None) {
+                    Ok(_) => {}
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(e) => {
+                        tracing::error!("supervisor poll failed: {e}");
+                        return;
                     }
-                    tracing::error!("supervisor poll failed: {}", io::Error::last_os_error());
-                    return;
                 }
-                if fds[0].revents != 0 {
+                if !fds[0].revents().is_empty() {
                     return; // server shutting down: rank exits are expected from here on
                 }
-                for (rank, pfd) in fds[1..].iter().enumerate() {
-                    if pfd.revents != 0 && alive[rank] {
-                        alive[rank] = false;
-                        rank_failed(&dispatcher, rank);
-                        on_failure(rank);
-                    }
+                let exited: Vec<usize> = fds[1..]
+                    .iter()
+                    .enumerate()
+                    .filter(|(rank, pfd)| !pfd.revents().is_empty() && alive[*rank])
+                    .map(|(rank, _)| rank)
+                    .collect();
+                drop(fds);
+                for rank in exited {
+                    alive[rank] = false;
+                    rank_failed(&dispatcher, rank);
+                    on_failure(rank);
                 }
                 if !alive.iter().any(|a| *a) {
                     return;
@@ -78,9 +70,7 @@ impl Supervisor {
 
     /// Stop watching (normal shutdown: the ranks are about to exit).
     pub fn stop(&mut self) {
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes from a valid u64 to our own eventfd.
-        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -112,9 +102,7 @@ pub fn fail_in_flight(dispatcher: &Dispatcher, rank: usize, why: &str) {
 
 /// Make the calling thread nicer (a higher nice value) so other threads win the CPU when it is contended.
 pub fn lower_thread_priority(nice: i32) {
-    // SAFETY: gettid has no preconditions; setpriority on our own thread id only changes its nice value.
-    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
-    if rc != 0 {
-        tracing::debug!("cannot lower thread priority: {}", io::Error::last_os_error());
+    if let Err(e) = rustix::process::setpriority_process(Some(rustix::thread::gettid()), nice) {
+        tracing::debug!("cannot lower thread priority: {e}");
     }
 }

@@ -9,6 +9,7 @@ use super::request_id::RequestId;
 use crate::codec::PrepareRequest;
 use crate::dispatch::{Job, RequestMeta};
 use crate::error::ApiError;
+use crate::ring::records::Submit;
 use crate::stream::{Outlet, SseBody, StreamBuf};
 use axum::Extension;
 use axum::body::{Body, Bytes};
@@ -70,14 +71,17 @@ async fn handle(
         })
         .await?;
     let job = Job {
-        prompt: &prepared.prompt,
+        submit: Submit {
+            request_id: id,
+            prompt: &prepared.prompt,
+            max_tokens: prepared.max_tokens,
+            temperature: prepared.temperature,
+            top_p: prepared.top_p,
+            top_k: req.top_k,
+            seed: prepared.seed,
+            ignore_eos: req.ignore_eos,
+        },
         incremental: prepared.incremental,
-        max_tokens: prepared.max_tokens,
-        temperature: prepared.temperature,
-        top_p: prepared.top_p,
-        top_k: req.top_k,
-        seed: prepared.seed,
-        ignore_eos: req.ignore_eos,
     };
     let timeout = st.config.request_timeout();
     if req.stream {
