@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="Engine behind the ranks (default from DEEPINFER_SERVER_ENGINE; the container image sets deepinfer).",
     )
     p.add_argument("--max-request-body-bytes", type=int, default=16 << 20)
+    p.add_argument(
+        "--codec-threads", type=int, default=2, help="Threads converting and encoding requests (deepseek-recipe)."
+    )
+    p.add_argument("--http-workers", type=int, default=2, help="Tokio worker threads serving HTTP.")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--log-format", default="text", choices=("text", "json"), help="json: one JSON object per line.")
     p.add_argument(
@@ -139,6 +143,8 @@ def check_args(args: argparse.Namespace) -> str | None:
     ):
         if getattr(args, flag) < 0:
             return f"--{flag.replace('_', '-')} must not be negative"
+    if args.codec_threads < 1 or args.http_workers < 1:
+        return "--codec-threads and --http-workers must be at least 1"
     if args.max_request_body_bytes < 1024:
         return "--max-request-body-bytes must be at least 1024"
     return None

@@ -280,6 +280,8 @@ def run(args: argparse.Namespace) -> int:
             "api_key": args.api_key or None,
             "openapi": OPENAPI.read_text(encoding="utf-8") if OPENAPI.is_file() else None,
             "log_format": args.log_format,
+            "codec_threads": args.codec_threads,
+            "http_workers": args.http_workers,
         }
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the Rust server handles SIGTERM/SIGINT from here on
         # The codec threads (request conversion) and the rank output threads (decoding) share the GIL. Python's
