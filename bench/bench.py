@@ -98,22 +98,36 @@ def wait_health(url: str, proc: subprocess.Popen[bytes], timeout: float = 120) -
     raise SystemExit(f"{url} not healthy after {timeout} s")
 
 
+def ours_cmd(port: int, *flags: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "deepinfer_server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        MODEL,
+        "--log-level",
+        "warning",
+        *flags,
+    ]
+
+
+def launch(name: str, cmd: list[str], port: int) -> Server:
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    wait_health(url, p)
+    return Server(name, p, url)
+
+
 def start(
     name: str, bench_dir: Path, port: int, dp: int, seqs: int, step_ms: float = 0, prefill_ms: float = 0
 ) -> Server:
     if name == "ours":
-        cmd = [
-            sys.executable,
-            "-m",
-            "deepinfer_server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--served-model-name",
-            MODEL,
-            "--log-level",
-            "warning",
+        cmd = ours_cmd(
+            port,
             "--dp",
             str(dp),
             "--max-num-seqs",
@@ -124,7 +138,7 @@ def start(
             str(step_ms),
             "--sim-prefill-ms-per-1k-tokens",
             str(prefill_ms),
-        ]
+        )
     else:
         cmd = [
             sys.executable,
@@ -144,10 +158,7 @@ def start(
             "--prefill-ms-per-1k-tokens",
             str(prefill_ms),
         ]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    wait_health(url, p)
-    return Server(name, p, url)
+    return launch(name, cmd, port)
 
 
 def loadgen(bench_dir: Path, srv: Server, *args: str) -> dict[str, Any]:
@@ -446,32 +457,9 @@ REPLAY_SIM = [
 def scenario_replay(bench_dir: Path, quick: bool) -> dict:
     """The original benchmark's shape through the real server: DP 8, 16 concurrent, 8,192 / 1,024 tokens."""
     n = 32 if quick else 100
-    cmd = [
-        sys.executable,
-        "-m",
-        "deepinfer_server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "18730",
-        "--served-model-name",
-        MODEL,
-        "--log-level",
-        "warning",
-        "--dp",
-        "8",
-        "--max-num-seqs",
-        "16",
-        "--max-num-batched-tokens",
-        "32768",
-        "--max-model-len",
-        "32768",
-        *REPLAY_SIM,
-    ]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    srv = Server("ours", p, "http://127.0.0.1:18730")
+    flags = ["--dp", "8", "--max-num-seqs", "16", "--max-num-batched-tokens", "32768", "--max-model-len", "32768"]
+    srv = launch("ours", ours_cmd(18730, *flags, *REPLAY_SIM), 18730)
     try:
-        wait_health(srv.url, p)
         r = loadgen(
             bench_dir,
             srv,

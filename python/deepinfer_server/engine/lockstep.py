@@ -27,7 +27,8 @@ import time
 from typing import Protocol, cast
 
 from deepinfer_server import _native
-from deepinfer_server.engine.base import Engine, Output, Submit
+from deepinfer_server.engine.base import Engine, Output
+from deepinfer_server.engine.rank import publish_status, take_requests
 
 log = logging.getLogger("deepinfer_server.lockstep")
 
@@ -58,22 +59,9 @@ def serve_lockstep(any_engine: Engine, requests: _native.Ring, outputs: _native.
         published: list[Output] = []
         if not stopping:
             try:
-                msgs = requests.drain_requests()
+                published, stopping = take_requests(engine, requests)
             except _native.RingClosed:
-                msgs, stopping = [], True
-            aborts: list[int] = []
-            for msg in msgs:
-                tag = msg[0]
-                if tag == _native.KIND_SUBMIT:
-                    _, rid, prompt, max_tokens, temperature, top_p, top_k, seed, ignore_eos = msg
-                    sub = Submit(rid, prompt, max_tokens, temperature, top_p, top_k, seed, ignore_eos)
-                    published += engine.add(sub)
-                elif tag == _native.KIND_ABORT:
-                    aborts.append(msg[1])
-                elif tag == _native.KIND_SHUTDOWN:
-                    stopping = True
-            if aborts:
-                engine.abort(aborts)
+                stopping = True
 
         busy, stop = engine.sync(engine.has_work(), stopping)  # the one collective of the iteration
         if stop:
@@ -90,11 +78,7 @@ def serve_lockstep(any_engine: Engine, requests: _native.Ring, outputs: _native.
                 outputs.publish(published)
             except _native.RingClosed:
                 stopping = True  # leave at the next all-reduce, together with the peers
-        n_requests, queued_tokens = engine.load()
-        set_aux(_native.AUX_REQUESTS, n_requests)
-        set_aux(_native.AUX_QUEUED_TOKENS, queued_tokens)
-        set_aux(_native.AUX_KV_USAGE_PPM, int(engine.kv_usage() * 1_000_000))
-        set_aux(_native.AUX_HEARTBEAT_MS, int(time.monotonic() * 1000))
+        publish_status(engine, set_aux, time.monotonic())
         if not busy and flushed and not stopping:
             requests.wait(idle_wait)
             if requests.closed:
