@@ -71,3 +71,92 @@ async fn not_found(uri: Uri) -> ApiError {
 async fn method_not_allowed() -> ApiError {
     ApiError::MethodNotAllowed
 }
+
+#[cfg(test)]
+mod tests {
+    //! In-process router tests (tower `oneshot`), with no engine rank: everything decided before dispatch.
+    use super::*;
+    use crate::metrics::Metrics;
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use http_body_util::BodyExt;
+    use pyo3::prelude::*;
+    use tower::ServiceExt;
+
+    fn state(api_key: Option<&str>) -> Arc<AppState> {
+        let mut config = ServerConfig::for_tests();
+        config.api_key = api_key.map(str::to_string);
+        let (codec, decode) = Python::attach(|py| (py.None(), py.None()));
+        Arc::new(AppState {
+            admission: Admission::new(4),
+            codec: Codec::start(codec, decode, 1),
+            dispatcher: Dispatcher::new(Vec::new(), Arc::new(Metrics::new("test-model"))),
+            draining: AtomicBool::new(false),
+            started_unix: 0,
+            config,
+        })
+    }
+
+    async fn send(st: &Arc<AppState>, req: Request<Body>) -> (StatusCode, axum::http::HeaderMap, serde_json::Value) {
+        let resp = app(st.clone()).oneshot(req).await.unwrap();
+        let (status, headers) = (resp.status(), resp.headers().clone());
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, headers, serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null))
+    }
+
+    fn post(body: impl Into<Body>) -> Request<Body> {
+        Request::post("/v1/chat/completions").header("content-type", "application/json").body(body.into()).unwrap()
+    }
+
+    fn code(v: &serde_json::Value) -> &str {
+        v["error"]["code"].as_str().unwrap_or("")
+    }
+
+    #[tokio::test]
+    async fn health_and_models() {
+        let st = state(None);
+        let (status, _, v) = send(&st, Request::get("/health").body(Body::empty()).unwrap()).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "no rank is running");
+        assert_eq!(code(&v), "service_unavailable");
+        let (status, _, v) = send(&st, Request::get("/v1/models").body(Body::empty()).unwrap()).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(v["data"][0]["id"], "test-model");
+        assert_eq!(v["data"][0]["max_model_len"], 4096);
+    }
+
+    #[tokio::test]
+    async fn every_refusal_is_an_envelope() {
+        let st = state(None);
+        let (s, _, v) = send(&st, Request::get("/nope").body(Body::empty()).unwrap()).await;
+        assert_eq!((s, code(&v)), (StatusCode::NOT_FOUND, "not_found"));
+        let (s, _, v) = send(&st, Request::get("/v1/chat/completions").body(Body::empty()).unwrap()).await;
+        assert_eq!((s, code(&v)), (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"));
+        let (s, _, v) = send(&st, post("{oops")).await;
+        assert_eq!((s, code(&v)), (StatusCode::BAD_REQUEST, "invalid_request_error"));
+        let (s, _, v) = send(&st, post(r#"{"model":"other","messages":[{"role":"user","content":"x"}]}"#)).await;
+        assert_eq!((s, code(&v)), (StatusCode::NOT_FOUND, "model_not_found"));
+        let (s, _, v) = send(&st, post(vec![b' '; 2 << 20])).await;
+        assert_eq!((s, code(&v)), (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"));
+        let (s, _, v) = send(&st, post(r#"{"model":"test-model","messages":[{"role":"user","content":"x"}]}"#)).await;
+        assert_eq!((s, code(&v)), (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable"));
+    }
+
+    #[tokio::test]
+    async fn api_key_and_request_id() {
+        let st = state(Some("k"));
+        let get = |auth: Option<&str>| {
+            let mut r = Request::get("/v1/models").header("x-request-id", "abc");
+            if let Some(a) = auth {
+                r = r.header("authorization", a);
+            }
+            r.body(Body::empty()).unwrap()
+        };
+        let (s, h, v) = send(&st, get(None)).await;
+        assert_eq!((s, code(&v)), (StatusCode::UNAUTHORIZED, "invalid_api_key"));
+        assert_eq!(h["x-request-id"], "abc");
+        assert_eq!(send(&st, get(Some("Bearer x"))).await.0, StatusCode::UNAUTHORIZED);
+        assert_eq!(send(&st, get(Some("Bearer k"))).await.0, StatusCode::OK);
+        let (s, _, _) = send(&st, Request::get("/health").body(Body::empty()).unwrap()).await;
+        assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "/health is not behind the key");
+    }
+}
