@@ -26,6 +26,9 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     #[pyo3(default = "text".to_string())]
     pub log_format: String,
+    /// Longest silence on an SSE stream before a keep-alive comment.
+    #[pyo3(default = 15.0)]
+    pub sse_keep_alive_s: f64,
     /// The OpenAPI document served at /openapi.json (read at start-up).
     #[pyo3(default)]
     pub openapi: Option<String>,
@@ -55,6 +58,7 @@ impl ServerConfig {
             api_key: None,
             log_format: "text".into(),
             openapi: None,
+            sse_keep_alive_s: 15.0,
         }
     }
 }

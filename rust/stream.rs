@@ -18,7 +18,6 @@ use tokio::time::{Instant, Sleep};
 
 pub const DONE: &[u8] = b"data: [DONE]\n\n";
 const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
-pub const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(15);
 
 /// Append one SSE event `data: <json>\n\n`.
 pub fn frame_into(buf: &mut BytesMut, json: &[u8]) {
@@ -133,16 +132,19 @@ pub struct SseBody {
     buf: Arc<StreamBuf>,
     ticket: Option<Ticket>,
     keep_alive: Pin<Box<Sleep>>,
+    keep_alive_every: Duration,
     deadline: Option<(Pin<Box<Sleep>>, f64)>,
     finished: bool,
 }
 
 impl SseBody {
-    pub fn new(buf: Arc<StreamBuf>, ticket: Ticket, timeout: Option<Duration>) -> Self {
+    /// `keep_alive_every`: the longest silence before a `: keep-alive` comment (proxies, dead-peer detection).
+    pub fn new(buf: Arc<StreamBuf>, ticket: Ticket, timeout: Option<Duration>, keep_alive_every: Duration) -> Self {
         SseBody {
             buf,
             ticket: Some(ticket),
-            keep_alive: Box::pin(tokio::time::sleep(KEEP_ALIVE_EVERY)),
+            keep_alive: Box::pin(tokio::time::sleep(keep_alive_every)),
+            keep_alive_every,
             deadline: timeout.map(|t| (Box::pin(tokio::time::sleep(t)), t.as_secs_f64())),
             finished: false,
         }
@@ -159,7 +161,7 @@ impl Stream for SseBody {
         }
         match this.buf.poll_take(cx) {
             Poll::Ready(Some(bytes)) => {
-                this.keep_alive.as_mut().reset(Instant::now() + KEEP_ALIVE_EVERY);
+                this.keep_alive.as_mut().reset(Instant::now() + this.keep_alive_every);
                 return Poll::Ready(Some(Ok(bytes)));
             }
             Poll::Ready(None) => {
@@ -181,7 +183,7 @@ impl Stream for SseBody {
             return Pin::new(this).poll_next(cx);
         }
         if this.keep_alive.as_mut().poll(cx).is_ready() {
-            this.keep_alive.as_mut().reset(Instant::now() + KEEP_ALIVE_EVERY);
+            this.keep_alive.as_mut().reset(Instant::now() + this.keep_alive_every);
             return Poll::Ready(Some(Ok(Bytes::from_static(KEEP_ALIVE))));
         }
         Poll::Pending

@@ -162,3 +162,16 @@ def test_no_segments_left_after_a_normal_stop(make_server) -> None:
     assert not (shm_segments() - before), "ring files must be unlinked once every rank mapped them"
     assert srv.stop() == 0
     assert not (shm_segments() - before)
+
+
+def test_sse_keep_alive_comments_during_a_long_prefill(make_server) -> None:
+    """A slow prefill leaves the stream silent; keep-alive comments keep proxies (and dead-peer checks) going."""
+    srv = make_server("--sse-keep-alive", "0.1", "--sim-prefill-ms-per-1k-tokens", "20000")
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        body = {**LONG, "max_tokens": 2, "stream": True, "messages": [{"role": "user", "content": "x " * 40}]}
+        with c.stream("POST", "/v1/chat/completions", json=body) as r:
+            lines = [line for line in r.iter_lines() if line]
+    comments = [line for line in lines if line.startswith(":")]
+    assert comments and all(line == ": keep-alive" for line in comments)
+    assert lines[-1] == "data: [DONE]"
+    assert len([line for line in lines if line.startswith("data: {")]) >= 3  # role, content, usage-free end

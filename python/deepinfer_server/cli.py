@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=3.0,
         help="Seconds between a rank failure (health turns 503 at once) and exiting with status 1.",
     )
+    p.add_argument(
+        "--sse-keep-alive", type=float, default=15.0, help="Seconds of silence before an SSE keep-alive comment."
+    )
     p.add_argument("--drain-timeout", type=float, default=30.0, help="Seconds to finish in-flight requests on SIGTERM.")
     p.add_argument(
         "--engine",
@@ -143,6 +146,8 @@ def check_args(args: argparse.Namespace) -> str | None:
     ):
         if getattr(args, flag) < 0:
             return f"--{flag.replace('_', '-')} must not be negative"
+    if args.sse_keep_alive <= 0:
+        return "--sse-keep-alive must be positive"
     if args.codec_threads < 1 or args.http_workers < 1:
         return "--codec-threads and --http-workers must be at least 1"
     if args.max_request_body_bytes < 1024:

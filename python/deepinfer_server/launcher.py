@@ -282,6 +282,7 @@ def run(args: argparse.Namespace) -> int:
             "log_format": args.log_format,
             "codec_threads": args.codec_threads,
             "http_workers": args.http_workers,
+            "sse_keep_alive_s": args.sse_keep_alive,
         }
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the Rust server handles SIGTERM/SIGINT from here on
         # The codec threads (request conversion) and the rank output threads (decoding) share the GIL. Python's

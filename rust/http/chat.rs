@@ -18,7 +18,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub async fn chat_completions(
     State(st): State<Arc<AppState>>,
@@ -89,7 +89,8 @@ async fn handle(
         buf.push(&prepared.first, false);
         let meta = RequestMeta { id, request_id, arrival };
         let ticket = st.dispatcher.submit(meta, job, prepared.decoder, Outlet::Stream(buf.clone()), permit)?;
-        let body = Body::from_stream(SseBody::new(buf, ticket, timeout));
+        let keep_alive = Duration::from_secs_f64(st.config.sse_keep_alive_s);
+        let body = Body::from_stream(SseBody::new(buf, ticket, timeout, keep_alive));
         return Ok((
             [
                 (header::CONTENT_TYPE, "text/event-stream"),
