@@ -101,6 +101,20 @@ fn blocking<T: Send>(
     }
 }
 
+/// Runs a ring wait (`ready(Some(slice)) -> bool`) with the GIL released, in signal-checking slices, until it
+/// is ready (True) or `timeout` seconds pass (False).
+fn wait_until(py: Python<'_>, timeout: Option<f64>, ready: impl Fn(Option<Duration>) -> bool + Sync) -> PyResult<bool> {
+    let timeout = duration(timeout)?;
+    if timeout == Some(Duration::ZERO) {
+        return Ok(ready(Some(Duration::ZERO)));
+    }
+    match blocking(py, timeout, |slice| if ready(Some(slice)) { Ok(()) } else { Err(CoreError::Timeout) }) {
+        Ok(()) => Ok(true),
+        Err(e) if e.is_instance_of::<PyTimeoutError>(py) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Shared-memory SPSC ring (see the Rust `ring` module docs).
 #[pyclass(name = "Ring", module = "deepinfer_server._native", frozen)]
 pub struct PyRing {
@@ -223,38 +237,14 @@ impl PyRing {
     /// closed -> True; False once `timeout` seconds passed without data.
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
-        let timeout = duration(timeout)?;
-        if timeout == Some(Duration::ZERO) {
-            return Ok(self.ring.wait_readable(Some(Duration::ZERO)));
-        }
-        let r = blocking(py, timeout, |slice| match self.ring.wait_readable(Some(slice)) {
-            true => Ok(()),
-            false => Err(CoreError::Timeout),
-        });
-        match r {
-            Ok(()) => Ok(true),
-            Err(e) if e.is_instance_of::<PyTimeoutError>(py) => Ok(false),
-            Err(e) => Err(e),
-        }
+        wait_until(py, timeout, |t| self.ring.wait_readable(t))
     }
 
     /// Producer side: block (GIL released) until at most `max_used` bytes are unread, the ring closes, or
     /// `timeout` seconds pass. Returns True once caught up.
     #[pyo3(signature = (max_used, timeout=None))]
     fn wait_drained(&self, py: Python<'_>, max_used: u64, timeout: Option<f64>) -> PyResult<bool> {
-        let timeout = duration(timeout)?;
-        if timeout == Some(Duration::ZERO) {
-            return Ok(self.ring.wait_drained(max_used, Some(Duration::ZERO)));
-        }
-        let r = blocking(py, timeout, |slice| match self.ring.wait_drained(max_used, Some(slice)) {
-            true => Ok(()),
-            false => Err(CoreError::Timeout),
-        });
-        match r {
-            Ok(()) => Ok(true),
-            Err(e) if e.is_instance_of::<PyTimeoutError>(py) => Ok(false),
-            Err(e) => Err(e),
-        }
+        wait_until(py, timeout, |t| self.ring.wait_drained(max_used, t))
     }
 
     // ------------------------------------------------------- request side
