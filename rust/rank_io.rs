@@ -158,6 +158,8 @@ fn deliver(link: &RankLink, metrics: &Metrics, codec: &Codec, batches: Vec<Batch
                 tracing::error!(rank = link.index, "decode_batch raised: {err}");
                 for (entry, _) in &work {
                     if let Some(e) = link.take(entry.id) {
+                        link.send_abort(e.id); // the rank would otherwise keep generating for nobody
+                        e.log_end(500, "internal_error");
                         e.outlet.fail(ApiError::Internal);
                     }
                 }

@@ -241,6 +241,10 @@ class Ranks:
         self.unlink()
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run(args: argparse.Namespace) -> int:
     # Prompt encoding runs on the codec threads next to the HTTP and decode threads; rayon's spinning worker
     # pool (the tokenizers default) costs more under load than it saves on short prompts.
@@ -261,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
     clean_stale_segments()
     ranks = Ranks(args, tokenizer)
     # SIGTERM during start-up: stop cleanly instead of leaving ranks and segments behind.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         ranks.start()
         ranks.wait_ready(args.startup_timeout)
