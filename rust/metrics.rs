@@ -3,10 +3,10 @@
 //! time, so nothing here takes the GIL or a rank lock.
 
 use crate::dispatch::Dispatcher;
-use crate::ring::status::{AUX_KV_USAGE_PPM, AUX_QUEUED_TOKENS};
+use crate::ring::status::{AUX_HEARTBEAT_MS, AUX_KV_USAGE_PPM, AUX_QUEUED_TOKENS, AUX_REQUESTS};
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 use std::time::Duration;
 
@@ -26,6 +26,8 @@ pub struct Metrics {
     pub aborted: IntCounterVec,
     rank_requests: IntGaugeVec,
     rank_queued_tokens: IntGaugeVec,
+    rank_engine_requests: IntGaugeVec,
+    rank_heartbeat_age: GaugeVec,
     ring_used: IntGaugeVec,
 }
 
@@ -95,6 +97,22 @@ impl Metrics {
                 &["rank"],
             )
             .unwrap(),
+            rank_engine_requests: IntGaugeVec::new(
+                Opts::new(
+                    "deepinfer_rank_engine_requests",
+                    "Requests the rank's engine holds (running + waiting), as the rank reports it.",
+                ),
+                &["rank"],
+            )
+            .unwrap(),
+            rank_heartbeat_age: GaugeVec::new(
+                Opts::new(
+                    "deepinfer_rank_heartbeat_age_seconds",
+                    "Seconds since the rank's loop last reported in (grows while a rank hangs).",
+                ),
+                &["rank"],
+            )
+            .unwrap(),
             ring_used: IntGaugeVec::new(
                 Opts::new("deepinfer_ring_used_bytes", "Unread bytes in a rank's shared-memory ring."),
                 &["rank", "ring"],
@@ -133,6 +151,8 @@ impl Metrics {
             Box::new(self.aborted.clone()),
             Box::new(self.rank_requests.clone()),
             Box::new(self.rank_queued_tokens.clone()),
+            Box::new(self.rank_engine_requests.clone()),
+            Box::new(self.rank_heartbeat_age.clone()),
             Box::new(self.ring_used.clone()),
         ];
         for c in all {
@@ -156,6 +176,9 @@ impl Metrics {
     /// The text exposition, with the rank-state gauges refreshed first.
     pub fn render(&self, dispatcher: &Dispatcher, max_num_seqs: usize) -> String {
         let (mut running, mut waiting, mut kv) = (0usize, 0usize, 0f64);
+        // The ranks stamp their heartbeat with Python's time.monotonic(), i.e. CLOCK_MONOTONIC.
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+        let now_ms = t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000;
         for link in &dispatcher.ranks {
             let n = link.in_flight();
             let rank = link.index.to_string();
@@ -164,6 +187,9 @@ impl Metrics {
             kv = kv.max(link.output.aux(AUX_KV_USAGE_PPM) as f64 / 1e6);
             self.rank_requests.with_label_values(&[&rank]).set(n as i64);
             self.rank_queued_tokens.with_label_values(&[&rank]).set(link.output.aux(AUX_QUEUED_TOKENS) as i64);
+            self.rank_engine_requests.with_label_values(&[&rank]).set(link.output.aux(AUX_REQUESTS) as i64);
+            let age_ms = now_ms.saturating_sub(link.output.aux(AUX_HEARTBEAT_MS));
+            self.rank_heartbeat_age.with_label_values(&[&rank]).set(age_ms as f64 / 1e3);
             self.ring_used.with_label_values(&[&rank, "request"]).set(link.requests.ring().used_bytes() as i64);
             self.ring_used.with_label_values(&[&rank, "output"]).set(link.output.used_bytes() as i64);
         }

@@ -23,6 +23,8 @@ EXPECTED_TYPES = {
     "deepinfer_rejected_requests": "counter",
     "deepinfer_rank_requests": "gauge",
     "deepinfer_ring_used_bytes": "gauge",
+    "deepinfer_rank_engine_requests": "gauge",
+    "deepinfer_rank_heartbeat_age_seconds": "gauge",
 }
 
 
@@ -52,6 +54,9 @@ def test_metric_families_have_vllm_names_types_and_model_label(make_server) -> N
         assert name in fams, name
         assert fams[name]["type"] == kind, name
     assert value(fams, "vllm:num_requests_running", model_name=MODEL) == 0
+    for rank in ("0", "1"):  # ranks report in at least once a second even when idle
+        assert 0 <= value(fams, "deepinfer_rank_heartbeat_age_seconds", rank=rank) < 2.0
+        assert value(fams, "deepinfer_rank_engine_requests", rank=rank) == 0
 
 
 def test_values_move_as_requests_run(make_server) -> None:
