@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from typing import Protocol, cast
 
 from deepinfer_server import _native
 from deepinfer_server.engine.base import Engine, Output
-from deepinfer_server.engine.rank import publish_status, take_requests
+from deepinfer_server.engine.rank import Status, take_requests
 
 log = logging.getLogger("deepinfer_server.lockstep")
 
@@ -51,7 +50,7 @@ def serve_lockstep(any_engine: Engine, requests: _native.Ring, outputs: _native.
     if not callable(getattr(any_engine, "sync", None)) or not callable(getattr(any_engine, "flush", None)):
         raise TypeError(f"{type(any_engine).__name__} has no sync()/flush(): it cannot run in lockstep")
     engine = cast(LockstepEngine, any_engine)
-    set_aux = outputs.set_aux
+    status = Status(engine, outputs)
     idle_wait = IDLE_POLL_S if engine.group_size > 1 else IDLE_WAIT_S
     stopping = False  # this rank wants to stop (SHUTDOWN or the server closed the rings)
     flushed = True  # nothing in flight since the last flush
@@ -78,7 +77,7 @@ def serve_lockstep(any_engine: Engine, requests: _native.Ring, outputs: _native.
                 outputs.publish(published)
             except _native.RingClosed:
                 stopping = True  # leave at the next all-reduce, together with the peers
-        publish_status(engine, set_aux, time.monotonic())
+        status.update(force=not busy)
         if not busy and flushed and not stopping:
             requests.wait(idle_wait)
             if requests.closed:

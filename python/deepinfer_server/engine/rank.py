@@ -14,7 +14,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from deepinfer_server import _native
@@ -65,13 +64,24 @@ def build_engine(kind: str, cfg: dict[str, Any]) -> Engine:
     raise ValueError(f"unknown engine {kind!r}")
 
 
-def publish_status(engine: Engine, set_aux: Callable[[int, int], None], now: float) -> None:
-    """Load, KV usage and a heartbeat in the output ring's status words, for dispatch and /metrics."""
-    n_requests, queued_tokens = engine.load()
-    set_aux(_native.AUX_REQUESTS, n_requests)
-    set_aux(_native.AUX_QUEUED_TOKENS, queued_tokens)
-    set_aux(_native.AUX_KV_USAGE_PPM, int(engine.kv_usage() * 1_000_000))
-    set_aux(_native.AUX_HEARTBEAT_MS, int(now * 1000))
+class Status:
+    """The rank's status words in its output ring (load, KV usage, heartbeat), for dispatch and /metrics.
+
+    Computing the load is O(requests), so a busy loop refreshes them every STATUS_EVERY_S, not every step."""
+
+    def __init__(self, engine: Engine, outputs: _native.Ring) -> None:
+        self.engine, self.set_aux, self.due = engine, outputs.set_aux, 0.0
+
+    def update(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now < self.due:
+            return
+        self.due = now + STATUS_EVERY_S
+        n_requests, queued_tokens = self.engine.load()
+        self.set_aux(_native.AUX_REQUESTS, n_requests)
+        self.set_aux(_native.AUX_QUEUED_TOKENS, queued_tokens)
+        self.set_aux(_native.AUX_KV_USAGE_PPM, int(self.engine.kv_usage() * 1_000_000))
+        self.set_aux(_native.AUX_HEARTBEAT_MS, int(now * 1000))
 
 
 def take_requests(engine: Engine, requests: _native.Ring) -> tuple[list[Output], bool]:
@@ -109,8 +119,7 @@ def publish(outputs: _native.Ring, published: list[Output], requests: _native.Ri
 
 def serve_rank(engine: Engine, requests: _native.Ring, outputs: _native.Ring) -> None:
     """The loop. Returns on SHUTDOWN or when the server closes the rings."""
-    set_aux = outputs.set_aux
-    next_status = 0.0
+    status = Status(engine, outputs)
     while True:
         if not engine.has_work():
             requests.wait(IDLE_WAIT_S)
@@ -123,10 +132,7 @@ def serve_rank(engine: Engine, requests: _native.Ring, outputs: _native.Ring) ->
             published += engine.step()
         if published:
             publish(outputs, published, requests)
-        now = time.monotonic()
-        if now >= next_status or not engine.has_work():  # O(requests) to compute: not on every step
-            publish_status(engine, set_aux, now)
-            next_status = now + STATUS_EVERY_S
+        status.update(force=not engine.has_work())
 
 
 def serve_sim_lockstep(
@@ -135,8 +141,7 @@ def serve_sim_lockstep(
     """Simulated DP ranks in lockstep, as DeepInfer's: while any rank is busy every rank steps, and each step
     lasts as long as the slowest rank's (idle ranks ride along). While all are idle each rank polls its request
     ring every LOCKSTEP_IDLE_POLL_S between rounds, so a request on any rank starts the group within that."""
-    set_aux = outputs.set_aux
-    next_status = 0.0
+    status = Status(engine, outputs)
     try:
         while True:
             if not engine.has_work():
@@ -155,10 +160,7 @@ def serve_sim_lockstep(
                 published += engine.commit()
             if published:
                 publish(outputs, published)
-            now = time.monotonic()
-            if now >= next_status or not busy:
-                publish_status(engine, set_aux, now)
-                next_status = now + STATUS_EVERY_S
+            status.update(force=not busy)
     except _native.RingClosed:
         return
     finally:
