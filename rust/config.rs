@@ -29,6 +29,10 @@ pub struct ServerConfig {
     /// Longest silence on an SSE stream before a keep-alive comment.
     #[pyo3(default = 15.0)]
     pub sse_keep_alive_s: f64,
+    /// Shortest gap between two token events of one stream: tokens that arrive sooner wait and leave together.
+    /// Below an engine's step time it never delays a token; it bounds a fast engine's event rate per stream.
+    #[pyo3(default = 0.0)]
+    pub stream_interval_ms: f64,
     /// The OpenAPI document served at /openapi.json (read at start-up).
     #[pyo3(default)]
     pub openapi: Option<String>,
@@ -38,6 +42,10 @@ impl ServerConfig {
     /// `None` means no per-request limit.
     pub fn request_timeout(&self) -> Option<Duration> {
         (self.request_timeout_s > 0.0).then(|| Duration::from_secs_f64(self.request_timeout_s))
+    }
+
+    pub fn stream_interval(&self) -> Duration {
+        Duration::from_secs_f64(self.stream_interval_ms.max(0.0) / 1e3)
     }
 
     /// Settings for in-process tests.
@@ -59,6 +67,7 @@ impl ServerConfig {
             log_format: "text".into(),
             openapi: None,
             sse_keep_alive_s: 15.0,
+            stream_interval_ms: 0.0,
         }
     }
 }

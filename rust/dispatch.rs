@@ -39,6 +39,8 @@ struct Timing {
     first: Option<Instant>,
     last: Option<Instant>,
     tokens: usize,
+    /// When the last token event left for the client.
+    sent: Option<Instant>,
 }
 
 impl Inflight {
@@ -53,6 +55,17 @@ impl Inflight {
             return (Some(now - self.arrival), None);
         }
         (None, gap)
+    }
+
+    /// When a stream may send its next token event, if that is later than `now` (see `stream_interval_ms`).
+    pub fn send_after(&self, now: Instant, interval: Duration) -> Option<Instant> {
+        let sent = self.timing.lock().unwrap().sent?;
+        let due = sent + interval;
+        (due > now).then_some(due)
+    }
+
+    pub fn mark_sent(&self, now: Instant) {
+        self.timing.lock().unwrap().sent = Some(now);
     }
 
     /// Keep tokens for a single decode at the end.

@@ -17,6 +17,11 @@ pub mod supervisor;
 
 use pyo3::prelude::*;
 
+/// The front end's buffers are allocated on one thread (rank output) and freed on another (HTTP writes);
+/// glibc malloc handles that producer/consumer pattern poorly (its arenas lock and consolidate), mimalloc well.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The Python extension module `deepinfer_server._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -12,7 +12,7 @@ use crate::ring::records::{self, FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINI
 use crate::stream::{DONE, Outlet};
 use bytes::Bytes;
 use pyo3::prelude::*;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -33,32 +33,59 @@ struct Batch {
     reason: Option<String>,
 }
 
-pub fn spawn(dispatcher: Arc<Dispatcher>, codec: Arc<Codec>, rank: usize) -> JoinHandle<()> {
+/// Streams whose tokens wait for their next event (`stream_interval_ms`), by request id, with when it is due.
+type Waiting = HashMap<u64, Instant>;
+
+pub fn spawn(dispatcher: Arc<Dispatcher>, codec: Arc<Codec>, rank: usize, interval: Duration) -> JoinHandle<()> {
     thread::Builder::new()
         .name(format!("rank{rank}-out"))
-        .spawn(move || run(&dispatcher, &codec, rank))
+        .spawn(move || run(&dispatcher, &codec, rank, interval))
         .expect("spawn rank_io thread")
 }
 
-fn run(dispatcher: &Dispatcher, codec: &Codec, rank: usize) {
+fn run(dispatcher: &Dispatcher, codec: &Codec, rank: usize, interval: Duration) {
     let link = &dispatcher.ranks[rank];
     crate::supervisor::lower_thread_priority(DECODE_NICE);
+    let mut waiting = Waiting::new();
     loop {
-        if !link.output.wait_readable(Some(IDLE_WAIT)) {
+        let next_due = waiting.values().min().map(|d| d.saturating_duration_since(Instant::now()));
+        let readable = link.output.wait_readable(Some(next_due.map_or(IDLE_WAIT, |d| d.min(IDLE_WAIT))));
+        if !readable && waiting.is_empty() {
             if link.output.is_closed() {
                 return;
             }
             continue;
         }
-        let batches = drain(link);
+        let mut batches = if readable { drain(link) } else { Vec::new() };
+        add_due(&mut waiting, &mut batches);
         if batches.is_empty() {
             if link.output.is_closed() {
                 return;
             }
             continue;
         }
-        deliver(link, &dispatcher.metrics, codec, batches);
+        deliver(link, &dispatcher.metrics, codec, batches, interval, &mut waiting);
     }
+}
+
+/// Streams whose wait is over get an empty batch, which sends what they hold; a stream with new tokens in this
+/// drain is decided again in `deliver`.
+fn add_due(waiting: &mut Waiting, batches: &mut Vec<Batch>) {
+    if waiting.is_empty() {
+        return;
+    }
+    let now = Instant::now();
+    let present: HashSet<u64> = batches.iter().map(|b| b.id).collect();
+    waiting.retain(|id, due| {
+        if present.contains(id) {
+            return false;
+        }
+        if *due > now {
+            return true;
+        }
+        batches.push(Batch { id: *id, tokens: Vec::new(), finish: FINISH_NONE, reason: None });
+        false
+    });
 }
 
 fn drain(link: &RankLink) -> Vec<Batch> {
@@ -103,10 +130,20 @@ fn drain(link: &RankLink) -> Vec<Batch> {
     out
 }
 
-fn deliver(link: &RankLink, metrics: &Metrics, codec: &Codec, batches: Vec<Batch>) {
+fn deliver(
+    link: &RankLink,
+    metrics: &Metrics,
+    codec: &Codec,
+    batches: Vec<Batch>,
+    interval: Duration,
+    waiting: &mut Waiting,
+) {
     let now = Instant::now();
     let found = link.lookup(batches.iter().map(|b| b.id));
-    let mut work: Vec<(Arc<Inflight>, Batch)> = Vec::with_capacity(batches.len());
+    // First tokens go out before the bulk: a new request's time to first token should not wait for the decoding
+    // of every other stream's backlog, nor yield to conversions the way bulk decoding does.
+    let mut first: Vec<Work> = Vec::new();
+    let mut bulk: Vec<Work> = Vec::with_capacity(batches.len());
     for (entry, mut b) in found.into_iter().zip(batches) {
         let Some(entry) = entry else { continue }; // aborted or timed out: drop late tokens
         if b.finish == FINISH_ERROR || b.finish == FINISH_ABORT {
@@ -119,27 +156,46 @@ fn deliver(link: &RankLink, metrics: &Metrics, codec: &Codec, batches: Vec<Batch
             }
             continue;
         }
+        let mut is_first = false;
         if !b.tokens.is_empty() {
             let (ttft, gap) = entry.tokens_arrived(now, b.tokens.len());
             if let Some(t) = ttft {
                 metrics.ttft.observe(t.as_secs_f64());
+                is_first = true;
             }
             metrics.observe_tokens(b.tokens.len(), gap);
         }
-        // A non-stream without stop sequences needs no text before it ends: decode it once, in one push.
-        if !entry.incremental {
-            if b.finish == FINISH_NONE {
+        // Hold the tokens: a non-stream without stop sequences until it ends (one decode, in one push), a stream
+        // that sent an event less than `interval` ago until its next event is due.
+        if b.finish == FINISH_NONE {
+            let due = if entry.incremental { entry.send_after(now, interval) } else { Some(now) };
+            if let Some(due) = due {
                 entry.hold(&b.tokens);
+                if entry.incremental {
+                    waiting.insert(b.id, due);
+                }
                 continue;
             }
-            b.tokens = entry.held_then(b.tokens);
         }
-        work.push((entry, b));
+        b.tokens = entry.held_then(b.tokens);
+        if entry.incremental {
+            entry.mark_sent(now);
+        }
+        if is_first && entry.incremental { first.push((entry, b)) } else { bulk.push((entry, b)) }
     }
-    if work.is_empty() {
-        return;
+    if !first.is_empty() {
+        decode_and_send(link, metrics, codec, first);
     }
-    codec.yield_to_prepares();
+    if !bulk.is_empty() {
+        codec.yield_to_prepares();
+        decode_and_send(link, metrics, codec, bulk);
+    }
+}
+
+type Work = (Arc<Inflight>, Batch);
+
+/// One Python call for the whole batch, then each request's bytes to its outlet.
+fn decode_and_send(link: &RankLink, metrics: &Metrics, codec: &Codec, work: Vec<Work>) {
     Python::attach(|py| {
         let items: Vec<_> = work.iter().map(|(e, b)| (&e.decoder, b.tokens.as_slice(), b.finish)).collect();
         match codec.decode(py, &items) {

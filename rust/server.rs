@@ -63,8 +63,9 @@ pub fn serve(
 
 async fn run(state: Arc<AppState>, pids: Vec<i32>) -> std::io::Result<i32> {
     let dispatcher = state.dispatcher.clone();
-    let readers: Vec<_> =
-        (0..dispatcher.ranks.len()).map(|r| rank_io::spawn(dispatcher.clone(), state.codec.clone(), r)).collect();
+    let readers: Vec<_> = (0..dispatcher.ranks.len())
+        .map(|r| rank_io::spawn(dispatcher.clone(), state.codec.clone(), r, state.config.stream_interval()))
+        .collect();
     let (failed_tx, mut failed_rx) = mpsc::unbounded_channel();
     let mut supervisor = Supervisor::start(dispatcher.clone(), &pids, move |rank| {
         let _ = failed_tx.send(rank);

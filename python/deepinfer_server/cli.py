@@ -46,6 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sse-keep-alive", type=float, default=15.0, help="Seconds of silence before an SSE keep-alive comment."
     )
+    p.add_argument(
+        "--stream-interval-ms",
+        type=float,
+        default=3.0,
+        help="Shortest gap between two token events of one stream; tokens that come sooner leave together in the "
+        "next event (fewer, fuller writes when the engine outpaces the client). Below the engine's step time it "
+        "never delays a token. 0 sends tokens as they come.",
+    )
     p.add_argument("--drain-timeout", type=float, default=30.0, help="Seconds to finish in-flight requests on SIGTERM.")
     p.add_argument(
         "--engine",
@@ -139,6 +147,7 @@ def check_args(args: argparse.Namespace) -> str | None:
         "request_timeout",
         "exit_on_rank_failure",
         "drain_timeout",
+        "stream_interval_ms",
         "sim_prefill_ms_per_1k_tokens",
         "sim_decode_step_ms",
         "sim_decode_ms_per_seq",

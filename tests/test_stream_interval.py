@@ -1,0 +1,90 @@
+"""`--stream-interval-ms`: tokens that come sooner than the interval after a stream's last event wait and leave
+together; the first token and the end are never held, and held tokens leave on time even if nothing else arrives.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+import httpx
+from conftest import MODEL, Server
+
+NO_THINK = {"thinking": {"type": "disabled"}}
+
+
+def timed_chunks(srv: Server, max_tokens: int, seed: int = 11) -> list[tuple[float, dict]]:
+    """(seconds since the request was sent, chunk) for every chunk of one stream with continuous usage."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me about rivers"}],
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "seed": seed,
+        **NO_THINK,
+    }
+    out = []
+    with httpx.Client(base_url=srv.url, timeout=30) as http:
+        t0 = time.monotonic()
+        with http.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    out.append((time.monotonic() - t0, json.loads(line[6:])))
+    return out
+
+
+def token_events(chunks: list[tuple[float, dict]]) -> list[tuple[float, int, str]]:
+    """(time, completion tokens so far, text) of the chunks that carry text."""
+    return [
+        (t, c["usage"]["completion_tokens"], c["choices"][0]["delta"]["content"])
+        for t, c in chunks
+        if c["choices"] and c["choices"][0]["delta"].get("content")
+    ]
+
+
+def answer(srv: Server, max_tokens: int, seed: int = 11) -> str:
+    r = srv.client().chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Tell me about rivers"}],
+        max_tokens=max_tokens,
+        seed=seed,
+        extra_body={"ignore_eos": True, **NO_THINK},
+    )
+    return r.choices[0].message.content or ""
+
+
+def test_fast_engine_tokens_leave_in_few_events_first_and_last_unheld(make_server: Callable[..., Server]) -> None:
+    srv = make_server("--dp", "1", "--stream-interval-ms", "400")
+    chunks = timed_chunks(srv, 200)
+    events = token_events(chunks)
+    # A zero-cost engine makes all 200 tokens within milliseconds: the first drained ones go at once, the rest
+    # wait for the end of the request (which is never held), not for the 400 ms interval.
+    assert 2 <= len(events) <= 3, [n for _, n, _ in events]
+    assert chunks[-1][1]["usage"]["completion_tokens"] == 200
+    assert chunks[-1][0] < 0.3, f"the end waited for the interval: {chunks[-1][0]:.3f} s"
+    assert "".join(text for _, _, text in events) == answer(srv, 200)
+
+
+def test_held_tokens_leave_when_due_without_new_tokens(make_server: Callable[..., Server]) -> None:
+    # Steps of 200 ms, interval 500 ms: token 1 goes at once; tokens 2 and 3 (at ~200 and ~400 ms) are held
+    # and must leave at ~500 ms by the timer, not with token 4 at ~600 ms.
+    srv = make_server("--dp", "1", "--sim-decode-step-ms", "200", "--stream-interval-ms", "500")
+    events = token_events(timed_chunks(srv, 6))
+    counts = [n for _, n, _ in events]
+    assert counts[:2] == [1, 3], counts
+    gap = events[1][0] - events[0][0]
+    assert 0.4 < gap < 0.6, f"second event {gap:.3f} s after the first"
+    assert counts[-1] == 6
+    assert "".join(text for _, _, text in events) == answer(srv, 6)
+
+
+def test_interval_below_the_step_never_merges_tokens(make_server: Callable[..., Server]) -> None:
+    srv = make_server("--dp", "1", "--sim-decode-step-ms", "40", "--stream-interval-ms", "5")
+    events = token_events(timed_chunks(srv, 12))
+    counts = [n for _, n, _ in events]
+    # Each 40 ms step's token is its own event; allow one merge for a scheduling hiccup on a loaded machine.
+    assert len(events) >= 11 and counts[-1] == 12, counts
