@@ -75,6 +75,7 @@ class SimEngine:
         self.by_id: dict[int, _Seq] = {}
         self._batch: list[_Seq] = []
         self._next_start = 0.0
+        self._entropy = random.Random()  # seeds unseeded requests without an os.urandom read each
 
     # -- request side --------------------------------------------------------------------------------------------
     def add(self, req: Submit) -> list[Output]:
@@ -195,7 +196,7 @@ class SimEngine:
     # -- output script -------------------------------------------------------------------------------------------
     def _rng(self, req: Submit) -> random.Random:
         if req.seed is None and req.temperature > 0:
-            return random.Random()  # unseeded sampling is not reproducible, as with a real model
+            return random.Random(self._entropy.getrandbits(64))  # unseeded: not reproducible, as with a real model
         digest = zlib.crc32(array("I", req.prompt).tobytes())
         return random.Random(digest * 1_000_003 + (req.seed or 0))
 
