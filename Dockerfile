@@ -73,12 +73,14 @@ ENV DEBIAN_FRONTEND=noninteractive \
 
 # Build tools stay in the final image on purpose (runtime JIT needs a host compiler next to nvcc).
 # rdma-core / libibverbs: DeepEP and Engram talk to the NICs exposed with --device=/dev/infiniband.
+# libmimalloc2.0: the server preloads it (--malloc auto); the GPU ranks keep glibc malloc.
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
         build-essential ca-certificates cmake git ninja-build pkg-config \
         python3.12 python3.12-dev python3.12-venv \
         ibverbs-providers libibverbs-dev librdmacm-dev rdma-core libnuma-dev \
+        libmimalloc2.0 \
     && rm -rf /var/lib/apt/lists/*
 
 # Python 3.12 virtual environment (Ubuntu 24.04's system Python is externally managed, PEP 668).

@@ -10,8 +10,12 @@ if ! command -v cargo >/dev/null 2>&1; then
     echo "cargo not found: install Rust (https://rustup.rs) first" >&2
     exit 1
 fi
-if ! command -v pgrep >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq && apt-get install -y -qq procps >/dev/null
+# procps (pgrep) for the tests; libmimalloc2.0 so the allocator switch is tested too (the server runs without).
+need=()
+command -v pgrep >/dev/null 2>&1 || need+=(procps)
+ls /usr/lib/*-linux-gnu/libmimalloc.so.* >/dev/null 2>&1 || need+=(libmimalloc2.0)
+if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip

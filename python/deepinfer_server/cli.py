@@ -54,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
         "next event (fewer, fuller writes when the engine outpaces the client). Below the engine's step time it "
         "never delays a token. 0 sends tokens as they come.",
     )
+    p.add_argument(
+        "--malloc",
+        default="auto",
+        choices=("auto", "mimalloc", "system"),
+        help="Memory allocator: auto preloads mimalloc when the system has it (libmimalloc2.0), else glibc's.",
+    )
     p.add_argument("--drain-timeout", type=float, default=30.0, help="Seconds to finish in-flight requests on SIGTERM.")
     p.add_argument(
         "--engine",
@@ -170,6 +176,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     err = check_args(args)
     if err:
         parser.error(err)  # exits 2 with the usage line
+    if argv is None:  # run as the program, not called in-process
+        from deepinfer_server.malloc import reexec_on_mimalloc
+
+        reexec_on_mimalloc(args.malloc)
     from deepinfer_server.launcher import run
 
     return run(args)

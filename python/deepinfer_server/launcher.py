@@ -23,6 +23,7 @@ from typing import Any
 
 from deepinfer_server import _native
 from deepinfer_server.codec import Codec, decode_batch
+from deepinfer_server.malloc import PRELOADED, without_preload
 
 log = logging.getLogger("deepinfer_server")
 
@@ -196,7 +197,9 @@ class Ranks:
             log.info("started rank %d (pid %d)", rank, self.procs[-1].pid)
 
     def rank_env(self, rank: int) -> dict[str, str]:
-        return dict(os.environ)
+        env = dict(os.environ)
+        # The simulated ranks share the server's allocator; a GPU engine keeps the system's (CUDA, torch).
+        return env if self.args.engine == "sim" else without_preload(env)
 
     def wait_ready(self, timeout: float) -> None:
         """Block until every rank reports READY; fail naming the rank that exited, failed or timed out."""
@@ -255,6 +258,8 @@ def run(args: argparse.Namespace) -> int:
         else "%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.basicConfig(level=args.log_level.upper(), format=fmt)
+    preloaded = os.environ.get(PRELOADED)
+    log.info("memory allocator: %s", f"mimalloc ({preloaded})" if preloaded else "system (glibc)")
     try:
         tokenizer, version = resolve_model(args)
     except StartupError as e:

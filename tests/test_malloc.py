@@ -1,0 +1,47 @@
+"""`--malloc`: the entrypoint re-executes itself once on mimalloc when the system has it; ranks of a GPU engine
+keep the system allocator."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import Server
+
+from deepinfer_server.launcher import Ranks
+from deepinfer_server.malloc import PRELOADED, find_mimalloc, without_preload
+
+needs_mimalloc = pytest.mark.skipif(find_mimalloc() is None, reason="libmimalloc not installed (libmimalloc2.0)")
+
+
+def maps_mimalloc(pid: int) -> bool:
+    return "libmimalloc" in Path(f"/proc/{pid}/maps").read_text()
+
+
+@needs_mimalloc
+def test_auto_runs_server_and_sim_ranks_on_mimalloc(make_server: Callable[..., Server]) -> None:
+    srv = make_server("--dp", "1")
+    assert maps_mimalloc(srv.proc.pid)  # the same pid: the entrypoint re-executed itself
+    assert all(maps_mimalloc(pid) for pid in srv.rank_pids())
+    assert "memory allocator: mimalloc" in srv.log()
+    r = srv.client().chat.completions.create(model="deepseek-v4.1-flash", messages=[{"role": "user", "content": "hi"}])
+    assert r.choices[0].message.content
+
+
+def test_system_keeps_glibc(make_server: Callable[..., Server]) -> None:
+    srv = make_server("--dp", "1", "--malloc", "system")
+    assert not maps_mimalloc(srv.proc.pid)
+    assert "memory allocator: system (glibc)" in srv.log()
+
+
+def test_gpu_engine_ranks_get_the_system_allocator_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LD_PRELOAD", "/lib/libmimalloc.so.2:/opt/other.so")
+    monkeypatch.setenv(PRELOADED, "/lib/libmimalloc.so.2")
+    sim = Ranks(argparse.Namespace(engine="sim"), Path("tok.json")).rank_env(0)
+    gpu = Ranks(argparse.Namespace(engine="deepinfer"), Path("tok.json")).rank_env(0)
+    assert sim["LD_PRELOAD"] == "/lib/libmimalloc.so.2:/opt/other.so"
+    assert gpu["LD_PRELOAD"] == "/opt/other.so" and PRELOADED not in gpu
+    only = without_preload({"LD_PRELOAD": "/lib/libmimalloc.so.2", PRELOADED: "/lib/libmimalloc.so.2", "A": "1"})
+    assert only == {"A": "1"}
