@@ -233,6 +233,7 @@ impl Dispatcher {
             tracing::error!(rank = rank.index, "cannot send request to rank: {e}");
             return Err(ApiError::Unavailable(format!("engine rank {} is not accepting requests", rank.index)));
         }
+        rank.output.wake_producer(); // a rank waiting for us to drain its output takes the request now
         self.metrics.queue.observe(arrival.elapsed().as_secs_f64());
         self.metrics.prompt_tokens.inc_by(prompt_tokens as u64);
         Ok(Ticket {

@@ -240,11 +240,15 @@ impl PyRing {
         wait_until(py, timeout, |t| self.ring.wait_readable(t))
     }
 
-    /// Producer side: block (GIL released) until at most `max_used` bytes are unread, the ring closes, or
-    /// `timeout` seconds pass. Returns True once caught up.
+    /// Producer side: sleep (GIL released) until at most `max_used` bytes are unread or the ring closes (True),
+    /// or until `timeout` seconds pass or the server wakes the producer because it sent a request (False: check
+    /// the request ring, then wait again).
     #[pyo3(signature = (max_used, timeout=None))]
     fn wait_drained(&self, py: Python<'_>, max_used: u64, timeout: Option<f64>) -> PyResult<bool> {
-        wait_until(py, timeout, |t| self.ring.wait_drained(max_used, t))
+        let slice = duration(timeout)?.map_or(SIGNAL_POLL, |t| t.min(SIGNAL_POLL));
+        let drained = py.detach(|| self.ring.wait_drained(max_used, Some(slice)));
+        py.check_signals()?;
+        Ok(drained)
     }
 
     // ------------------------------------------------------- request side

@@ -296,28 +296,31 @@ impl Ring {
     }
 
     /// Producer side: waits until the consumer has left at most `max_used` bytes unread (true), or the ring
-    /// closes, or `timeout` passes (false). Bounds how far a producer runs ahead of its consumer, so a new
-    /// request's first output never queues behind a long backlog. Sleeps on the space futex; never spins.
+    /// closes (true), or `timeout` passes or `wake_producer` is called (false: the caller re-checks whatever
+    /// else it waits for). Bounds how far a producer runs ahead of its consumer, so a new request's first output
+    /// never queues behind a long backlog. Sleeps on the space futex; never spins.
     pub fn wait_drained(&self, max_used: u64, timeout: Option<Duration>) -> bool {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let space = &self.header().space.0;
-        loop {
-            if self.used_bytes() <= max_used || self.is_closed() {
-                return true;
-            }
-            let seq = space.seq.load(Ordering::SeqCst);
-            space.waiting.fetch_add(1, Ordering::SeqCst);
-            fence(Ordering::SeqCst);
-            if self.used_bytes() <= max_used || self.is_closed() {
-                space.waiting.fetch_sub(1, Ordering::SeqCst);
-                return true;
-            }
-            let woke = wait_until(&space.seq, seq, deadline);
-            space.waiting.fetch_sub(1, Ordering::SeqCst);
-            if !woke || deadline.is_some_and(|d| Instant::now() >= d) {
-                return self.used_bytes() <= max_used || self.is_closed();
-            }
+        let drained = || self.used_bytes() <= max_used || self.is_closed();
+        if drained() {
+            return true;
         }
+        let seq = space.seq.load(Ordering::SeqCst);
+        space.waiting.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if !drained() {
+            wait_until(&space.seq, seq, deadline);
+        }
+        space.waiting.fetch_sub(1, Ordering::SeqCst);
+        drained()
+    }
+
+    /// Wakes a producer sleeping in `wait_drained` or on a full ring (it re-checks its conditions). The server
+    /// calls this on a rank's output ring when it submits a request, so a rank that waits for the server to
+    /// catch up takes the new request at once.
+    pub fn wake_producer(&self) {
+        wake_if_waiting(&self.header().space.0);
     }
 
     /// Finds room for a record of `total` bytes at `head`, possibly after a
@@ -486,6 +489,22 @@ mod tests {
         });
         assert!(ring.wait_drained(0, Some(Duration::from_secs(5))));
         assert_eq!(ring.used_bytes(), 0);
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn wake_producer_ends_a_drain_wait_early() {
+        let dir = tempfile::tempdir().unwrap();
+        let ring = Arc::new(Ring::create(dir.path().join("r"), 4096).unwrap());
+        assert!(ring.try_push(1, &[&[0u8; 100]]).unwrap());
+        let r2 = ring.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            r2.wake_producer();
+        });
+        let start = Instant::now();
+        assert!(!ring.wait_drained(0, Some(Duration::from_secs(10))), "woken, not drained");
+        assert!(start.elapsed() < Duration::from_secs(5), "the wake did not end the wait");
         t.join().unwrap();
     }
     use std::collections::VecDeque;

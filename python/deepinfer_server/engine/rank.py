@@ -27,7 +27,7 @@ log = logging.getLogger("deepinfer_server.rank")
 STATUS_EVERY_S = 0.005
 SIM_NICE = 10
 LOCKSTEP_IDLE_POLL_S = 0.002
-CATCH_UP_SLICE_S = 0.0005
+CATCH_UP_WAIT_S = 0.05  # the server wakes a waiting rank when it sends a request; this is only a backstop
 IDLE_WAIT_S = 1.0  # bounded so a rank notices a closed ring or a lost parent even when idle
 # Engine steps of output the rank may leave unread before it waits for the server to catch up. A real engine's
 # step is far slower than the server, so this only binds a zero-cost engine, which would otherwise run far ahead
@@ -106,14 +106,14 @@ def take_requests(engine: Engine, requests: _native.Ring) -> tuple[list[Output],
 def publish(outputs: _native.Ring, published: list[Output], requests: _native.Ring | None = None) -> None:
     """One TOKENS record per step; then let the server catch up if it fell more than a few steps behind.
 
-    While waiting, a new request ends the wait at once: its first token then lands in the server's next drain
-    instead of behind another backlog (the wait checks the request ring every CATCH_UP_SLICE_S)."""
+    While waiting, a new request ends the wait at once (the server wakes the rank when it sends one): its first
+    token then lands in the server's next drain instead of behind another backlog."""
     outputs.publish(published)
     ahead = RUN_AHEAD_STEPS * (8 + 24 * len(published))  # about the size of this step's record
     while outputs.used_bytes > ahead:
         if requests is not None and requests.used_bytes:
             return
-        if outputs.wait_drained(ahead, CATCH_UP_SLICE_S if requests is not None else None):
+        if outputs.wait_drained(ahead, CATCH_UP_WAIT_S):
             return
 
 
