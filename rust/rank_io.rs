@@ -1,8 +1,11 @@
 //! One thread per rank reads its output ring: wait (futex, no spinning), drain every batch that is ready,
-//! decode them all in one Python call, and hand the bytes to each request's outlet.
+//! decode them in one Python call (first tokens in a call of their own, ahead of the bulk), and hand the bytes
+//! to each request's outlet.
 //!
 //! Draining everything at once is what batches work across the GIL boundary: when the server falls behind, each
-//! request's tokens from several engine steps go through the codec together and leave as one SSE event.
+//! request's tokens from several engine steps go through the codec together and leave as one SSE event. A stream
+//! that sent an event less than `stream_interval_ms` ago holds its tokens until its next event is due, so an
+//! engine faster than that interval cannot make every token an event of its own.
 
 use crate::codec::{Codec, DecodeState};
 use crate::dispatch::{Dispatcher, Inflight, RankLink};
@@ -12,7 +15,7 @@ use crate::ring::records::{self, FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINI
 use crate::stream::{DONE, Outlet};
 use bytes::Bytes;
 use pyo3::prelude::*;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -74,12 +77,11 @@ fn add_due(waiting: &mut Waiting, batches: &mut Vec<Batch>) {
     if waiting.is_empty() {
         return;
     }
+    for b in batches.iter() {
+        waiting.remove(&b.id);
+    }
     let now = Instant::now();
-    let present: HashSet<u64> = batches.iter().map(|b| b.id).collect();
     waiting.retain(|id, due| {
-        if present.contains(id) {
-            return false;
-        }
         if *due > now {
             return true;
         }
