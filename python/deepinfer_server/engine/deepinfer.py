@@ -30,7 +30,7 @@ import logging
 import os
 import socket
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from deepinfer_server import _native
@@ -352,29 +352,29 @@ class DeepInferEngine:
         if self.group_size <= 1:
             return busy, stop
         flags = self._torch.tensor([int(busy), int(stop)], dtype=self._torch.int64)
-        try:
+        with self._breaks_on_error():
             self._dist.all_reduce(flags, op=self._dist.ReduceOp.MAX, group=self._group)
-        except BaseException:
-            self.broken = True
-            raise
         return bool(flags[0]), bool(flags[1])
 
     # -- steps -------------------------------------------------------------------------------------------------
-    def step(self) -> list[Output]:
+    @contextlib.contextmanager
+    def _breaks_on_error(self) -> Iterator[None]:
+        """A failed engine call or collective leaves the group out of step: mark it broken, then re-raise."""
         try:
-            ptrs = self.engine.step()
+            yield
         except BaseException:
             self.broken = True
             raise
+
+    def step(self) -> list[Output]:
+        with self._breaks_on_error():
+            ptrs = self.engine.step()
         return self._collect(ptrs)
 
     def flush(self) -> list[Output]:
         """Post-process the step still in flight (async scheduling) when the group goes idle."""
-        try:
+        with self._breaks_on_error():
             ptrs = self.engine.flush_inflight_reqs()
-        except BaseException:
-            self.broken = True
-            raise
         out = self._collect(ptrs)
         if self.live and not self.has_work():
             # Nothing left in the engine, yet the server still waits: the engine dropped these without an output.
