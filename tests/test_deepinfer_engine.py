@@ -335,6 +335,23 @@ def test_prompt_length_exceeded_is_an_error_without_token(fake_modules, checkpoi
     e.close()
 
 
+def test_failed_step_marks_the_group_broken_and_close_skips_the_collective(fake_modules, checkpoint) -> None:
+    e = build_engine(checkpoint)
+    e.add(sub(1, [5] * 10, max_tokens=4, ignore_eos=True))
+
+    def lost_peer() -> None:
+        raise RuntimeError("NCCL: peer rank 1 is gone")
+
+    e.engine.step = lost_peer
+    with pytest.raises(RuntimeError, match="peer rank 1"):
+        e.step()
+    assert e.broken
+    collective_close = []
+    e.engine.close = lambda: collective_close.append(1)
+    e.close()
+    assert collective_close == [] and e.engine.closed
+
+
 def test_launcher_helpers_pick_and_check_ports() -> None:
     from deepinfer_server.engine.deepinfer import ConfigError, dist_env_for_ranks
 
