@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +124,25 @@ def sse_events(resp: httpx.Response) -> list[str]:
         else:
             assert line == "" or line.startswith(":"), f"unexpected SSE line {line!r}"
     return out
+
+
+@pytest.fixture
+def ring_path() -> Iterator[Callable[[], str]]:
+    """Factory of unique ring paths (in /dev/shm when there is one); every path is unlinked at teardown."""
+    from deepinfer_server._native import Ring
+
+    made: list[str] = []
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else os.environ.get("TMPDIR", "/tmp")
+
+    def make() -> str:
+        p = os.path.join(base, f"deepinfer-test-{os.getpid()}-{uuid.uuid4().hex}")
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        with contextlib.suppress(FileNotFoundError):
+            Ring.unlink(p)
 
 
 def shm_segments() -> set[str]:

@@ -7,14 +7,11 @@ minute on two cores.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import mmap
-import os
 import re
 import struct
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -166,21 +163,6 @@ def test_schemathesis(fuzz_server: Server, path: str, method: str, mode: str) ->
 
 
 # ------------------------------------------------------------------------------------------- ring record codec
-
-
-@pytest.fixture
-def ring_path() -> Iterator[Any]:
-    made: list[str] = []
-
-    def make() -> str:
-        p = f"/dev/shm/deepinfer-fuzz-{os.getpid()}-{uuid.uuid4().hex}"
-        made.append(p)
-        return p
-
-    yield make
-    for p in made:
-        with contextlib.suppress(FileNotFoundError):
-            Ring.unlink(p)
 
 
 def f32_round_trip(x: float) -> float:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
 import textwrap
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -24,28 +21,9 @@ from deepinfer_server._native import (
     RingError,
 )
 
-SHM = "/dev/shm" if os.path.isdir("/dev/shm") else None
 
-
-@pytest.fixture
-def shm_path() -> Iterator[callable]:
-    """Factory of unique ring paths; every path is unlinked at teardown."""
-    made: list[str] = []
-
-    def make() -> str:
-        base = SHM or os.environ.get("TMPDIR", "/tmp")
-        p = os.path.join(base, f"deepinfer-ring-test-{os.getpid()}-{uuid.uuid4().hex}")
-        made.append(p)
-        return p
-
-    yield make
-    for p in made:
-        with contextlib.suppress(FileNotFoundError):
-            Ring.unlink(p)
-
-
-def test_create_open_errors(shm_path) -> None:
-    p = shm_path()
+def test_create_open_errors(ring_path) -> None:
+    p = ring_path()
     with pytest.raises(ValueError):
         Ring.create(p, 1000)
     r = Ring.create(p, 4096)
@@ -53,15 +31,15 @@ def test_create_open_errors(shm_path) -> None:
     with pytest.raises(FileExistsError):
         Ring.create(p, 4096)
     with pytest.raises(FileNotFoundError):
-        Ring.open(shm_path())
+        Ring.open(ring_path())
     r.set_aux(7, 2**64 - 1)
     assert Ring.open(p).aux(7) == 2**64 - 1
     with pytest.raises(IndexError):
         r.aux(8)
 
 
-def test_request_round_trip(shm_path) -> None:
-    p = shm_path()
+def test_request_round_trip(ring_path) -> None:
+    p = ring_path()
     prod = Ring.create(p, 1 << 16)
     cons = Ring.open(p)
     prod.push_submit(7, [1, 2, 3, 2**32 - 1], 128, 0.7, 0.95, 40, 1234, True)
@@ -87,8 +65,8 @@ def test_request_round_trip(shm_path) -> None:
         prod.push_submit(1, [-1], 1)
 
 
-def test_tokens_round_trip(shm_path) -> None:
-    p = shm_path()
+def test_tokens_round_trip(ring_path) -> None:
+    p = ring_path()
     prod = Ring.create(p, 1 << 16)
     cons = Ring.open(p)
     prod.publish([(1, [10, 11], FINISH_NONE), (2, [], FINISH_STOP), (3, [5], FINISH_LENGTH, None)])
@@ -113,8 +91,8 @@ def test_tokens_round_trip(shm_path) -> None:
         cons.drain_tokens()
 
 
-def test_wraparound_through_python(shm_path) -> None:
-    p = shm_path()
+def test_wraparound_through_python(ring_path) -> None:
+    p = ring_path()
     prod = Ring.create(p, 4096)
     cons = Ring.open(p)
     expected: list[tuple] = []
@@ -132,8 +110,8 @@ def test_wraparound_through_python(shm_path) -> None:
     assert got == expected
 
 
-def test_full_ring_blocks_publish_until_drained(shm_path) -> None:
-    p = shm_path()
+def test_full_ring_blocks_publish_until_drained(ring_path) -> None:
+    p = ring_path()
     prod = Ring.create(p, 4096)
     cons = Ring.open(p)
     big = [(1, list(range(400)), FINISH_NONE)]  # ~1.6 KiB per record
@@ -179,8 +157,8 @@ def test_full_ring_blocks_publish_until_drained(shm_path) -> None:
         prod.push_shutdown()
 
 
-def test_wait_timeout_then_data(shm_path) -> None:
-    p = shm_path()
+def test_wait_timeout_then_data(ring_path) -> None:
+    p = ring_path()
     prod = Ring.create(p, 4096)
     cons = Ring.open(p)
     t0 = time.monotonic()
@@ -235,8 +213,8 @@ def _wait_aux(ring: Ring, value: int, proc: subprocess.Popen, timeout: float = 3
         time.sleep(0.005)
 
 
-def test_two_processes_10k_requests(shm_path) -> None:
-    req_path, out_path = shm_path(), shm_path()
+def test_two_processes_10k_requests(ring_path) -> None:
+    req_path, out_path = ring_path(), ring_path()
     req = Ring.create(req_path, 1 << 16)
     out = Ring.create(out_path, 1 << 16)
     proc = subprocess.Popen(
@@ -299,8 +277,8 @@ CHILD_WAITER = textwrap.dedent(
 )
 
 
-def test_close_wakes_waiter_in_other_process(shm_path) -> None:
-    p = shm_path()
+def test_close_wakes_waiter_in_other_process(ring_path) -> None:
+    p = ring_path()
     ring = Ring.create(p, 4096)
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD_WAITER, p], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
