@@ -65,22 +65,19 @@ def assert_healthy(srv: Server) -> None:
     assert r.status_code == 200, r.text
 
 
-@pytest.fixture(scope="module")
-def fuzz_server() -> Iterator[Server]:
+def small_server(max_model_len: int) -> Iterator[Server]:
+    """One rank, 4 sequences, zero-cost sim: what the fuzzers throw at, stopped when the module is done."""
     srv = start_server(
-        "--served-model-name",
-        MODEL,
-        "--dp",
-        "1",
-        "--max-num-seqs",
-        "4",
-        "--max-model-len",
-        "4096",
-        "--sim-decode-step-ms",
-        "0",
+        *("--served-model-name", MODEL, "--dp", "1", "--max-num-seqs", "4"),
+        *("--max-model-len", str(max_model_len), "--sim-decode-step-ms", "0"),
     )
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="module")
+def fuzz_server() -> Iterator[Server]:
+    yield from small_server(4096)
 
 
 # ----------------------------------------------------------------------------------------------- schemathesis
@@ -413,20 +410,7 @@ BODY = st.one_of(
 
 @pytest.fixture(scope="module")
 def parser_server() -> Iterator[Server]:
-    srv = start_server(
-        "--served-model-name",
-        MODEL,
-        "--dp",
-        "1",
-        "--max-num-seqs",
-        "4",
-        "--max-model-len",
-        "512",
-        "--sim-decode-step-ms",
-        "0",
-    )
-    yield srv
-    srv.stop()
+    yield from small_server(512)  # short context: long random bodies also hit the prompt-length check
 
 
 def test_random_json_bodies(parser_server: Server) -> None:
