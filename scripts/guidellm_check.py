@@ -19,14 +19,14 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from bench import MODEL, ours_cmd, wait_health  # noqa: E402  (the benchmark's way of starting our server)
+
 TOKDIR = ROOT / "python" / "deepinfer_server" / "tokenizer"
 VENV = ROOT / ".venv-guidellm"
-MODEL = "deepseek-v4.1-flash"
 
 
 def fail(msg: str) -> int:
@@ -52,35 +52,12 @@ def main() -> int:
         return fail(f"{args.guidellm} not found; run with --install first")
 
     url = f"http://127.0.0.1:{args.port}"
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "deepinfer_server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(args.port),
-            "--dp",
-            "2",
-            "--max-num-seqs",
-            "16",
-            "--served-model-name",
-            MODEL,
-            "--log-level",
-            "warning",
-        ],
-    )
+    server = subprocess.Popen(ours_cmd(args.port, "--dp", "2", "--max-num-seqs", "16"))
     try:
-        for _ in range(300):
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            return fail("server did not become healthy")
+        try:
+            wait_health(url, server, timeout=30)
+        except SystemExit as e:
+            return fail(f"server did not become healthy: {e}")
         with tempfile.TemporaryDirectory() as out:
             report = Path(out) / "report.json"
             env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
