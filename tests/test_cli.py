@@ -40,6 +40,8 @@ def test_parallel_sizes(argv: list[str], ep: int, dp: int, cp: int) -> None:
         (["--max-num-seqs", "64", "--max-num-batched-tokens", "8"], "--max-num-batched-tokens"),
         (["--engine", "deepinfer"], "MODEL is required"),
         (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
+        (["--stream-interval-ms", "-1"], "--stream-interval-ms must not be negative"),
+        (["--malloc", "jemalloc"], "invalid choice: 'jemalloc'"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_clear_message(argv: list[str], message: str) -> None:

@@ -45,3 +45,13 @@ def test_gpu_engine_ranks_get_the_system_allocator_back(monkeypatch: pytest.Monk
     assert gpu["LD_PRELOAD"] == "/opt/other.so" and PRELOADED not in gpu
     only = without_preload({"LD_PRELOAD": "/lib/libmimalloc.so.2", PRELOADED: "/lib/libmimalloc.so.2", "A": "1"})
     assert only == {"A": "1"}
+
+
+def test_required_mimalloc_missing_is_a_clear_exit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from deepinfer_server import malloc
+
+    monkeypatch.delenv(PRELOADED, raising=False)
+    monkeypatch.setattr(malloc, "find_mimalloc", lambda: None)
+    with pytest.raises(SystemExit, match=r"apt-get install libmimalloc2\.0"):
+        malloc.reexec_on_mimalloc("mimalloc")
+    malloc.reexec_on_mimalloc("auto")  # without the library, auto keeps glibc and returns
