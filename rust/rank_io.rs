@@ -170,12 +170,13 @@ fn deliver(
         // Hold the tokens: a non-stream without stop sequences until it ends (one decode, in one push), a stream
         // that sent an event less than `interval` ago until its next event is due.
         if b.finish == FINISH_NONE {
-            let due = if entry.incremental { entry.send_after(now, interval) } else { Some(now) };
-            if let Some(due) = due {
+            if !entry.incremental {
                 entry.hold(&b.tokens);
-                if entry.incremental {
-                    waiting.insert(b.id, due);
-                }
+                continue;
+            }
+            if let Some(due) = entry.send_after(now, interval) {
+                entry.hold(&b.tokens);
+                waiting.insert(b.id, due);
                 continue;
             }
         }
