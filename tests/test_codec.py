@@ -1,0 +1,189 @@
+"""The output codec against deepseek-recipe's own token path, which serves as the oracle.
+
+The server detokenizes with `tokenizers.DecodeStream` and feeds the StreamProcessor text (python/deepinfer_server/
+codec.py says why). These tests push the same token IDs, in the same batches, through the library's tokenizer-attached
+processor and through `Decoder`, and require the same reasoning, content, tool calls, finish reason and usage.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from deepseek_recipe import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    InferenceChunk,
+    InferenceFinishReason,
+    PromptUsage,
+    StreamProcessor,
+)
+
+from deepinfer_server import _native
+from deepinfer_server.codec import FINISHED, RUNNING, STOPPED_EARLY, Codec, Prepared
+from deepinfer_server.launcher import BUNDLED_TOKENIZER
+
+MODEL = "deepseek-v4.1-flash"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city", "days"],
+            },
+        },
+    }
+]
+D = "｜DSML｜"
+TOOL_CALL = (
+    f'\n\n<{D} calls>\n<{D} invoke name="get_weather">\n<{D} parameter name="city" string="true">Paris</{D} parameter>'
+    f'\n<{D} parameter name="days" string="false">3</{D} parameter>\n</{D} invoke>\n</{D} calls>'
+)
+# (request extras, generated text): thinking on and off, tool calls, non-ASCII split across byte-level tokens.
+CASES = {
+    "reasoning then answer": ({}, "Let me weigh it: 6 times 7.</think>The answer is 42, as 🎉 usual."),
+    "reasoning cut by length": ({}, "Still thinking about the café and 中文 text"),
+    "no thinking": ({"thinking": {"type": "disabled"}}, "Hello 🎉 wörld 中文, plain content.\n\nTwo lines."),
+    "tool call after reasoning": ({"tools": TOOLS}, "I should call the tool.</think>" + TOOL_CALL),
+    "tool call without thinking": ({"tools": TOOLS, "thinking": {"type": "disabled"}}, TOOL_CALL),
+}
+
+
+@pytest.fixture(scope="module")
+def codec() -> Codec:
+    return Codec(BUNDLED_TOKENIZER, [MODEL], 16384)
+
+
+def body(stream: bool, extra: dict[str, Any]) -> bytes:
+    req: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "What is 6 times 7?"}], **extra}
+    if stream:
+        req |= {"stream": True, "stream_options": {"include_usage": True}}
+    return json.dumps(req).encode()
+
+
+def batches(ids: list[int], size: int) -> list[list[int]]:
+    return [ids[k : k + size] for k in range(0, len(ids), size)]
+
+
+def prepare(codec: Codec, raw: bytes) -> Prepared:
+    prepared = codec.prepare(raw, "chatcmpl-test", MODEL, False, True, False)
+    assert isinstance(prepared, Prepared), prepared
+    return prepared
+
+
+def oracle(codec: Codec, raw: bytes, parts: list[list[int]], reason: InferenceFinishReason) -> list[str]:
+    """The library's token path: a tokenizer-attached processor fed the token IDs themselves."""
+    conv = ChatCompletionRequest(raw).convert(codec.options)
+    n_prompt = len(codec.encoding.encode(conv.conversation))
+    proc = StreamProcessor(
+        ChatCompletionRequest.chunk_generator(conv, "chatcmpl-test", MODEL), conv.parsing_options, codec.tokenizer
+    )
+    chunks = list(proc.push(InferenceChunk.ready(prompt_usage=PromptUsage(prompt_tokens=n_prompt))))
+    for part in parts:
+        if proc.finished:
+            break
+        chunks += proc.push(InferenceChunk.tokens(part))
+    if not proc.finished:
+        chunks += proc.push(InferenceChunk.finish(reason))
+    chunks += proc.finish()
+    if conv.stream:
+        return [c.to_json() for c in chunks]
+    final = ChatCompletionResponse("chatcmpl-test", MODEL, 0, n_prompt, 0)
+    for c in chunks:
+        final.accumulate(c)
+    return [final.to_json()]
+
+
+def ours(codec: Codec, raw: bytes, parts: list[list[int]], finish: int) -> tuple[list[str], int]:
+    prepared = prepare(codec, raw)
+    out = list(prepared.first_chunks)
+    state = RUNNING
+    for i, part in enumerate(parts):
+        state, got = prepared.decoder.push(part, finish if i == len(parts) - 1 else _native.FINISH_NONE)
+        out += [got] if isinstance(got, str) else got
+        if state != RUNNING:
+            break
+    return out, state
+
+
+def summary(chunks: list[str]) -> dict[str, Any]:
+    """What a client reads from a stream or a response: texts, tool calls, finish reason, usage."""
+    s: dict[str, Any] = {"reasoning": "", "content": "", "tools": {}, "finish": None, "usage": None}
+    for js in chunks:
+        d = json.loads(js)
+        s["usage"] = d.get("usage") or s["usage"]
+        for choice in d["choices"]:
+            part = choice.get("delta") or choice.get("message") or {}
+            s["reasoning"] += part.get("reasoning_content") or ""
+            s["content"] += part.get("content") or ""
+            for k, call in enumerate(part.get("tool_calls") or []):
+                slot = s["tools"].setdefault(call.get("index", k), {"name": "", "arguments": ""})
+                slot["name"] += call["function"].get("name") or ""
+                slot["arguments"] += call["function"].get("arguments") or ""
+            s["finish"] = choice.get("finish_reason") or s["finish"]
+    return s
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "non-stream"])
+@pytest.mark.parametrize("size", [1, 3, 7, 1000])
+@pytest.mark.parametrize("case", list(CASES))
+def test_same_output_as_the_library_token_path(codec: Codec, case: str, size: int, stream: bool) -> None:
+    extra, text = CASES[case]
+    ids = codec.tokenizer.encode(text)
+    raw = body(stream, extra)
+    parts = batches(ids, size)
+    want = summary(oracle(codec, raw, parts, InferenceFinishReason.Length))
+    got, state = ours(codec, raw, parts, _native.FINISH_LENGTH)
+    assert state == FINISHED
+    assert summary(got) == want
+    assert want["reasoning"] or want["content"] or want["tools"]  # the case exercised something
+    if stream:
+        assert json.loads(got[-1])["choices"] == []  # usage in its own final chunk
+
+
+def test_reasoning_tokens_are_the_engine_tokens_before_think_end(codec: Codec) -> None:
+    reasoning = codec.tokenizer.encode("Weighing the options carefully here.")
+    ids = reasoning + codec.tokenizer.encode("</think>Yes.")
+    got, _ = ours(codec, body(False, {}), batches(ids, 4), _native.FINISH_LENGTH)
+    usage = json.loads(got[-1])["usage"]
+    assert usage["completion_tokens_details"] == {"reasoning_tokens": len(reasoning)}
+    assert list(usage) == [  # the library's key order
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "prompt_tokens_details",
+        "completion_tokens_details",
+        "prompt_cache_hit_tokens",
+        "prompt_cache_miss_tokens",
+    ]
+    no_think, _ = ours(codec, body(False, {"thinking": {"type": "disabled"}}), [ids], _native.FINISH_LENGTH)
+    assert "completion_tokens_details" not in json.loads(no_think[-1])["usage"]
+
+
+def test_stop_sequence_matches_the_library(codec: Codec) -> None:
+    extra = {"thinking": {"type": "disabled"}, "stop": ["answer"]}
+    ids = codec.tokenizer.encode("The final answer is 42 and more text follows.")
+    for size in (1, 2, 5):
+        raw = body(True, extra)
+        want = summary(oracle(codec, raw, batches(ids, size), InferenceFinishReason.Length))
+        got, state = ours(codec, raw, batches(ids, size), _native.FINISH_NONE)
+        assert state == STOPPED_EARLY  # the rank must be told to abort
+        assert summary(got) == want
+        assert want["content"] == "The final " and want["finish"] == "stop"
+
+
+def test_length_inside_a_character_keeps_the_text(codec: Codec) -> None:
+    """The library's token path drops a batch that ends inside a UTF-8 character; the server keeps its text."""
+    ids = codec.tokenizer.encode("Hello 🎉 wörld")
+    cut = next(n for n in range(1, len(ids)) if "\ufffd" in codec.detokenizer.decode(ids[:n], False))
+    raw = body(False, {"thinking": {"type": "disabled"}})
+    assert summary(oracle(codec, raw, [ids[:cut]], InferenceFinishReason.Length))["content"] == ""
+    got, _ = ours(codec, raw, [ids[:cut]], _native.FINISH_LENGTH)
+    message = json.loads(got[-1])["choices"][0]
+    assert message["message"]["content"] == "Hello \ufffd"
+    assert message["finish_reason"] == "length"
+    assert json.loads(got[-1])["usage"]["completion_tokens"] == cut
