@@ -263,9 +263,17 @@ class Decoder:
                 self.final.accumulate(ch)
             if not last:
                 return []
-            d = json.loads(self.final.to_json())
-            self._fix_usage(d["usage"])
-            return _dumps(d)
+            body = self.final.to_json()
+            if self.dropped_eos == 0 and self.reasoning is None:
+                return body
+            # Only usage holds an unescaped '"prompt_cache_hit_tokens":' (strings escape '"'): splice, don't re-parse.
+            k = body.rfind('"prompt_cache_hit_tokens":') if self.dropped_eos == 0 else -1
+            if k < 0:
+                d = json.loads(body)
+                self._fix_usage(d["usage"])
+                return _dumps(d)
+            body = f'{body[:k]}"completion_tokens_details":{{"reasoning_tokens":{self.reasoning}}},{body[k:]}'
+            return body
         out = [ch.to_json() for ch in chat]
         if last:
             return self._finish_stream(out)
