@@ -8,7 +8,7 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::ring::records::{self, Abort, Submit};
 use crate::ring::status::AUX_QUEUED_TOKENS;
-use crate::ring::{Ring, Sender};
+use crate::ring::{Doorbell, Ring, Sender};
 use crate::stream::Outlet;
 use pyo3::prelude::*;
 use std::collections::HashMap;
@@ -120,10 +120,11 @@ pub struct RankLink {
 }
 
 impl RankLink {
-    pub fn new(index: usize, requests: Arc<Ring>, output: Arc<Ring>) -> Self {
+    /// `bell`: the rank group's doorbell when its ranks step together (rung after each request record).
+    pub fn new(index: usize, requests: Arc<Ring>, output: Arc<Ring>, bell: Option<Arc<Doorbell>>) -> Self {
         RankLink {
             index,
-            requests: Sender::new(requests),
+            requests: Sender::new(requests, bell),
             output,
             inflight: Mutex::new(HashMap::new()),
             count: AtomicUsize::new(0),

@@ -8,7 +8,7 @@ use crate::dispatch::{Dispatcher, RankLink};
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::rank_io;
-use crate::ring::py::PyRing;
+use crate::ring::py::{PyDoorbell, PyRing};
 use crate::supervisor::{Supervisor, fail_in_flight};
 use axum::serve::ListenerExt;
 use pyo3::exceptions::PyOSError;
@@ -25,6 +25,7 @@ const CLOSE_GRACE: Duration = Duration::from_millis(500);
 /// Run the HTTP front end over already-started, ready ranks. Returns the process exit code:
 /// 0 after a signal-initiated drain, 1 after a rank failure.
 #[pyfunction]
+#[pyo3(signature = (config, codec, decode_batch, rings, pids, bell=None))]
 pub fn serve(
     py: Python<'_>,
     config: ServerConfig,
@@ -32,9 +33,15 @@ pub fn serve(
     decode_batch: Py<PyAny>,
     rings: Vec<(PyRef<'_, PyRing>, PyRef<'_, PyRing>)>,
     pids: Vec<i32>,
+    bell: Option<PyRef<'_, PyDoorbell>>,
 ) -> PyResult<i32> {
     init_logging(&config.log_level, config.log_format == "json");
-    let links = rings.iter().enumerate().map(|(i, (req, out))| RankLink::new(i, req.ring(), out.ring())).collect();
+    let bell = bell.map(|b| b.bell());
+    let links = rings
+        .iter()
+        .enumerate()
+        .map(|(i, (req, out))| RankLink::new(i, req.ring(), out.ring(), bell.clone()))
+        .collect();
     drop(rings);
     let metrics = Arc::new(Metrics::new(config.served_model_names.first().map_or("", String::as_str)));
     let dispatcher = Dispatcher::new(links, metrics);

@@ -147,3 +147,50 @@ def ring_path() -> Iterator[Callable[[], str]]:
 
 def shm_segments() -> set[str]:
     return {p.name for p in Path("/dev/shm").glob("deepinfer-*")}
+
+
+def context_switches(pid: int) -> int:
+    """Voluntary plus involuntary context switches of every thread of `pid` so far."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    total += int(line.split()[1])
+    return total
+
+
+def idle_wakeups_per_s(srv: Server, seconds: float = 2.0) -> list[float]:
+    """How often each rank process of an idle server is scheduled: a poll loop shows up as hundreds a second."""
+    pids = srv.rank_pids()
+    before = [context_switches(p) for p in pids]
+    time.sleep(seconds)
+    return [(context_switches(p) - b) / seconds for p, b in zip(pids, before, strict=True)]
+
+
+def requests_across_idle_gaps(srv: Server, n: int = 24, threads: int = 3) -> None:
+    """Short requests from a few threads with idle gaps between them, so ranks go to sleep and must be woken
+    (the server starts such tests with a long idle backstop: a lost wake-up hangs past the client timeout)."""
+    errors: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        client = srv.client(timeout=20)
+        try:
+            for i in range(n // threads):
+                time.sleep(0.005 * ((i * 7 + k * 3) % 11))
+                r = client.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": f"wake {k} {i}"}],
+                    max_tokens=3,
+                    extra_body={"thinking": {"type": "disabled"}, "ignore_eos": True},
+                )
+                assert r.usage is not None and r.usage.completion_tokens == 3
+        except BaseException as e:
+            errors.append(e)
+
+    workers = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not errors, errors

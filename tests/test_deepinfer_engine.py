@@ -13,12 +13,13 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
-from conftest import MODEL, Server, shm_segments
+from conftest import MODEL, Server, idle_wakeups_per_s, requests_across_idle_gaps, shm_segments
 
 HERE = Path(__file__).resolve().parent
 FAKE = HERE / "fake_deepinfer"
@@ -144,6 +145,19 @@ def test_dp2_lockstep_stream_and_non_stream_then_clean_shutdown(deepinfer_server
     assert len({s[2] for s in starts}) == 1  # one rendezvous shared by the ranks
     assert all(s[3] == "0" for s in starts)  # speculative decoding off by default
     assert "prefill_intervals=1/1" in log and "multimodal_pool=0" in log
+    closed = re.findall(r"rank (\d) closed: steps=(\d+) flushes=(\d+).* lockstep=ok", log)
+    assert len(closed) == 2 and closed[0][1:] == closed[1][1:], log
+
+
+def test_idle_dp_ranks_make_no_collectives_and_wake_for_requests(deepinfer_server) -> None:
+    srv = deepinfer_server(
+        "--dp", "2", "--max-num-seqs", "8", "--max-model-len", "4096", DEEPINFER_SERVER_IDLE_WAIT_S="60"
+    )
+    requests_across_idle_gaps(srv)
+    time.sleep(0.5)
+    wakeups = idle_wakeups_per_s(srv)
+    assert all(w < 50 for w in wakeups), wakeups  # an all-reduce every 2 ms made ~850 a second
+    log = stop_cleanly(srv)  # the shutdown rings the bell: no 60 s wait
     closed = re.findall(r"rank (\d) closed: steps=(\d+) flushes=(\d+).* lockstep=ok", log)
     assert len(closed) == 2 and closed[0][1:] == closed[1][1:], log
 

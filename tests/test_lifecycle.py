@@ -10,7 +10,7 @@ import threading
 import time
 
 import httpx
-from conftest import MODEL, Server, shm_segments, sse_events
+from conftest import MODEL, Server, idle_wakeups_per_s, requests_across_idle_gaps, shm_segments, sse_events
 
 LONG = {
     "model": MODEL,
@@ -175,3 +175,15 @@ def test_sse_keep_alive_comments_during_a_long_prefill(make_server) -> None:
     assert comments and all(line == ": keep-alive" for line in comments)
     assert lines[-1] == "data: [DONE]"
     assert len([line for line in lines if line.startswith("data: {")]) >= 3  # role, content, usage-free end
+
+
+def test_an_idle_lockstep_group_sleeps_until_a_request_rings_its_doorbell(make_server) -> None:
+    # A 60 s idle backstop: a rank left asleep while its peer waits to step would hang the request.
+    srv = make_server(
+        "--dp", "2", "--sim-lockstep", "--sim-decode-step-ms", "2", env={"DEEPINFER_SERVER_IDLE_WAIT_S": "60"}
+    )
+    requests_across_idle_gaps(srv)
+    time.sleep(0.5)
+    wakeups = idle_wakeups_per_s(srv)
+    assert all(w < 50 for w in wakeups), wakeups  # the 2 ms poll it replaced made ~700 a second
+    assert srv.stop() == 0  # the shutdown rings the bell: no 60 s wait

@@ -80,11 +80,24 @@ class Lockstep:
     def close(self) -> None: ...
     def sync(self, busy: bool, cost_ms: float) -> tuple[bool, float]: ...
 
+class Doorbell:
+    """Wakes a lockstep rank group out of its idle sleep: a shared counter that ranks sleep on (futex)."""
+
+    @staticmethod
+    def create(path: str | PathLike[str]) -> Doorbell: ...
+    @staticmethod
+    def open(path: str | PathLike[str]) -> Doorbell: ...
+    def value(self) -> int: ...
+    def ring(self) -> None: ...
+    def wait(self, seen: int, timeout: float) -> bool:
+        """Sleep until the bell rings after `seen` was read (True) or `timeout` seconds pass (False)."""
+
 def serve(
     config: dict[str, Any],
     codec: Any,
     decode_batch: Callable[..., Any],
     rings: Sequence[tuple[Ring, Ring]],
     pids: Sequence[int],
+    bell: Doorbell | None = None,
 ) -> int:
     """Run the HTTP front end until SIGTERM/SIGINT (returns 0) or a rank failure (returns 1)."""

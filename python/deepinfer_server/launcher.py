@@ -126,6 +126,7 @@ class Ranks:
         self.rings: list[tuple[Any, Any]] = []
         self.procs: list[subprocess.Popen[bytes]] = []
         self.lockstep: Any = None
+        self.bell: Any = None  # the doorbell of ranks that step together
 
     def engine_config(self) -> dict[str, Any]:
         a = self.args
@@ -165,11 +166,15 @@ class Ranks:
                 dist_envs = dist_env_for_ranks(a.data_parallel_size, a.context_parallel_size, a.port, os.environ)
             except ConfigError as e:
                 raise StartupError(str(e)) from e
-        lockstep_path = None
+        lockstep_path = bell_path = None
         if a.engine == "sim" and a.sim_lockstep and a.data_parallel_size > 1:
             lockstep_path = SHM_DIR / f"{self.prefix}-lockstep"
             self.lockstep = _native.Lockstep.create(str(lockstep_path), a.data_parallel_size)
             self.paths.append(lockstep_path)
+        if (a.engine == "deepinfer" or lockstep_path) and a.data_parallel_size > 1:
+            bell_path = SHM_DIR / f"{self.prefix}-bell"
+            self.bell = _native.Doorbell.create(str(bell_path))
+            self.paths.append(bell_path)
         for rank in range(a.data_parallel_size):
             req_path = SHM_DIR / f"{self.prefix}-r{rank}-req"
             out_path = SHM_DIR / f"{self.prefix}-r{rank}-out"
@@ -187,6 +192,7 @@ class Ranks:
                 "log_level": a.log_level,
                 "engine_config": self.engine_config(),
                 "lockstep": str(lockstep_path) if lockstep_path else None,
+                "doorbell": str(bell_path) if bell_path else None,
             }
             env = self.rank_env(rank)
             if dist_envs:
@@ -234,6 +240,8 @@ class Ranks:
                 req.push_shutdown()
             req.close()
             out.close()
+        if self.bell is not None:
+            self.bell.ring()  # ranks asleep after an idle round see the shutdown now
         deadline = time.monotonic() + grace
         for p in self.procs:
             try:
@@ -299,7 +307,7 @@ def run(args: argparse.Namespace) -> int:
         # default 5 ms switch interval would make a new request wait up to 5 ms at every GIL hand-over behind a
         # decoding thread; 0.2 ms keeps time to first token low under load at a negligible switching cost.
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-        return int(_native.serve(config, codec, decode_batch, ranks.rings, [p.pid for p in ranks.procs]))
+        return int(_native.serve(config, codec, decode_batch, ranks.rings, [p.pid for p in ranks.procs], ranks.bell))
     except StartupError as e:
         log.error("start-up failed: %s", e)
         return 1

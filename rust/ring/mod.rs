@@ -8,9 +8,11 @@
 //! Layers: [`layout`] (header format), [`futex`] (sleep/wake across
 //! processes), [`shm`] ([`Ring`]: records of bytes), [`records`] (the one
 //! definition of the record contract), [`sender`] (never-blocking
-//! multi-threaded producer for the async server) and [`py`] (bindings used
-//! by the Python ranks and tests).
+//! multi-threaded producer for the async server), [`doorbell`] (wakes an
+//! idle lockstep group) and [`py`] (bindings used by the Python ranks and
+//! tests).
 
+pub mod doorbell;
 pub mod futex;
 pub mod layout;
 pub mod lockstep;
@@ -20,6 +22,7 @@ pub mod sender;
 pub mod shm;
 pub mod status;
 
+pub use doorbell::Doorbell;
 pub use records::RecordError;
 pub use sender::Sender;
 pub use shm::Ring;

@@ -30,6 +30,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<PyRing>()?;
     m.add_class::<PyLockstep>()?;
+    m.add_class::<PyDoorbell>()?;
     m.add("RingClosed", py.get_type::<RingClosed>())?;
     m.add("RingError", py.get_type::<RingError>())?;
     for (name, v) in [
@@ -414,5 +415,46 @@ impl PyLockstep {
         let cost_us = (cost_ms.max(0.0) * 1000.0) as u64;
         let (any_busy, max_us) = py.detach(|| self.inner.sync(busy, cost_us, None)).map_err(ring_err)?;
         Ok((any_busy, max_us as f64 / 1000.0))
+    }
+}
+
+/// The wake-up bell of a lockstep rank group (see the Rust `ring::doorbell` docs).
+#[pyclass(name = "Doorbell", module = "deepinfer_server._native", frozen)]
+pub struct PyDoorbell {
+    inner: Arc<super::Doorbell>,
+}
+
+impl PyDoorbell {
+    /// The shared bell, for the server's request senders.
+    pub fn bell(&self) -> Arc<super::Doorbell> {
+        self.inner.clone()
+    }
+}
+
+#[pymethods]
+impl PyDoorbell {
+    #[staticmethod]
+    fn create(path: PathBuf) -> PyResult<Self> {
+        Ok(PyDoorbell { inner: Arc::new(super::Doorbell::create(path).map_err(io_err)?) })
+    }
+
+    #[staticmethod]
+    fn open(path: PathBuf) -> PyResult<Self> {
+        Ok(PyDoorbell { inner: Arc::new(super::Doorbell::open(path).map_err(io_err)?) })
+    }
+
+    /// The ring count to pass to a later `wait`.
+    fn value(&self) -> u32 {
+        self.inner.value()
+    }
+
+    /// Wake every rank sleeping on the bell.
+    fn ring(&self) {
+        self.inner.ring();
+    }
+
+    /// Sleep, the GIL released, until the bell rings after `seen` was read (True) or `timeout` seconds pass.
+    fn wait(&self, py: Python<'_>, seen: u32, timeout: f64) -> PyResult<bool> {
+        wait_until(py, Some(timeout), |slice| self.inner.wait(seen, slice.unwrap_or(SIGNAL_POLL)))
     }
 }

@@ -11,7 +11,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::{Ring, RingError};
+use super::{Doorbell, Ring, RingError};
 
 /// How often the flusher, while blocked on a full ring, checks for `Drop`.
 const STOP_POLL: Duration = Duration::from_millis(100);
@@ -25,6 +25,8 @@ struct State {
 
 struct Shared {
     ring: Arc<Ring>,
+    /// Rung after every record lands in the ring, for ranks that sleep on their group's bell.
+    bell: Option<Arc<Doorbell>>,
     state: Mutex<State>,
     wake: Condvar,
 }
@@ -32,6 +34,12 @@ struct Shared {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn ring_bell(&self) {
+        if let Some(bell) = &self.bell {
+            bell.ring();
+        }
     }
 }
 
@@ -41,9 +49,10 @@ pub struct Sender {
 }
 
 impl Sender {
-    pub fn new(ring: Arc<Ring>) -> Sender {
+    pub fn new(ring: Arc<Ring>, bell: Option<Arc<Doorbell>>) -> Sender {
         let shared = Arc::new(Shared {
             ring,
+            bell,
             state: Mutex::new(State { backlog: VecDeque::new(), in_flight: false, stopped: false }),
             wake: Condvar::new(),
         });
@@ -71,6 +80,8 @@ impl Sender {
             return Err(RingError::Closed);
         }
         if st.backlog.is_empty() && !st.in_flight && ring.try_push(kind, &[&payload])? {
+            drop(st);
+            self.shared.ring_bell();
             return Ok(());
         }
         st.backlog.push_back((kind, payload));
@@ -115,6 +126,9 @@ fn flush_loop(sh: &Shared) {
                 r => break r,
             }
         };
+        if result.is_ok() {
+            sh.ring_bell();
+        }
         let mut st = sh.lock();
         st.in_flight = false;
         match result {
@@ -143,7 +157,7 @@ mod tests {
     #[test]
     fn preserves_order_through_backlog() {
         let (_d, r) = ring(4096);
-        let tx = Sender::new(r.clone());
+        let tx = Sender::new(r.clone(), None);
         let n = 5000u32;
         let consumer = {
             let r = r.clone();
@@ -182,9 +196,28 @@ mod tests {
     }
 
     #[test]
+    fn the_bell_rings_once_a_record_is_in_the_ring_on_either_path() {
+        let (d, r) = ring(4096);
+        let bell = Arc::new(Doorbell::create(d.path().join("bell")).unwrap());
+        let tx = Sender::new(r.clone(), Some(bell.clone()));
+        let seen = bell.value();
+        tx.send(SUBMIT, vec![1; 8]).unwrap(); // fast path
+        assert_ne!(bell.value(), seen);
+        while tx.backlog_len() == 0 {
+            tx.send(SUBMIT, vec![2; 64]).unwrap(); // until the ring is full and records queue
+        }
+        let before_drain = bell.value();
+        let mut seen_records = 0;
+        r.drain(usize::MAX, |_, _| seen_records += 1).unwrap();
+        // The flusher pushes the backlog now that there is room, and rings for it.
+        assert!(bell.wait(before_drain, Duration::from_secs(5)));
+        assert!(seen_records > 1);
+    }
+
+    #[test]
     fn closed_ring_stops_sender() {
         let (_d, r) = ring(4096);
-        let tx = Sender::new(r.clone());
+        let tx = Sender::new(r.clone(), None);
         for _ in 0..200 {
             tx.send(SHUTDOWN, vec![0; 64]).unwrap();
         }

@@ -10,29 +10,23 @@ and an idle rank runs a placeholder batch. There is no central coordinator; each
    so the collective `engine.close()` that follows meets every peer);
 4. publish the outputs before the next step, and update the aux words (load, heartbeat).
 
-When the whole group is idle, each rank sleeps on its request ring's futex, but only for `IDLE_POLL_S`: the ranks
-must keep iterating together, since a rank that receives a request can step only once every peer has reached the
-next all-reduce. The bound is the extra first-token latency on an idle server (at most `IDLE_POLL_S`) traded
-against idle CPU (one gloo all-reduce per `IDLE_POLL_S` per rank: at 2 ms, ~500 small TCP round trips a second,
-a few percent of one core). 2 ms is well under one decode step of the real model. A single rank (DP = 1) has no
-peer to keep up with and waits up to `IDLE_WAIT_S` (it wakes at once on a request). Override with
-DEEPINFER_SERVER_IDLE_POLL_MS.
+When the whole group is idle, each rank sleeps on the group's doorbell (rust/ring/doorbell.rs) until something
+rings it: the server after every request record, and a rank that finds records in its own ring (a peer that read
+the bell after the server rang may be asleep, and the rank cannot step until that peer reaches the all-reduce).
+Nothing polls: an idle group makes no collectives at all. A single rank (DP = 1) has no peer to keep up with and
+sleeps on its own request ring. Both sleeps are bounded by `IDLE_WAIT_S` so a closed ring is noticed.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Protocol, cast
 
 from deepinfer_server import _native
 from deepinfer_server.engine.base import Engine, Output
-from deepinfer_server.engine.rank import Status, take_requests
+from deepinfer_server.engine.rank import IDLE_WAIT_S, Status, take_requests
 
 log = logging.getLogger("deepinfer_server.lockstep")
-
-IDLE_POLL_S = float(os.environ.get("DEEPINFER_SERVER_IDLE_POLL_MS", "2")) / 1000.0
-IDLE_WAIT_S = 1.0
 
 
 class LockstepEngine(Engine, Protocol):
@@ -45,18 +39,24 @@ class LockstepEngine(Engine, Protocol):
         """Outputs of the step still in flight, when going idle."""
 
 
-def serve_lockstep(any_engine: Engine, requests: _native.Ring, outputs: _native.Ring) -> None:
+def serve_lockstep(
+    any_engine: Engine, requests: _native.Ring, outputs: _native.Ring, bell: _native.Doorbell | None
+) -> None:
     """The loop. Returns when any rank got SHUTDOWN or lost its rings, on every rank at the same iteration."""
     if not callable(getattr(any_engine, "sync", None)) or not callable(getattr(any_engine, "flush", None)):
         raise TypeError(f"{type(any_engine).__name__} has no sync()/flush(): it cannot run in lockstep")
     engine = cast(LockstepEngine, any_engine)
+    if engine.group_size > 1 and bell is None:
+        raise ValueError(f"a lockstep group of {engine.group_size} ranks needs the group's doorbell")
     status = Status(engine, outputs)
-    idle_wait = IDLE_POLL_S if engine.group_size > 1 else IDLE_WAIT_S
     stopping = False  # this rank wants to stop (SHUTDOWN or the server closed the rings)
     flushed = True  # nothing in flight since the last flush
     while True:
+        seen = bell.value() if bell is not None else 0
         published: list[Output] = []
         if not stopping:
+            if bell is not None and requests.used_bytes:
+                bell.ring()  # peers asleep after an idle round must come to this round's all-reduce
             try:
                 published, stopping = take_requests(engine, requests)
             except _native.RingClosed:
@@ -79,6 +79,9 @@ def serve_lockstep(any_engine: Engine, requests: _native.Ring, outputs: _native.
                 stopping = True  # leave at the next all-reduce, together with the peers
         status.update(force=not busy)
         if not busy and flushed and not stopping:
-            requests.wait(idle_wait)
+            if bell is not None:
+                bell.wait(seen, IDLE_WAIT_S)
+            else:
+                requests.wait(IDLE_WAIT_S)
             if requests.closed:
                 stopping = True

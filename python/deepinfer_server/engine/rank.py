@@ -26,9 +26,9 @@ log = logging.getLogger("deepinfer_server.rank")
 
 STATUS_EVERY_S = 0.005
 SIM_NICE = 10
-LOCKSTEP_IDLE_POLL_S = 0.002
 CATCH_UP_WAIT_S = 0.05  # the server wakes a waiting rank when it sends a request; this is only a backstop
-IDLE_WAIT_S = 1.0  # bounded so a rank notices a closed ring or a lost parent even when idle
+# An idle rank's sleep is bounded so it notices a closed ring even when nothing wakes it.
+IDLE_WAIT_S = float(os.environ.get("DEEPINFER_SERVER_IDLE_WAIT_S", "1"))
 # Engine steps of output the rank may leave unread before it waits for the server to catch up. A real engine's
 # step is far slower than the server, so this only binds a zero-cost engine, which would otherwise run far ahead
 # and make every new request's first token queue behind a backlog of other requests' tokens.
@@ -136,16 +136,17 @@ def serve_rank(engine: Engine, requests: _native.Ring, outputs: _native.Ring) ->
 
 
 def serve_sim_lockstep(
-    engine: SimEngine, requests: _native.Ring, outputs: _native.Ring, lock: _native.Lockstep
+    engine: SimEngine, requests: _native.Ring, outputs: _native.Ring, lock: _native.Lockstep, bell: _native.Doorbell
 ) -> None:
     """Simulated DP ranks in lockstep, as DeepInfer's: while any rank is busy every rank steps, and each step
-    lasts as long as the slowest rank's (idle ranks ride along). While all are idle each rank polls its request
-    ring every LOCKSTEP_IDLE_POLL_S between rounds, so a request on any rank starts the group within that."""
+    lasts as long as the slowest rank's (idle ranks ride along). After an idle round every rank sleeps on the
+    group's doorbell, as engine/lockstep.py explains: a request on any rank wakes the whole group, nobody polls."""
     status = Status(engine, outputs)
     try:
         while True:
-            if not engine.has_work():
-                requests.wait(LOCKSTEP_IDLE_POLL_S)
+            seen = bell.value()
+            if requests.used_bytes:
+                bell.ring()  # peers asleep after an idle round must come to this round's sync
             published, stop = take_requests(engine, requests)
             if stop or requests.closed:
                 return
@@ -161,6 +162,8 @@ def serve_sim_lockstep(
             if published:
                 publish(outputs, published)
             status.update(force=not busy)
+            if not any_busy:
+                bell.wait(seen, IDLE_WAIT_S)
     except _native.RingClosed:
         return
     finally:
@@ -189,13 +192,14 @@ def main(argv: list[str] | None = None) -> int:
     outputs.set_aux(_native.AUX_STATE, _native.STATE_READY)
     log.info("rank %d ready (engine %s)", rank, conf["engine"])
     try:
+        bell = _native.Doorbell.open(conf["doorbell"]) if conf.get("doorbell") else None
         if conf.get("lockstep"):
             lock = _native.Lockstep.open(conf["lockstep"])
-            serve_sim_lockstep(cast("SimEngine", engine), requests, outputs, lock)
+            serve_sim_lockstep(cast("SimEngine", engine), requests, outputs, lock, cast(_native.Doorbell, bell))
         elif conf["engine"] == "deepinfer":
             from deepinfer_server.engine.lockstep import serve_lockstep
 
-            serve_lockstep(engine, requests, outputs)  # DP ranks step together
+            serve_lockstep(engine, requests, outputs, bell)  # DP ranks step together
         else:
             serve_rank(engine, requests, outputs)
     except _native.RingClosed:
