@@ -278,6 +278,43 @@ def health_latency(url: str, stop: threading.Event, out: list[float]) -> None:
         time.sleep(0.05)
 
 
+def probed_during(probe_url: str, load: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run `load` while a thread GETs {probe_url}/health every 50 ms: (load's result, probe latency summary)."""
+    lat: list[float] = []
+    stop = threading.Event()
+    t = threading.Thread(target=health_latency, args=(probe_url, stop, lat))
+    t.start()
+    try:
+        res = load()
+    finally:
+        stop.set()
+        t.join()
+    lat.sort()
+    return res, {
+        "n": len(lat),
+        "p50": round(lat[len(lat) // 2], 3),
+        "p99": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 3),
+        "max": round(lat[-1], 3),
+    }
+
+
+# A do-nothing HTTP server: probed while ours is saturated, it measures the machine's own floor for the probe.
+FLOOR_SERVER = """
+import asyncio, sys
+async def serve(r, w):
+    try:
+        while await r.readuntil(b"\\r\\n\\r\\n"):
+            w.write(b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok")
+            await w.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        w.close()
+async def main():
+    async with await asyncio.start_server(serve, "127.0.0.1", int(sys.argv[1])) as s:
+        await s.serve_forever()
+asyncio.run(main())
+"""
+
+
 def scenario_wrk(bench_dir: Path, quick: bool) -> dict:
     secs = 5 if quick else 10
 
@@ -286,20 +323,19 @@ def scenario_wrk(bench_dir: Path, quick: bool) -> dict:
             "stream_c64": run_wrk(srv.url, 64, secs, True, srv.pids()),
             "nostream_c64": run_wrk(srv.url, 64, secs, False, srv.pids()),
         }
-        lat: list[float] = []
-        stop = threading.Event()
-        t = threading.Thread(target=health_latency, args=(srv.url, stop, lat))
-        t.start()
-        res["stream_c128"] = run_wrk(srv.url, 128, secs, True, srv.pids())
-        stop.set()
-        t.join()
-        lat.sort()
-        res["health_during_c128_ms"] = {
-            "n": len(lat),
-            "p50": round(lat[len(lat) // 2], 3),
-            "p99": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))], 3),
-            "max": round(lat[-1], 3),
-        }
+        res["stream_c128"], res["health_during_c128_ms"] = probed_during(
+            srv.url, lambda: run_wrk(srv.url, 128, secs, True, srv.pids())
+        )
+        if srv.name == "ours":
+            floor = subprocess.Popen([sys.executable, "-c", FLOOR_SERVER, "18899"])
+            try:
+                wait_health("http://127.0.0.1:18899", floor)
+                _, res["health_floor_during_c128_ms"] = probed_during(
+                    "http://127.0.0.1:18899", lambda: run_wrk(srv.url, 128, secs, True, srv.pids())
+                )
+            finally:
+                floor.kill()
+                floor.wait()
         return res
 
     return each_server(bench_dir, 2, 128, run)
@@ -554,6 +590,8 @@ def table(summary: dict) -> list[tuple[str, Any, Any, Any]]:
         add("wrk stream c128: tokens/s", o["stream_c128"]["tokens_per_s"], p["stream_c128"]["tokens_per_s"])
         add("wrk non-stream c64: requests/s", o["nostream_c64"]["requests_per_s"], p["nostream_c64"]["requests_per_s"])
         add("/health p99 ms under wrk c128", o["health_during_c128_ms"]["p99"], p["health_during_c128_ms"]["p99"])
+        if "health_floor_during_c128_ms" in o:  # the same probe on a do-nothing server while ours is saturated
+            add("  do-nothing server p99 ms, same load", o["health_floor_during_c128_ms"]["p99"], None)
     if "paced" in summary:
         o, p, ideal = summary["paced"]["ours"], summary["paced"]["peer"], summary["paced"]["ideal"]
         add("paced c32 ramp: ITL p50 ms (ideal 10)", o["c32_ramp"]["itl_ms"]["p50"], p["c32_ramp"]["itl_ms"]["p50"])
