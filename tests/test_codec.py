@@ -1,13 +1,15 @@
 """The output codec against deepseek-recipe's own token path, which serves as the oracle.
 
-The server detokenizes with `tokenizers.DecodeStream` and feeds the StreamProcessor text (python/deepinfer_server/
-codec.py says why). These tests push the same token IDs, in the same batches, through the library's tokenizer-attached
-processor and through `Decoder`, and require the same reasoning, content, tool calls, finish reason and usage.
+The server detokenizes itself and feeds the StreamProcessor text (python/deepinfer_server/codec.py says why): by byte
+table for a byte-level tokenizer, else with `tokenizers.DecodeStream`; both are tested. These tests push the same
+token IDs, in the same batches, through the library's tokenizer-attached processor and through `Decoder`, and require
+the same reasoning, content, tool calls, finish reason and usage.
 """
 
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import pytest
@@ -53,9 +55,23 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def codec() -> Codec:
-    return Codec(BUNDLED_TOKENIZER, [MODEL], 16384)
+@pytest.fixture(scope="module", params=["byte table", "DecodeStream"])
+def codec(request: pytest.FixtureRequest) -> Codec:
+    codec = Codec(BUNDLED_TOKENIZER, [MODEL], 16384)
+    assert codec.token_bytes is not None  # the bundled tokenizer is byte-level, as DeepSeek's
+    if request.param == "DecodeStream":
+        codec.token_bytes = None  # what a tokenizer with any other decoder gets
+    return codec
+
+
+def test_the_byte_table_decodes_as_the_tokenizer_does() -> None:
+    codec = Codec(BUNDLED_TOKENIZER, [MODEL], 16384)
+    table, tokenizer = codec.token_bytes, codec.detokenizer
+    assert table is not None
+    rng = random.Random(7)
+    for _ in range(500):  # any IDs, special tokens and broken UTF-8 included
+        ids = [rng.randrange(len(table)) for _ in range(rng.randint(1, 40))]
+        assert b"".join(table[i] for i in ids).decode("utf-8", "replace") == tokenizer.decode(ids, False)
 
 
 def body(stream: bool, extra: dict[str, Any]) -> bytes:

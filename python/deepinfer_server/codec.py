@@ -3,15 +3,17 @@
 The Rust front end calls `Codec.prepare` on a codec thread (conversion and encoding release the GIL) and
 `decode_batch` once per batch of rank outputs, so Python runs once per batch, never per token.
 
-Output tokens are detokenized here with `tokenizers.DecodeStream` (the same incremental UTF-8 handling as the
-library's token path) and fed to the deepseek-recipe StreamProcessor as text with their token counts. With a
-tokenizer attached, the processor re-tokenizes the whole reasoning text at the finish to report `reasoning_tokens`
-(about 0.8 us per output token, in one call that stalls the rank's other streams); counting the engine's reasoning
-token IDs gives the true figure for free.
+Output tokens are detokenized here and fed to the deepseek-recipe StreamProcessor as text with their token counts.
+With a tokenizer attached, the processor re-tokenizes the whole reasoning text at the finish to report
+`reasoning_tokens` (about 0.8 us per output token, in one call that stalls the rank's other streams); counting the
+engine's reasoning token IDs gives the true figure for free. A byte-level BPE tokenizer (DeepSeek's) detokenizes
+by table: each token is a fixed byte string, so a batch is one join and an incremental UTF-8 decode. Any other
+tokenizer goes through `tokenizers.DecodeStream`, one Rust call per batch.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import time
 from collections.abc import Sequence
@@ -80,6 +82,7 @@ class Codec:
     ) -> None:
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
         self.detokenizer = HFTokenizer.from_file(str(tokenizer_path))
+        self.token_bytes = byte_level_table(self.detokenizer, Path(tokenizer_path))
         self.think_end_id = self.detokenizer.token_to_id(SpecialToken.ThinkingEnd.default_str())
         version = ModelVersion.DeepseekV41Flash if model_version == "v4.1" else ModelVersion.DeepseekV4Pro
         options = ConversionOptions()
@@ -137,17 +140,89 @@ class Codec:
         )
 
 
+def byte_level_table(tokenizer: HFTokenizer, path: Path) -> list[bytes] | None:
+    """Each token ID's bytes when the tokenizer's decoder is plain ByteLevel, else None.
+
+    Mirrors the ByteLevel decoder: a token whose characters all map to bytes (the GPT-2 byte alphabet) becomes
+    those bytes; any other token (a special token such as <｜end▁of▁sentence｜>) stays its UTF-8 text.
+    """
+    decoder = json.loads(path.read_text(encoding="utf-8")).get("decoder") or {}
+    if decoder.get("type") != "ByteLevel":
+        return None
+    char_to_byte = {c: b for b, c in enumerate(_byte_alphabet())}
+    table = [b""] * tokenizer.get_vocab_size(with_added_tokens=True)
+    for token, i in tokenizer.get_vocab(with_added_tokens=True).items():
+        if i >= len(table):
+            table += [b""] * (i + 1 - len(table))
+        try:
+            table[i] = bytes(char_to_byte[c] for c in token)
+        except KeyError:
+            table[i] = token.encode("utf-8")
+    return table
+
+
+def _byte_alphabet() -> list[str]:
+    """The character GPT-2's byte-level BPE uses for each byte 0..255."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
+
+
+class _TableText:
+    """Byte-level detokenizing: join the tokens' bytes, decode UTF-8 holding back an unfinished character."""
+
+    __slots__ = ("table", "utf8")
+
+    def __init__(self, table: list[bytes]) -> None:
+        self.table = table
+        self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def feed(self, tokens: list[int]) -> str:
+        table = self.table
+        return str(self.utf8.decode(b"".join([table[t] for t in tokens])))
+
+    def flush(self) -> str:
+        return str(self.utf8.decode(b"", True))  # an unfinished character becomes U+FFFD
+
+
+class _StreamText:
+    """Any other tokenizer: `tokenizers.DecodeStream`, which holds a whole batch that ends inside a character."""
+
+    __slots__ = ("held", "stream", "tokenizer")
+
+    def __init__(self, tokenizer: HFTokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.stream = DecodeStream(skip_special_tokens=False)
+        self.held: list[int] = []
+
+    def feed(self, tokens: list[int]) -> str:
+        text = self.stream.step(self.tokenizer, tokens[0] if len(tokens) == 1 else tokens)  # an int is 2x faster
+        if text is None:
+            self.held += tokens
+            return ""
+        self.held = []
+        return text
+
+    def flush(self) -> str:
+        text, self.held = self.tokenizer.decode(self.held, False) if self.held else "", []
+        return text
+
+
 class Decoder:
     """One request's output side: a deepseek-recipe StreamProcessor plus the OpenAI wire details around it."""
 
     __slots__ = (
         "continuous",
-        "detok",
         "done",
         "dropped_eos",
         "eos_id",
         "final",
-        "held",
         "ignore_eos",
         "include_usage",
         "n_out",
@@ -155,9 +230,9 @@ class Decoder:
         "proc",
         "reasoning",
         "stream",
+        "text",
         "text_ids",
         "think_end_id",
-        "tokenizer",
     )
 
     def __init__(
@@ -174,10 +249,9 @@ class Decoder:
         generator = ChatCompletionRequest.chunk_generator(conv, response_id, model)
         options = conv.parsing_options
         self.proc = StreamProcessor(generator, options)  # text in: see the module docstring
-        self.tokenizer = codec.detokenizer
-        self.detok = DecodeStream(skip_special_tokens=False)
-        self.held: list[int] = []  # token IDs the DecodeStream holds (an unfinished UTF-8 sequence)
-        self.text_ids = 0  # token IDs behind `held`, plus any fed since: the next text's token count
+        table = codec.token_bytes
+        self.text = _TableText(table) if table is not None else _StreamText(codec.detokenizer)
+        self.text_ids = 0  # token IDs fed since the last text went out: that text's token count
         stage = options.thinking_initial_stage
         # Reasoning tokens: None outside thinking mode; counted until the engine's </think> when it starts in one.
         self.reasoning: int | None = None if stage is None else 0
@@ -225,8 +299,9 @@ class Decoder:
             chunks += proc.finish()
             state = FINISHED if finish in _ENGINE_FINISH else STOPPED_EARLY
         elif finish in _ENGINE_FINISH:
-            if self.held:  # the output ends inside a character: keep its text, bad bytes as U+FFFD
-                chunks += proc.push(InferenceChunk.text(self.tokenizer.decode(self.held, False), self.text_ids))
+            rest = self.text.flush()  # the output ends inside a character: its bytes become U+FFFD
+            if rest or self.text_ids:
+                chunks += proc.push(InferenceChunk.text(rest, self.text_ids))
             chunks += proc.push(InferenceChunk.finish(_ENGINE_FINISH[finish]))
             chunks += proc.finish()
             state = FINISHED
@@ -237,12 +312,10 @@ class Decoder:
 
     def _push_text(self, tokens: list[int]) -> Sequence[object]:
         """Detokenize one batch and push the text that is complete, with the token IDs it came from."""
-        text = self.detok.step(self.tokenizer, tokens[0] if len(tokens) == 1 else tokens)  # an int is 2x faster
+        text = self.text.feed(tokens)
         self.text_ids += len(tokens)
-        if text is None:
-            self.held += tokens
+        if not text:
             return []
-        self.held = []
         n, self.text_ids = self.text_ids, 0
         return self.proc.push(InferenceChunk.text(text, n))
 
