@@ -6,19 +6,13 @@
 //! server rings after every record it puts in a request ring; a rank rings when it finds records in its own ring
 //! (a peer may have read the counter after the server's ring but before its own loop saw nothing). Nobody polls.
 
-use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use memmap2::MmapRaw;
-
 use super::futex::{futex_wait, futex_wake};
-
-const MAGIC: u64 = 0x4c4c_4542_524f_4f44; // "DOORBELL"
-const SIZE: u64 = 4096;
+use super::page::{PageState, SharedPage};
 
 #[repr(C)]
 struct Shared {
@@ -28,44 +22,30 @@ struct Shared {
     waiting: AtomicU32,
 }
 
-pub struct Doorbell {
-    map: MmapRaw,
+// SAFETY: repr(C), a few bytes, only atomics.
+unsafe impl PageState for Shared {
+    const MAGIC: u64 = 0x4c4c_4542_524f_4f44; // "DOORBELL"
+    const NAME: &'static str = "doorbell";
+    fn magic(&self) -> &AtomicU64 {
+        &self.magic
+    }
 }
 
-// SAFETY: all shared state is atomics inside a mapping that lives as long as `self`.
-unsafe impl Send for Doorbell {}
-// SAFETY: as above; every access goes through atomics.
-unsafe impl Sync for Doorbell {}
+pub struct Doorbell {
+    page: SharedPage<Shared>,
+}
 
 impl Doorbell {
     pub fn create(path: impl AsRef<Path>) -> io::Result<Self> {
-        let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(path)?;
-        file.set_len(SIZE)?;
-        let me = Self::map(&file)?;
-        me.shared().magic.store(MAGIC, Ordering::Release);
-        Ok(me)
+        Ok(Doorbell { page: SharedPage::create(path, |_| {})? })
     }
 
     pub fn open(path: impl AsRef<Path>) -> io::Result<Self> {
-        let file = OpenOptions::new().read(true).write(true).open(path)?;
-        if file.metadata()?.len() < SIZE {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "short doorbell file"));
-        }
-        let me = Self::map(&file)?;
-        if me.shared().magic.load(Ordering::Acquire) != MAGIC {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "not a doorbell file"));
-        }
-        Ok(me)
-    }
-
-    fn map(file: &File) -> io::Result<Self> {
-        Ok(Doorbell { map: memmap2::MmapOptions::new().populate().map_raw(file)? })
+        Ok(Doorbell { page: SharedPage::open(path)? })
     }
 
     fn shared(&self) -> &Shared {
-        // SAFETY: the mapping is page aligned, SIZE >= size_of::<Shared>() bytes long, lives as long as `self`,
-        // and `Shared` holds only atomics (valid for any bit pattern, safe to share across processes).
-        unsafe { &*(self.map.as_ptr() as *const Shared) }
+        self.page.get()
     }
 
     /// How many times the bell has rung (wrapping): what a later `wait` compares against.
@@ -147,7 +127,7 @@ mod tests {
     fn open_rejects_other_files() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x");
-        std::fs::write(&path, vec![0u8; SIZE as usize]).unwrap();
+        std::fs::write(&path, vec![0u8; 4096]).unwrap();
         assert!(Doorbell::open(&path).is_err());
         std::fs::write(&path, b"short").unwrap();
         assert!(Doorbell::open(&path).is_err());

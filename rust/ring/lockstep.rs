@@ -4,20 +4,14 @@
 //! Each round every party calls `sync(busy, cost)`; the last to arrive publishes (any busy, max cost) and bumps
 //! the generation futex, waking the others. Parties sleep on the futex; nothing spins.
 
-use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use memmap2::MmapRaw;
-
 use super::RingError;
 use super::futex::{futex_wait, futex_wake};
-
-const MAGIC: u64 = 0x5045_5453_4b43_4f4c; // "LOCKSTEP"
-const SIZE: u64 = 4096;
+use super::page::{PageState, SharedPage};
 
 #[repr(C)]
 struct Shared {
@@ -32,48 +26,33 @@ struct Shared {
     result_cost: AtomicU64,
 }
 
-pub struct Lockstep {
-    map: MmapRaw,
+// SAFETY: repr(C), a few dozen bytes, only atomics.
+unsafe impl PageState for Shared {
+    const MAGIC: u64 = 0x5045_5453_4b43_4f4c; // "LOCKSTEP"
+    const NAME: &'static str = "lockstep";
+    fn magic(&self) -> &AtomicU64 {
+        &self.magic
+    }
 }
 
-// SAFETY: all shared state is atomics inside a mapping that lives as long as `self`.
-unsafe impl Send for Lockstep {}
-// SAFETY: as above; every access goes through atomics.
-unsafe impl Sync for Lockstep {}
+pub struct Lockstep {
+    page: SharedPage<Shared>,
+}
 
 impl Lockstep {
     pub fn create(path: impl AsRef<Path>, parties: u32) -> io::Result<Self> {
         if parties == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "a lockstep group needs at least one party"));
         }
-        let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(path)?;
-        file.set_len(SIZE)?;
-        let me = Self::map(&file)?;
-        me.shared().parties.store(parties, Ordering::Relaxed);
-        me.shared().magic.store(MAGIC, Ordering::Release);
-        Ok(me)
+        Ok(Lockstep { page: SharedPage::create(path, |s: &Shared| s.parties.store(parties, Ordering::Relaxed))? })
     }
 
     pub fn open(path: impl AsRef<Path>) -> io::Result<Self> {
-        let file = OpenOptions::new().read(true).write(true).open(path)?;
-        if file.metadata()?.len() < SIZE {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "short lockstep file"));
-        }
-        let me = Self::map(&file)?;
-        if me.shared().magic.load(Ordering::Acquire) != MAGIC {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "not a lockstep file"));
-        }
-        Ok(me)
-    }
-
-    fn map(file: &File) -> io::Result<Self> {
-        Ok(Lockstep { map: memmap2::MmapOptions::new().populate().map_raw(file)? })
+        Ok(Lockstep { page: SharedPage::open(path)? })
     }
 
     fn shared(&self) -> &Shared {
-        // SAFETY: the mapping is page aligned, SIZE >= size_of::<Shared>() bytes long, lives as long as `self`,
-        // and `Shared` holds only atomics (valid for any bit pattern, safe to share across processes).
-        unsafe { &*(self.map.as_ptr() as *const Shared) }
+        self.page.get()
     }
 
     pub fn close(&self) {

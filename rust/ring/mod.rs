@@ -16,6 +16,7 @@ pub mod doorbell;
 pub mod futex;
 pub mod layout;
 pub mod lockstep;
+pub mod page;
 pub mod py;
 pub mod records;
 pub mod sender;
