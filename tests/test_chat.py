@@ -169,6 +169,28 @@ def test_reasoning_counts_against_max_tokens(server: Server) -> None:
     assert r.choices[0].message.model_extra.get("reasoning_content")
 
 
+def test_usage_counts_reasoning_tokens(server: Server) -> None:
+    from tokenizers import Tokenizer
+
+    from deepinfer_server.launcher import BUNDLED_TOKENIZER
+
+    client = server.client()
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "Think it through"}], "max_tokens": 600, "seed": 4}
+    r = client.chat.completions.create(**ask)  # type: ignore[call-overload]
+    details = r.usage.completion_tokens_details
+    assert details is not None and 0 < details.reasoning_tokens < r.usage.completion_tokens
+    # The engine's tokens before </think>. Re-tokenizing the reasoning text (the library's way) gives the same, less
+    # a leading newline token the parser drops from the text when the model generated one.
+    reasoning = r.choices[0].message.model_extra["reasoning_content"]
+    retokenized = len(Tokenizer.from_file(str(BUNDLED_TOKENIZER)).encode(reasoning, add_special_tokens=False).ids)
+    assert details.reasoning_tokens - retokenized in (0, 1)
+    last = list(client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))[-1]
+    assert last.usage is not None and last.usage.completion_tokens_details is not None
+    assert last.usage.completion_tokens_details.reasoning_tokens == details.reasoning_tokens
+    plain = client.chat.completions.create(**{**ask, "extra_body": NO_THINK})  # type: ignore[call-overload]
+    assert plain.usage.completion_tokens_details is None
+
+
 def test_same_prompt_and_seed_give_the_same_answer(server: Server) -> None:
     def ask(seed: int) -> str:
         r = server.client().chat.completions.create(
