@@ -21,6 +21,7 @@ from deepseek_recipe import (
     PromptUsage,
     StreamProcessor,
 )
+from tokenizers import Tokenizer
 
 from deepinfer_server import _native
 from deepinfer_server.codec import FINISHED, RUNNING, STOPPED_EARLY, Codec, Prepared
@@ -59,15 +60,15 @@ CASES = {
 def codec(request: pytest.FixtureRequest) -> Codec:
     codec = Codec(BUNDLED_TOKENIZER, [MODEL], 16384)
     assert codec.token_bytes is not None  # the bundled tokenizer is byte-level, as DeepSeek's
-    if request.param == "DecodeStream":
-        codec.token_bytes = None  # what a tokenizer with any other decoder gets
+    if request.param == "DecodeStream":  # what a tokenizer with any other decoder gets
+        codec.token_bytes, codec.detokenizer = None, Tokenizer.from_file(str(BUNDLED_TOKENIZER))
     return codec
 
 
 def test_the_byte_table_decodes_as_the_tokenizer_does() -> None:
     codec = Codec(BUNDLED_TOKENIZER, [MODEL], 16384)
-    table, tokenizer = codec.token_bytes, codec.detokenizer
-    assert table is not None
+    table, tokenizer = codec.token_bytes, Tokenizer.from_file(str(BUNDLED_TOKENIZER))
+    assert table is not None and codec.detokenizer is None  # the table replaces the tokenizer object
     rng = random.Random(7)
     for _ in range(500):  # any IDs, special tokens and broken UTF-8 included
         ids = [rng.randrange(len(table)) for _ in range(rng.randint(1, 40))]
@@ -195,7 +196,8 @@ def test_stop_sequence_matches_the_library(codec: Codec) -> None:
 def test_length_inside_a_character_keeps_the_text(codec: Codec) -> None:
     """The library's token path drops a batch that ends inside a UTF-8 character; the server keeps its text."""
     ids = codec.tokenizer.encode("Hello 🎉 wörld")
-    cut = next(n for n in range(1, len(ids)) if "\ufffd" in codec.detokenizer.decode(ids[:n], False))
+    tokenizer = Tokenizer.from_file(str(BUNDLED_TOKENIZER))
+    cut = next(n for n in range(1, len(ids)) if "\ufffd" in tokenizer.decode(ids[:n], False))
     raw = body(False, {"thinking": {"type": "disabled"}})
     assert summary(oracle(codec, raw, [ids[:cut]], InferenceFinishReason.Length))["content"] == ""
     got, _ = ours(codec, raw, [ids[:cut]], _native.FINISH_LENGTH)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from deepseek_recipe import (
     ChatCompletionChunk,
@@ -38,6 +39,7 @@ from deepseek_recipe import (
     Tokenizer,
 )
 from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.decoders import ByteLevel as ByteLevelDecoder
 from tokenizers.decoders import DecodeStream
 
 from deepinfer_server import _native
@@ -81,9 +83,11 @@ class Codec:
         model_version: str = "v4.1",
     ) -> None:
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
-        self.detokenizer = HFTokenizer.from_file(str(tokenizer_path))
-        self.token_bytes = byte_level_table(self.detokenizer, Path(tokenizer_path))
-        self.think_end_id = self.detokenizer.token_to_id(SpecialToken.ThinkingEnd.default_str())
+        detokenizer = HFTokenizer.from_file(str(tokenizer_path))
+        self.think_end_id = detokenizer.token_to_id(SpecialToken.ThinkingEnd.default_str())
+        self.token_bytes = byte_level_table(detokenizer)
+        # Kept only when there is no byte table (DeepSeek's vocabulary costs ~50 MB as a tokenizers object).
+        self.detokenizer = detokenizer if self.token_bytes is None else None
         version = ModelVersion.DeepseekV41Flash if model_version == "v4.1" else ModelVersion.DeepseekV4Pro
         options = ConversionOptions()
         for name in served_model_names:
@@ -140,22 +144,20 @@ class Codec:
         )
 
 
-def byte_level_table(tokenizer: HFTokenizer, path: Path) -> list[bytes] | None:
+def byte_level_table(tokenizer: HFTokenizer) -> list[bytes] | None:
     """Each token ID's bytes when the tokenizer's decoder is plain ByteLevel, else None.
 
     Mirrors the ByteLevel decoder: a token whose characters all map to bytes (the GPT-2 byte alphabet) becomes
     those bytes; any other token (a special token such as <｜end▁of▁sentence｜>) stays its UTF-8 text.
     """
-    decoder = json.loads(path.read_text(encoding="utf-8")).get("decoder") or {}
-    if decoder.get("type") != "ByteLevel":
+    if not isinstance(tokenizer.decoder, ByteLevelDecoder):
         return None
     char_to_byte = {c: b for b, c in enumerate(_byte_alphabet())}
-    table = [b""] * tokenizer.get_vocab_size(with_added_tokens=True)
-    for token, i in tokenizer.get_vocab(with_added_tokens=True).items():
-        if i >= len(table):
-            table += [b""] * (i + 1 - len(table))
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    table = [b""] * (max(vocab.values(), default=-1) + 1)
+    for token, i in vocab.items():
         try:
-            table[i] = bytes(char_to_byte[c] for c in token)
+            table[i] = bytes([char_to_byte[c] for c in token])
         except KeyError:
             table[i] = token.encode("utf-8")
     return table
@@ -249,8 +251,8 @@ class Decoder:
         generator = ChatCompletionRequest.chunk_generator(conv, response_id, model)
         options = conv.parsing_options
         self.proc = StreamProcessor(generator, options)  # text in: see the module docstring
-        table = codec.token_bytes
-        self.text = _TableText(table) if table is not None else _StreamText(codec.detokenizer)
+        table, detokenizer = codec.token_bytes, codec.detokenizer
+        self.text = _TableText(table) if table is not None else _StreamText(cast(HFTokenizer, detokenizer))
         self.text_ids = 0  # token IDs fed since the last text went out: that text's token count
         stage = options.thinking_initial_stage
         # Reasoning tokens: None outside thinking mode; counted until the engine's </think> when it starts in one.
