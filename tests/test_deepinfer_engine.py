@@ -145,7 +145,7 @@ def test_dp2_lockstep_stream_and_non_stream_then_clean_shutdown(deepinfer_server
     assert len({s[2] for s in starts}) == 1  # one rendezvous shared by the ranks
     assert all(s[3] == "0" for s in starts)  # speculative decoding off by default
     assert "prefill_intervals=1/1" in log and "multimodal_pool=0" in log
-    closed = re.findall(r"rank (\d) closed: steps=(\d+) flushes=(\d+).* lockstep=ok", log)
+    closed = re.findall(r"rank (\d) closed: steps=(\d+) flushes=(\d+).*? lockstep=ok", log)
     assert len(closed) == 2 and closed[0][1:] == closed[1][1:], log
 
 
@@ -158,7 +158,7 @@ def test_idle_dp_ranks_make_no_collectives_and_wake_for_requests(deepinfer_serve
     wakeups = idle_wakeups_per_s(srv)
     assert all(w < 50 for w in wakeups), wakeups  # an all-reduce every 2 ms made ~850 a second
     log = stop_cleanly(srv)  # the shutdown rings the bell: no 60 s wait
-    closed = re.findall(r"rank (\d) closed: steps=(\d+) flushes=(\d+).* lockstep=ok", log)
+    closed = re.findall(r"rank (\d) closed: steps=(\d+) flushes=(\d+).*? lockstep=ok", log)
     assert len(closed) == 2 and closed[0][1:] == closed[1][1:], log
 
 

@@ -35,7 +35,9 @@ NUM_IMAGE_SPECIAL = 5
 
 
 def _say(msg: str) -> None:
-    print(f"fake-deepinfer {msg}", file=sys.stderr, flush=True)
+    # One write per line: the ranks share the server's stderr, and print() writes the text and "\n" separately.
+    sys.stderr.write(f"fake-deepinfer {msg}\n")
+    sys.stderr.flush()
 
 
 class Sequence:
