@@ -181,6 +181,16 @@ def test_reasoning_tokens_are_the_engine_tokens_before_think_end(codec: Codec) -
     assert "completion_tokens_details" not in json.loads(no_think[-1])["usage"]
 
 
+def test_ids_past_the_vocabulary_have_no_text(codec: Codec) -> None:
+    ids = codec.tokenizer.encode("Plain words here.")
+    padded = [*ids[:2], 129_279, *ids[2:]]  # an ID a padded output layer could produce
+    raw = body(False, {"thinking": {"type": "disabled"}})
+    got, _ = ours(codec, raw, [padded], _native.FINISH_LENGTH)
+    message = json.loads(got[-1])["choices"][0]["message"]
+    assert message["content"] == "Plain words here."
+    assert json.loads(got[-1])["usage"]["completion_tokens"] == len(padded)
+
+
 def test_stop_sequence_matches_the_library(codec: Codec) -> None:
     extra = {"thinking": {"type": "disabled"}, "stop": ["answer"]}
     ids = codec.tokenizer.encode("The final answer is 42 and more text follows.")

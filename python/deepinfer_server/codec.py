@@ -187,7 +187,11 @@ class _TableText:
 
     def feed(self, tokens: list[int]) -> str:
         table = self.table
-        return str(self.utf8.decode(b"".join([table[t] for t in tokens])))
+        try:
+            data = b"".join([table[t] for t in tokens])
+        except IndexError:  # an ID past the vocabulary (a padded output layer): no text, as tokenizer.decode does
+            data = b"".join([table[t] for t in tokens if t < len(table)])
+        return str(self.utf8.decode(data))
 
     def flush(self) -> str:
         return str(self.utf8.decode(b"", True))  # an unfinished character becomes U+FFFD
