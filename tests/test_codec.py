@@ -215,3 +215,19 @@ def test_length_inside_a_character_keeps_the_text(codec: Codec) -> None:
     assert message["message"]["content"] == "Hello \ufffd"
     assert message["finish_reason"] == "length"
     assert json.loads(got[-1])["usage"]["completion_tokens"] == cut
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "non-stream"])
+def test_ignore_eos_counts_the_eos_tokens_and_the_reasoning(codec: Codec, stream: bool) -> None:
+    """With ignore_eos the engine's EOS tokens are generated tokens: no text, but in usage (with the reasoning)."""
+    reasoning = codec.tokenizer.encode("Short thought.")
+    ids = [*reasoning, codec.eos_id, *codec.tokenizer.encode("</think>Answer"), codec.eos_id, codec.eos_id]
+    prepared = codec.prepare(body(stream, {}), "chatcmpl-test", MODEL, True, True, False)
+    assert isinstance(prepared, Prepared)
+    state, out = prepared.decoder.push(ids, _native.FINISH_LENGTH)
+    assert state == FINISHED
+    chunks = [out] if isinstance(out, str) else [*prepared.first_chunks, *out]
+    got = summary(chunks)
+    assert got["reasoning"] == "Short thought." and got["content"] == "Answer"
+    assert got["usage"]["completion_tokens"] == len(ids)
+    assert got["usage"]["completion_tokens_details"] == {"reasoning_tokens": len(reasoning)}
