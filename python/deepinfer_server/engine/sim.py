@@ -67,8 +67,15 @@ class SimEngine:
         self.think_end = vocab.get("</think>")
         self.dsml = vocab.get("｜DSML｜")
         self.corpus = self.tok.encode(CORPUS.read_text(encoding="utf-8"), add_special_tokens=False).ids
-        # Starting points at sentence boundaries, so every answer begins with a word.
-        self.starts = [i + 1 for i, t in enumerate(self.corpus[:-1]) if self.tok.id_to_token(t) in (".", ".Ċ")]
+        # Starting points at sentence boundaries, past any line breaks, so every answer begins with a word. (An answer
+        # that began with a newline would show its first token one step late: the parser drops leading newlines.)
+        self.starts = []
+        for i, t in enumerate(self.corpus[:-1]):
+            if self.tok.id_to_token(t) in (".", ".Ċ"):
+                j = i + 1
+                while j < len(self.corpus) and not (self.tok.id_to_token(self.corpus[j]) or "").strip("Ċ"):
+                    j += 1
+                self.starts.append(j % len(self.corpus))
         self.words = [w for w in re.findall(r"[A-Za-z]{4,}", CORPUS.read_text(encoding="utf-8"))]
         self.waiting: deque[_Seq] = deque()
         self.running: list[_Seq] = []
