@@ -39,7 +39,7 @@ struct Timing {
     first: Option<Instant>,
     last: Option<Instant>,
     tokens: usize,
-    /// When the last token event left for the client.
+    /// When the last token event with visible output left for the client.
     sent: Option<Instant>,
 }
 
@@ -66,6 +66,11 @@ impl Inflight {
 
     pub fn mark_sent(&self, now: Instant) {
         self.timing.lock().unwrap().sent = Some(now);
+    }
+
+    /// Whether the client has been sent any token output yet (the role chunk does not count).
+    pub fn has_sent(&self) -> bool {
+        self.timing.lock().unwrap().sent.is_some()
     }
 
     /// Keep tokens for a single decode at the end.

@@ -158,12 +158,10 @@ fn deliver(
             }
             continue;
         }
-        let mut is_first = false;
         if !b.tokens.is_empty() {
             let (ttft, gap) = entry.tokens_arrived(now, b.tokens.len());
             if let Some(t) = ttft {
                 metrics.ttft.observe(t.as_secs_f64());
-                is_first = true;
             }
             metrics.observe_tokens(b.tokens.len(), gap);
         }
@@ -181,10 +179,9 @@ fn deliver(
             }
         }
         b.tokens = entry.held_then(b.tokens);
-        if entry.incremental {
-            entry.mark_sent(now);
-        }
-        if is_first && entry.incremental { first.push((entry, b)) } else { bulk.push((entry, b)) }
+        // A stream whose client has seen no token output yet: its first tokens may decode to nothing visible (a
+        // leading newline the parser drops, half a character), so it stays in the fast lane until something shows.
+        if entry.incremental && !entry.has_sent() { first.push((entry, b)) } else { bulk.push((entry, b)) }
     }
     if !first.is_empty() {
         decode_and_send(link, metrics, codec, first);
@@ -203,7 +200,11 @@ fn decode_and_send(link: &RankLink, metrics: &Metrics, codec: &Codec, work: Vec<
         let items: Vec<_> = work.iter().map(|(e, b)| (&e.decoder, b.tokens.as_slice(), b.finish)).collect();
         match codec.decode(py, &items) {
             Ok(decoded) => {
+                let now = Instant::now();
                 for ((entry, b), d) in work.iter().zip(decoded) {
+                    if entry.incremental && !d.bytes.is_empty() {
+                        entry.mark_sent(now); // the stream interval counts from events the client can see
+                    }
                     if finish_one(link, entry, d.state, d.bytes.freeze()) {
                         metrics.e2e.observe(entry.arrival.elapsed().as_secs_f64());
                         let reason = if b.finish == FINISH_LENGTH { "length" } else { "stop" };

@@ -88,3 +88,33 @@ def test_interval_below_the_step_never_merges_tokens(make_server: Callable[..., 
     counts = [n for _, n, _ in events]
     # Each 40 ms step's token is its own event; allow one merge for a scheduling hiccup on a loaded machine.
     assert len(events) >= 11 and counts[-1] == 12, counts
+
+
+def test_the_interval_counts_from_output_the_client_can_see(make_server: Callable[..., Server]) -> None:
+    # A tool call opens with blank lines and DSML markup, which show nothing until the tool's name is parsed (16
+    # tokens, ~0.5 s at 30 ms steps); the whole call takes 46 tokens (~1.4 s). The invisible first tokens must not
+    # start the 5 s interval, which would hold the name back until the end.
+    srv = make_server("--dp", "1", "--sim-decode-step-ms", "30", "--stream-interval-ms", "5000")
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [tool],
+        "stream": True,
+        **NO_THINK,
+    }
+    with httpx.Client(base_url=srv.url, timeout=30) as http:
+        t0 = time.monotonic()
+        with http.stream("POST", "/v1/chat/completions", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {") and '"tool_calls"' in line:
+                    seen = time.monotonic() - t0
+                    break
+    assert json.loads(line[6:])["choices"][0]["delta"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert seen < 1.0, f"the tool call waited for the interval: {seen:.3f} s"
