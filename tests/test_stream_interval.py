@@ -1,5 +1,6 @@
 """`--stream-interval-ms`: tokens that come sooner than the interval after a stream's last event wait and leave
-together; the first token and the end are never held, and held tokens leave on time even if nothing else arrives.
+together; the first visible output and the end are never held, and held tokens leave on time even if nothing else
+arrives.
 """
 
 from __future__ import annotations
