@@ -57,20 +57,13 @@ impl Inflight {
         (None, gap)
     }
 
-    /// When a stream may send its next token event, if that is later than `now` (see `stream_interval_ms`).
-    pub fn send_after(&self, now: Instant, interval: Duration) -> Option<Instant> {
-        let sent = self.timing.lock().unwrap().sent?;
-        let due = sent + interval;
-        (due > now).then_some(due)
+    /// When the client was last sent visible token output; None before any (the role chunk does not count).
+    pub fn last_sent(&self) -> Option<Instant> {
+        self.timing.lock().unwrap().sent
     }
 
     pub fn mark_sent(&self, now: Instant) {
         self.timing.lock().unwrap().sent = Some(now);
-    }
-
-    /// Whether the client has been sent any token output yet (the role chunk does not count).
-    pub fn has_sent(&self) -> bool {
-        self.timing.lock().unwrap().sent.is_some()
     }
 
     /// Keep tokens for a single decode at the end.
@@ -125,11 +118,20 @@ pub struct RankLink {
 }
 
 impl RankLink {
-    /// `bell`: the rank group's doorbell when its ranks step together (rung after each request record).
+    /// `bell`: the rank group's doorbell when its ranks step together.
     pub fn new(index: usize, requests: Arc<Ring>, output: Arc<Ring>, bell: Option<Arc<Doorbell>>) -> Self {
+        // Once a record is in the ring, wake the rank wherever it sleeps: waiting for us to drain its output, or
+        // (ranks that step together) on the group's doorbell. Its own ring's futex wakes it when idle otherwise.
+        let waiting_rank = output.clone();
+        let on_push = Box::new(move || {
+            waiting_rank.wake_producer();
+            if let Some(bell) = &bell {
+                bell.ring();
+            }
+        });
         RankLink {
             index,
-            requests: Sender::new(requests, bell),
+            requests: Sender::new(requests, on_push),
             output,
             inflight: Mutex::new(HashMap::new()),
             count: AtomicUsize::new(0),
@@ -239,7 +241,6 @@ impl Dispatcher {
             tracing::error!(rank = rank.index, "cannot send request to rank: {e}");
             return Err(ApiError::Unavailable(format!("engine rank {} is not accepting requests", rank.index)));
         }
-        rank.output.wake_producer(); // a rank waiting for us to drain its output takes the request now
         self.metrics.queue.observe(arrival.elapsed().as_secs_f64());
         self.metrics.prompt_tokens.inc_by(prompt_tokens as u64);
         Ok(Ticket {

@@ -167,12 +167,13 @@ fn deliver(
         }
         // Hold the tokens: a non-stream without stop sequences until it ends (one decode, in one push), a stream
         // that sent an event less than `interval` ago until its next event is due.
+        let sent = entry.last_sent();
         if b.finish == FINISH_NONE {
             if !entry.incremental {
                 entry.hold(&b.tokens);
                 continue;
             }
-            if let Some(due) = entry.send_after(now, interval) {
+            if let Some(due) = sent.map(|t| t + interval).filter(|due| *due > now) {
                 entry.hold(&b.tokens);
                 waiting.insert(b.id, due);
                 continue;
@@ -181,7 +182,7 @@ fn deliver(
         b.tokens = entry.held_then(b.tokens);
         // A stream whose client has seen no token output yet: its first tokens may decode to nothing visible (a
         // leading newline the parser drops, half a character), so it stays in the fast lane until something shows.
-        if entry.incremental && !entry.has_sent() { first.push((entry, b)) } else { bulk.push((entry, b)) }
+        if entry.incremental && sent.is_none() { first.push((entry, b)) } else { bulk.push((entry, b)) }
     }
     if !first.is_empty() {
         decode_and_send(link, metrics, codec, first);

@@ -11,7 +11,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::{Doorbell, Ring, RingError};
+use super::{Ring, RingError};
 
 /// How often the flusher, while blocked on a full ring, checks for `Drop`.
 const STOP_POLL: Duration = Duration::from_millis(100);
@@ -23,10 +23,12 @@ struct State {
     stopped: bool,
 }
 
+/// Called after each record lands in the ring: wakes a consumer that sleeps on something other than the ring.
+pub type OnPush = Box<dyn Fn() + Send + Sync>;
+
 struct Shared {
     ring: Arc<Ring>,
-    /// Rung after every record lands in the ring, for ranks that sleep on their group's bell.
-    bell: Option<Arc<Doorbell>>,
+    on_push: OnPush,
     state: Mutex<State>,
     wake: Condvar,
 }
@@ -34,12 +36,6 @@ struct Shared {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn ring_bell(&self) {
-        if let Some(bell) = &self.bell {
-            bell.ring();
-        }
     }
 }
 
@@ -49,10 +45,10 @@ pub struct Sender {
 }
 
 impl Sender {
-    pub fn new(ring: Arc<Ring>, bell: Option<Arc<Doorbell>>) -> Sender {
+    pub fn new(ring: Arc<Ring>, on_push: OnPush) -> Sender {
         let shared = Arc::new(Shared {
             ring,
-            bell,
+            on_push,
             state: Mutex::new(State { backlog: VecDeque::new(), in_flight: false, stopped: false }),
             wake: Condvar::new(),
         });
@@ -81,7 +77,7 @@ impl Sender {
         }
         if st.backlog.is_empty() && !st.in_flight && ring.try_push(kind, &[&payload])? {
             drop(st);
-            self.shared.ring_bell();
+            (self.shared.on_push)();
             return Ok(());
         }
         st.backlog.push_back((kind, payload));
@@ -127,7 +123,7 @@ fn flush_loop(sh: &Shared) {
             }
         };
         if result.is_ok() {
-            sh.ring_bell();
+            (sh.on_push)();
         }
         let mut st = sh.lock();
         st.in_flight = false;
@@ -157,7 +153,7 @@ mod tests {
     #[test]
     fn preserves_order_through_backlog() {
         let (_d, r) = ring(4096);
-        let tx = Sender::new(r.clone(), None);
+        let tx = Sender::new(r.clone(), Box::new(|| {}));
         let n = 5000u32;
         let consumer = {
             let r = r.clone();
@@ -196,28 +192,39 @@ mod tests {
     }
 
     #[test]
-    fn the_bell_rings_once_a_record_is_in_the_ring_on_either_path() {
-        let (d, r) = ring(4096);
-        let bell = Arc::new(Doorbell::create(d.path().join("bell")).unwrap());
-        let tx = Sender::new(r.clone(), Some(bell.clone()));
-        let seen = bell.value();
-        tx.send(SUBMIT, vec![1; 8]).unwrap(); // fast path
-        assert_ne!(bell.value(), seen);
+    fn on_push_runs_once_the_record_is_in_the_ring_on_either_path() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (_d, r) = ring(4096);
+        let pushed = Arc::new(AtomicUsize::new(0));
+        let counter = pushed.clone();
+        let tx = Sender::new(r.clone(), Box::new(move || _ = counter.fetch_add(1, Ordering::SeqCst)));
+        tx.send(SUBMIT, vec![1; 8]).unwrap(); // fast path: the record is readable when on_push runs
+        assert_eq!(pushed.load(Ordering::SeqCst), 1);
+        assert!(r.used_bytes() > 0);
+        let mut sent = 1;
         while tx.backlog_len() == 0 {
             tx.send(SUBMIT, vec![2; 64]).unwrap(); // until the ring is full and records queue
+            sent += 1;
         }
-        let before_drain = bell.value();
-        let mut seen_records = 0;
-        r.drain(usize::MAX, |_, _| seen_records += 1).unwrap();
-        // The flusher pushes the backlog now that there is room, and rings for it.
-        assert!(bell.wait(before_drain, Duration::from_secs(5)));
-        assert!(seen_records > 1);
+        let fast = pushed.load(Ordering::SeqCst);
+        assert!(fast < sent);
+        let mut drained = 0;
+        while drained < sent {
+            r.wait_readable(Some(Duration::from_secs(5)));
+            drained += r.drain(usize::MAX, |_, _| {}).unwrap();
+        }
+        // The flusher pushed the queued records once there was room, and calls on_push for each just after.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while pushed.load(Ordering::SeqCst) < sent && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(pushed.load(Ordering::SeqCst), sent);
     }
 
     #[test]
     fn closed_ring_stops_sender() {
         let (_d, r) = ring(4096);
-        let tx = Sender::new(r.clone(), None);
+        let tx = Sender::new(r.clone(), Box::new(|| {}));
         for _ in 0..200 {
             tx.send(SHUTDOWN, vec![0; 64]).unwrap();
         }
