@@ -171,7 +171,7 @@ class Ranks:
             lockstep_path = SHM_DIR / f"{self.prefix}-lockstep"
             self.lockstep = _native.Lockstep.create(str(lockstep_path), a.data_parallel_size)
             self.paths.append(lockstep_path)
-        if (a.engine == "deepinfer" or lockstep_path) and a.data_parallel_size > 1:
+        if a.engine == "deepinfer" or lockstep_path:  # ranks that step together sleep on one doorbell
             bell_path = SHM_DIR / f"{self.prefix}-bell"
             self.bell = _native.Doorbell.create(str(bell_path))
             self.paths.append(bell_path)

@@ -13,8 +13,8 @@ and an idle rank runs a placeholder batch. There is no central coordinator; each
 When the whole group is idle, each rank sleeps on the group's doorbell (rust/ring/doorbell.rs) until something
 rings it: the server after every request record, and a rank that finds records in its own ring (a peer that read
 the bell after the server rang may be asleep, and the rank cannot step until that peer reaches the all-reduce).
-Nothing polls: an idle group makes no collectives at all. A single rank (DP = 1) has no peer to keep up with and
-sleeps on its own request ring. Both sleeps are bounded by `IDLE_WAIT_S` so a closed ring is noticed.
+Nothing polls: an idle group makes no collectives at all. The sleep is bounded by `IDLE_WAIT_S` so a closed ring
+is noticed.
 """
 
 from __future__ import annotations
@@ -39,23 +39,19 @@ class LockstepEngine(Engine, Protocol):
         """Outputs of the step still in flight, when going idle."""
 
 
-def serve_lockstep(
-    any_engine: Engine, requests: _native.Ring, outputs: _native.Ring, bell: _native.Doorbell | None
-) -> None:
+def serve_lockstep(any_engine: Engine, requests: _native.Ring, outputs: _native.Ring, bell: _native.Doorbell) -> None:
     """The loop. Returns when any rank got SHUTDOWN or lost its rings, on every rank at the same iteration."""
     if not callable(getattr(any_engine, "sync", None)) or not callable(getattr(any_engine, "flush", None)):
         raise TypeError(f"{type(any_engine).__name__} has no sync()/flush(): it cannot run in lockstep")
     engine = cast(LockstepEngine, any_engine)
-    if engine.group_size > 1 and bell is None:
-        raise ValueError(f"a lockstep group of {engine.group_size} ranks needs the group's doorbell")
     status = Status(engine, outputs)
     stopping = False  # this rank wants to stop (SHUTDOWN or the server closed the rings)
     flushed = True  # nothing in flight since the last flush
     while True:
-        seen = bell.value() if bell is not None else 0
+        seen = bell.value()
         published: list[Output] = []
         if not stopping:
-            if bell is not None and requests.used_bytes:
+            if requests.used_bytes:
                 bell.ring()  # peers asleep after an idle round must come to this round's all-reduce
             try:
                 published, stopping = take_requests(engine, requests)
@@ -79,9 +75,6 @@ def serve_lockstep(
                 stopping = True  # leave at the next all-reduce, together with the peers
         status.update(force=not busy)
         if not busy and flushed and not stopping:
-            if bell is not None:
-                bell.wait(seen, IDLE_WAIT_S)
-            else:
-                requests.wait(IDLE_WAIT_S)
+            bell.wait(seen, IDLE_WAIT_S)
             if requests.closed:
                 stopping = True

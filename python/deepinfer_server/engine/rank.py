@@ -192,14 +192,14 @@ def main(argv: list[str] | None = None) -> int:
     outputs.set_aux(_native.AUX_STATE, _native.STATE_READY)
     log.info("rank %d ready (engine %s)", rank, conf["engine"])
     try:
-        bell = _native.Doorbell.open(conf["doorbell"]) if conf.get("doorbell") else None
         if conf.get("lockstep"):
             lock = _native.Lockstep.open(conf["lockstep"])
-            serve_sim_lockstep(cast("SimEngine", engine), requests, outputs, lock, cast(_native.Doorbell, bell))
+            bell = _native.Doorbell.open(conf["doorbell"])
+            serve_sim_lockstep(cast("SimEngine", engine), requests, outputs, lock, bell)
         elif conf["engine"] == "deepinfer":
             from deepinfer_server.engine.lockstep import serve_lockstep
 
-            serve_lockstep(engine, requests, outputs, bell)  # DP ranks step together
+            serve_lockstep(engine, requests, outputs, _native.Doorbell.open(conf["doorbell"]))  # DP ranks step together
         else:
             serve_rank(engine, requests, outputs)
     except _native.RingClosed:
