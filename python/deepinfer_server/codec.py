@@ -84,7 +84,6 @@ class Codec:
     ) -> None:
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
         detokenizer = HFTokenizer.from_file(str(tokenizer_path))
-        self.think_end_id = detokenizer.token_to_id(SpecialToken.ThinkingEnd.default_str())
         self.token_bytes = byte_level_table(detokenizer)
         # Kept only when there is no byte table (DeepSeek's vocabulary costs ~50 MB as a tokenizers object).
         self.detokenizer = detokenizer if self.token_bytes is None else None
@@ -97,6 +96,7 @@ class Codec:
         self.encoding = encoding.with_tokenizer(self.tokenizer)
         self.max_model_len = max_model_len
         self.eos_id = self.tokenizer.encode(SpecialToken.Eos.default_str())[0]
+        self.think_end_id = self.tokenizer.encode(SpecialToken.ThinkingEnd.default_str())[0]
 
     def prepare(
         self, body: bytes, response_id: str, model: str, ignore_eos: bool, include_usage: bool, continuous_usage: bool
