@@ -78,7 +78,10 @@ class SimEngine:
                 self.starts.append(j % len(self.corpus))
         self.words = [w for w in re.findall(r"[A-Za-z]{4,}", CORPUS.read_text(encoding="utf-8"))]
         self.waiting: deque[_Seq] = deque()
-        self.running: list[_Seq] = []
+        # Admitted requests, split so a step's batch is one list concatenation: past their prompt (decoding), and
+        # still in prefill, in admission order (chunked prefill serves them in that order).
+        self.decoding: list[_Seq] = []
+        self.prefilling: list[_Seq] = []
         self.by_id: dict[int, _Seq] = {}
         self._batch: list[_Seq] = []
         self._next_start = 0.0
@@ -89,7 +92,7 @@ class SimEngine:
         prompt = req.prompt
         if not prompt:
             return [(req.request_id, [], _native.FINISH_ERROR, "empty prompt")]
-        if max(prompt) > self.max_id or min(prompt) < 0:
+        if max(prompt) > self.max_id:  # IDs come off the ring as u32: never negative
             return [(req.request_id, [], _native.FINISH_ERROR, "prompt contains a token id outside the vocabulary")]
         if len(prompt) >= self.cfg.max_model_len:
             return [(req.request_id, [], _native.FINISH_ERROR, "prompt_length_exceeded")]
@@ -107,23 +110,25 @@ class SimEngine:
         if gone:
             self._batch = [s for s in self._batch if s.rid not in gone]
             self.waiting = deque(s for s in self.waiting if s.rid not in gone)
-            self.running = [s for s in self.running if s.rid not in gone]
+            self.decoding = [s for s in self.decoding if s.rid not in gone]
+            self.prefilling = [s for s in self.prefilling if s.rid not in gone]
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.decoding or self.prefilling or self.waiting)
 
     def load(self) -> tuple[int, int]:
-        queued = sum(s.prompt_left for s in self.waiting) + sum(s.prompt_left for s in self.running)
-        return len(self.running) + len(self.waiting), queued
+        queued = sum(s.prompt_left for s in self.waiting) + sum(s.prompt_left for s in self.prefilling)
+        return len(self.decoding) + len(self.prefilling) + len(self.waiting), queued
 
     def kv_usage(self) -> float:
         """Share of the KV cache (max_num_seqs x max_model_len token slots) the running requests hold."""
-        held = sum(s.prompt_len - s.prompt_left + s.generated for s in self.running)
+        held = sum(s.prompt_len - s.prompt_left + s.generated for s in (*self.decoding, *self.prefilling))
         return min(1.0, held / (self.cfg.max_num_seqs * self.cfg.max_model_len))
 
     def close(self) -> None:
         self.waiting.clear()
-        self.running.clear()
+        self.decoding.clear()
+        self.prefilling.clear()
         self.by_id.clear()
 
     # -- one step ------------------------------------------------------------------------------------------------
@@ -143,23 +148,28 @@ class SimEngine:
     def plan(self) -> float:
         """Schedule the next step (admission, decode batch, prefill chunks) and return its cost in ms."""
         cfg = self.cfg
-        while self.waiting and len(self.running) < cfg.max_num_seqs:  # admitted into the very next step
-            self.running.append(self.waiting.popleft())
-        decoding = [s for s in self.running if s.prompt_left == 0]
+        decoding, prefilling = self.decoding, self.prefilling
+        while self.waiting and len(decoding) + len(prefilling) < cfg.max_num_seqs:  # admitted into the next step
+            prefilling.append(self.waiting.popleft())
+        if not decoding and not prefilling:
+            self._batch = []
+            return 0.0
         budget = cfg.max_num_batched_tokens - len(decoding)
         prefill_tokens = 0
         prefilled = []
-        for s in self.running:  # chunked prefill in admission order, within the batched-token budget
-            if s.prompt_left and budget > 0:
-                take = min(s.prompt_left, budget, cfg.prefill_chunk_tokens or s.prompt_left)
-                s.prompt_left -= take
-                budget -= take
-                prefill_tokens += take
-                if not s.prompt_left:
-                    prefilled.append(s)  # prefill ends with the request's first token
-        self._batch = decoding + prefilled
-        if not self.running:
-            return 0.0
+        for s in prefilling:  # chunked prefill in admission order, within the batched-token budget
+            if budget <= 0:
+                break
+            take = min(s.prompt_left, budget, cfg.prefill_chunk_tokens or s.prompt_left)
+            s.prompt_left -= take
+            budget -= take
+            prefill_tokens += take
+            if not s.prompt_left:
+                prefilled.append(s)  # prefill ends with the request's first token
+        if prefilled:
+            self.prefilling = [s for s in prefilling if s.prompt_left]
+        # Everything in this step's batch decodes from now on.
+        self._batch = self.decoding = decoding + prefilled
         decode_ms = cfg.decode_step_ms + cfg.decode_ms_per_seq * len(decoding)
         prefill_ms = prefill_tokens * cfg.prefill_ms_per_1k_tokens / 1000.0
         # overlap: a step is bound by the slower of memory-bound decode and compute-bound prefill (roofline);
@@ -188,7 +198,7 @@ class SimEngine:
             del self.by_id[s.rid]
             finished = True
         if finished:
-            self.running = [s for s in self.running if s.rid in self.by_id]
+            self.decoding = [s for s in self.decoding if s.rid in self.by_id]
         self._batch = []
         return out
 
@@ -203,14 +213,17 @@ class SimEngine:
     # -- output script -------------------------------------------------------------------------------------------
     def _rng(self, req: Submit) -> random.Random:
         if req.seed is None and req.temperature > 0:
-            return random.Random(self._entropy.getrandbits(64))  # unseeded: not reproducible, as with a real model
+            return self._entropy  # unseeded: not reproducible, as with a real model
         digest = zlib.crc32(array("I", req.prompt).tobytes())
         return random.Random(digest * 1_000_003 + (req.seed or 0))
 
     def _text(self, rng: random.Random, n: int) -> list[int]:
         start = rng.choice(self.starts) if self.starts else 0
         c = self.corpus
-        return [c[(start + k) % len(c)] for k in range(n)]
+        out = c[start : start + n]
+        while len(out) < n:  # wraps around the corpus
+            out += c[: n - len(out)]
+        return out
 
     def _plan(self, prompt: list[int], rng: random.Random, ignore_eos: bool) -> list[int]:
         plan: list[int] = []

@@ -1,0 +1,107 @@
+"""The simulated engine's scheduler on its own: admission, chunked prefill within the batched-token budget, the
+first token at the end of prefill, the step cost model and aborts. (Over HTTP the same engine is checked by the
+other suites; here each step's batch and cost is visible.)"""
+
+from __future__ import annotations
+
+from deepinfer_server import _native
+from deepinfer_server.engine.base import Submit
+from deepinfer_server.engine.sim import SimConfig, SimEngine
+from deepinfer_server.launcher import BUNDLED_TOKENIZER
+
+
+def engine(max_num_seqs: int = 2, max_num_batched_tokens: int = 100) -> SimEngine:
+    """1 ms decode steps and 10 ms of prefill per 1k prompt tokens."""
+    return SimEngine(
+        SimConfig(
+            tokenizer_path=str(BUNDLED_TOKENIZER),
+            max_model_len=4096,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            decode_step_ms=1.0,
+            prefill_ms_per_1k_tokens=10.0,
+        )
+    )
+
+
+def submit(e: SimEngine, rid: int, prompt_len: int, max_tokens: int = 50) -> None:
+    prompt = [100 + i % 50 for i in range(prompt_len)]
+    assert e.add(Submit(rid, prompt, max_tokens, 1.0, 1.0, -1, 7, True)) == []
+
+
+def step(e: SimEngine) -> tuple[float, dict[int, int]]:
+    """One step: (its cost in ms, request id -> finish code of the token it got)."""
+    cost = e.plan()
+    out = e.commit()
+    assert all(len(tokens) == 1 for _, tokens, _ in out), "one token per request per step"
+    return cost, {rid: finish for rid, _, finish in out}
+
+
+def test_chunked_prefill_admission_and_costs() -> None:
+    e = engine()
+    submit(e, 1, 150)
+    submit(e, 2, 30)
+    submit(e, 3, 10)
+    assert e.load() == (3, 190)
+
+    cost, out = step(e)  # 1 and 2 admitted (two sequences at most); 1 takes the whole 100-token budget
+    assert out == {} and cost == 1.0 + 100 * 10 / 1000
+    assert e.load() == (3, 90)
+
+    cost, out = step(e)  # 1 finishes its prompt (50), 2 prefills in the same step (30): both get a first token
+    assert out == {1: _native.FINISH_NONE, 2: _native.FINISH_NONE} and cost == 1.0 + 80 * 10 / 1000
+
+    cost, out = step(e)  # 3 still waits for a free sequence slot
+    assert out == {1: _native.FINISH_NONE, 2: _native.FINISH_NONE} and cost == 1.0
+    assert e.load() == (3, 10)
+
+    e.abort([1])
+    cost, out = step(e)  # 3 takes 1's slot at once and its 10-token prompt fits next to 2's decode
+    assert out == {2: _native.FINISH_NONE, 3: _native.FINISH_NONE} and cost == 1.0 + 10 * 10 / 1000
+    assert e.load() == (2, 0)
+
+
+def test_decoding_requests_go_first_and_prefill_gets_what_is_left() -> None:
+    e = engine(max_num_seqs=8, max_num_batched_tokens=20)
+    for rid in range(4):
+        submit(e, rid, 1)
+    step(e)  # four one-token prompts: four first tokens
+    submit(e, 9, 40)
+    budgets = []
+    while 9 not in step(e)[1]:
+        budgets.append(e.load()[1])
+    assert budgets == [24, 8], "16 prompt tokens a step: the budget less the four decoding requests"
+
+
+def test_max_tokens_ends_with_length_and_frees_the_slot() -> None:
+    e = engine(max_num_seqs=1)
+    submit(e, 1, 5, max_tokens=2)
+    submit(e, 2, 5, max_tokens=1)
+    assert step(e)[1] == {1: _native.FINISH_NONE}
+    assert step(e)[1] == {1: _native.FINISH_LENGTH}
+    assert step(e)[1] == {2: _native.FINISH_LENGTH}
+    assert not e.has_work()
+    assert step(e) == (0.0, {})
+
+
+def test_an_aborted_request_in_prefill_or_waiting_never_gets_a_token() -> None:
+    e = engine(max_num_seqs=1, max_num_batched_tokens=10)
+    submit(e, 1, 30)
+    submit(e, 2, 5)
+    step(e)  # 1 is part-way through its prompt, 2 waits
+    e.abort([1, 2])
+    assert not e.has_work()
+    assert step(e) == (0.0, {})
+
+
+def test_a_seeded_answer_is_the_same_every_time() -> None:
+    outs = []
+    for _ in range(2):
+        e = engine(max_num_seqs=1)
+        submit(e, 1, 20, max_tokens=300)  # longer than any planned answer: the corpus continues, wrapping around
+        tokens = []
+        while e.has_work():
+            e.plan()
+            tokens += [t for _, ts, _ in e.commit() for t in ts]
+        outs.append(tokens)
+    assert len(outs[0]) == 300 and outs[0] == outs[1]
