@@ -83,14 +83,16 @@ impl Codec {
             thread::Builder::new()
                 .name(format!("codec-{i}"))
                 .spawn(move || {
-                    loop {
-                        let job = rx.lock().unwrap().recv();
-                        let Ok((req, reply)) = job else { return };
-                        let result = Python::attach(|py| me.prepare_blocking(py, &req));
-                        *me.preparing.lock().unwrap() -= 1;
-                        me.prepared.notify_all();
-                        let _ = reply.send(result);
-                    }
+                    with_thread_state(|| {
+                        loop {
+                            let job = rx.lock().unwrap().recv();
+                            let Ok((req, reply)) = job else { return };
+                            let result = Python::attach(|py| me.prepare_blocking(py, &req));
+                            *me.preparing.lock().unwrap() -= 1;
+                            me.prepared.notify_all();
+                            let _ = reply.send(result);
+                        }
+                    })
                 })
                 .expect("spawn codec thread");
         }
@@ -177,6 +179,14 @@ impl Codec {
         }
         Ok(decoded)
     }
+}
+
+/// Run a thread's loop with a Python thread state kept for its whole life (the GIL released), so each
+/// `Python::attach` inside only takes the GIL. Without it every attach from a Rust thread creates a thread state
+/// and deletes it on release, and each new one maps a fresh frame stack: an mmap and an munmap (with a TLB
+/// shootdown across cores) per prepared request and per decoded batch.
+pub fn with_thread_state<R: pyo3::marker::Ungil>(f: impl FnOnce() -> R + pyo3::marker::Ungil) -> R {
+    Python::attach(|py| py.detach(f))
 }
 
 /// A Python failure is our bug, not the client's: log it with its traceback, answer a bare 500.

@@ -42,7 +42,7 @@ type Waiting = HashMap<u64, Instant>;
 pub fn spawn(dispatcher: Arc<Dispatcher>, codec: Arc<Codec>, rank: usize, interval: Duration) -> JoinHandle<()> {
     thread::Builder::new()
         .name(format!("rank{rank}-out"))
-        .spawn(move || run(&dispatcher, &codec, rank, interval))
+        .spawn(move || crate::codec::with_thread_state(|| run(&dispatcher, &codec, rank, interval)))
         .expect("spawn rank_io thread")
 }
 
