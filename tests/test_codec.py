@@ -24,7 +24,7 @@ from deepseek_recipe import (
 from tokenizers import Tokenizer
 
 from deepinfer_server import _native
-from deepinfer_server.codec import FINISHED, RUNNING, STOPPED_EARLY, Codec, Prepared
+from deepinfer_server.codec import FINISHED, RUNNING, STOPPED_EARLY, Codec, Decoder, Prepared
 from deepinfer_server.launcher import BUNDLED_TOKENIZER
 
 MODEL = "deepseek-v4.1-flash"
@@ -231,3 +231,57 @@ def test_ignore_eos_counts_the_eos_tokens_and_the_reasoning(codec: Codec, stream
     assert got["reasoning"] == "Short thought." and got["content"] == "Answer"
     assert got["usage"]["completion_tokens"] == len(ids)
     assert got["usage"]["completion_tokens_details"] == {"reasoning_tokens": len(reasoning)}
+
+
+def parsed_finish(decoder: Decoder, out: list[str]) -> list[str]:
+    """The last batch's chunks written by parsing the chunk that carries usage (the fallback path)."""
+    result: list[str] = []
+    usage_chunk = None
+    for js in out:
+        if '"usage":{' not in js:
+            if decoder.continuous and js.endswith('"usage":null}'):
+                js = js[:-13] + decoder._usage_tail()
+            result.append(js)
+            continue
+        result, usage_chunk = decoder._finish_parsed(js, result)
+    return result + ([usage_chunk] if usage_chunk else [])
+
+
+@pytest.mark.parametrize("usage", ["none", "final", "continuous"])
+@pytest.mark.parametrize("thinking", [True, False], ids=["thinking", "no-thinking"])
+@pytest.mark.parametrize("eos", [True, False], ids=["eos-kept", "no-eos"])
+def test_the_last_batch_is_spliced_as_parsing_would_write_it(
+    codec: Codec, usage: str, thinking: bool, eos: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Text that looks like the keys the splice cuts at must not fool it; usage fixes (EOS kept out of the text,
+    reasoning tokens) land in the same place, in the library's key order."""
+    req: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Say something tricky."}],
+        "stream": True,
+        "thinking": {"type": "enabled" if thinking else "disabled"},
+    }
+    if usage != "none":
+        req["stream_options"] = {"include_usage": True, "continuous_usage_stats": usage == "continuous"}
+    raw = json.dumps(req).encode()
+    prepared = codec.prepare(raw, "chatcmpl-test", MODEL, eos, usage != "none", usage == "continuous")
+    assert isinstance(prepared, Prepared)
+    text = 'A thought, "usage":{ and "choices":[.</think>' if thinking else ""
+    ids = codec.tokenizer.encode(text + 'Answer: ,"usage":{"x":1}} "choices":[] \\",\\"usage\\":{')
+    if eos:
+        ids = [*ids[:5], codec.eos_id, *ids[5:], codec.eos_id]
+    seen: list[list[str]] = []
+    splice = Decoder._finish_stream
+    monkeypatch.setattr(Decoder, "_finish_stream", lambda self, out: seen.append(list(out)) or splice(self, out))
+    state, got = prepared.decoder.push(ids, _native.FINISH_LENGTH)
+    assert state == FINISHED and isinstance(got, list)
+    want = parsed_finish(prepared.decoder, seen[0])
+    assert [json.dumps(json.loads(js)) for js in got] == [json.dumps(json.loads(js)) for js in want]
+    last = json.loads(got[-1])
+    if usage == "none":
+        assert all("usage" not in json.loads(js) or json.loads(js)["usage"] is None for js in got)
+        return
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == len(ids)
+    assert ("completion_tokens_details" in last["usage"]) == thinking
+    assert json.loads(got[-2])["usage"] == (last["usage"] if usage == "continuous" else None)
+    assert summary([*prepared.first_chunks, *got])["content"].endswith('\\",\\"usage\\":{')

@@ -368,24 +368,53 @@ class Decoder:
         )
 
     def _finish_stream(self, out: list[str]) -> list[str]:
-        """OpenAI wire format: usage travels in its own final chunk with empty choices, only if asked for."""
+        """OpenAI wire format: usage travels in its own final chunk with empty choices, only if asked for.
+
+        The chunk that carries the library's usage is cut and spliced as text, not parsed and re-serialized (a
+        JSON round trip of the chunk was most of the cost of a stream's last batch). `,"usage":{` and
+        `"choices":[` cannot occur inside a JSON string (its quotes are escaped), and the library serializes usage
+        last, after choices; a chunk of any other shape takes the parsing path."""
         result = []
         usage_chunk = None
         for js in out:
-            if '"usage":{' not in js:
+            k = js.rfind(',"usage":{')
+            if k < 0:
                 if self.continuous and js.endswith('"usage":null}'):
                     js = js[:-13] + self._usage_tail()
                 result.append(js)
                 continue
-            d = json.loads(js)
-            usage = self._fix_usage(d.pop("usage"))
+            head, usage = js[:k], js[k + 9 : -1]
+            c = head.find('"choices":[')
+            if c < 0 or not head.endswith("]") or not js.endswith("}}"):
+                result, usage_chunk = self._finish_parsed(js, result)
+                continue
+            usage = self._fixed_usage(usage)
             if self.include_usage:
-                d["usage"] = usage if self.continuous else None
-                usage_chunk = {**d, "choices": [], "usage": usage}
-            result.append(_dumps(d))
+                result.append(f'{head},"usage":{usage if self.continuous else "null"}}}')
+                usage_chunk = f'{head[:c]}"choices":[],"usage":{usage}}}'
+            else:
+                result.append(head + "}")
         if usage_chunk is not None:
-            result.append(_dumps(usage_chunk))
+            result.append(usage_chunk)
         return result
+
+    def _fixed_usage(self, usage: str) -> str:
+        """The library's usage object (JSON text) with `_fix_usage` applied; spliced when only reasoning is added."""
+        if self.dropped_eos == 0 and self.reasoning is None:
+            return usage
+        k = usage.find('"prompt_cache_hit_tokens":') if self.dropped_eos == 0 else -1
+        if k < 0 or '"completion_tokens_details"' in usage:
+            return _dumps(self._fix_usage(json.loads(usage)))
+        return f'{usage[:k]}"completion_tokens_details":{{"reasoning_tokens":{self.reasoning}}},{usage[k:]}'
+
+    def _finish_parsed(self, js: str, result: list[str]) -> tuple[list[str], str | None]:
+        d = json.loads(js)
+        usage = self._fix_usage(d.pop("usage"))
+        usage_chunk = None
+        if self.include_usage:
+            d["usage"] = usage if self.continuous else None
+            usage_chunk = _dumps({**d, "choices": [], "usage": usage})
+        return [*result, _dumps(d)], usage_chunk
 
     def _fix_usage(self, usage: dict[str, object]) -> dict[str, object]:
         """Add the EOS tokens that ignore_eos kept out of the text, and the counted reasoning tokens."""
