@@ -178,8 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=conf.get("log_level", "INFO").upper(), format=f"%(asctime)s rank{rank} %(message)s")
     _die_with_parent(conf["parent_pid"])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops ranks through the ring (or SIGTERM/SIGKILL)
+    # Every shared file is mapped before this rank reports READY: once all ranks are ready the launcher unlinks them.
     requests = _native.Ring.open(conf["request_ring"])
     outputs = _native.Ring.open(conf["output_ring"])
+    lock = _native.Lockstep.open(conf["lockstep"]) if conf.get("lockstep") else None
+    bell = _native.Doorbell.open(conf["doorbell"]) if conf.get("doorbell") else None
     outputs.set_aux(_native.AUX_STATE, _native.STATE_LOADING)
     try:
         engine = build_engine(conf["engine"], conf["engine_config"])
@@ -187,19 +190,20 @@ def main(argv: list[str] | None = None) -> int:
         log.exception("rank %d: engine failed to start", rank)
         outputs.set_aux(_native.AUX_STATE, _native.STATE_FAILED)
         print(f"rank {rank}: engine failed to start: {e}", file=sys.stderr, flush=True)
+        if lock is not None:
+            lock.close()  # never leave the other ranks waiting on a party that is gone
         return 1
     outputs.set_aux(_native.AUX_HEARTBEAT_MS, int(time.monotonic() * 1000))
     outputs.set_aux(_native.AUX_STATE, _native.STATE_READY)
     log.info("rank %d ready (engine %s)", rank, conf["engine"])
     try:
-        if conf.get("lockstep"):
-            lock = _native.Lockstep.open(conf["lockstep"])
-            bell = _native.Doorbell.open(conf["doorbell"])
+        if lock is not None and bell is not None:
             serve_sim_lockstep(cast("SimEngine", engine), requests, outputs, lock, bell)
         elif conf["engine"] == "deepinfer":
             from deepinfer_server.engine.lockstep import serve_lockstep
 
-            serve_lockstep(engine, requests, outputs, _native.Doorbell.open(conf["doorbell"]))  # DP ranks step together
+            assert bell is not None, "the launcher gives DeepInfer ranks their group's doorbell"
+            serve_lockstep(engine, requests, outputs, bell)  # DP ranks step together
         else:
             serve_rank(engine, requests, outputs)
     except _native.RingClosed:
