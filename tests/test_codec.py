@@ -243,7 +243,8 @@ def parsed_finish(decoder: Decoder, out: list[str]) -> list[str]:
                 js = js[:-13] + decoder._usage_tail()
             result.append(js)
             continue
-        result, usage_chunk = decoder._finish_parsed(js, result)
+        chunk, usage_chunk = decoder._finish_parsed(js)
+        result.append(chunk)
     return result + ([usage_chunk] if usage_chunk else [])
 
 

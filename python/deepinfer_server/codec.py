@@ -343,16 +343,12 @@ class Decoder:
             if not last:
                 return []
             body = self.final.to_json()
-            if self.dropped_eos == 0 and self.reasoning is None:
-                return body
-            # Only usage holds an unescaped '"prompt_cache_hit_tokens":' (strings escape '"'): splice, don't re-parse.
-            k = body.rfind('"prompt_cache_hit_tokens":') if self.dropped_eos == 0 else -1
-            if k < 0:
-                d = json.loads(body)
-                self._fix_usage(d["usage"])
-                return _dumps(d)
-            body = f'{body[:k]}"completion_tokens_details":{{"reasoning_tokens":{self.reasoning}}},{body[k:]}'
-            return body
+            spliced = self._splice_usage(body)
+            if spliced is not None:
+                return spliced
+            d = json.loads(body)
+            self._fix_usage(d["usage"])
+            return _dumps(d)
         out = [ch.to_json() for ch in chat]
         if last:
             return self._finish_stream(out)
@@ -386,9 +382,11 @@ class Decoder:
             head, usage = js[:k], js[k + 9 : -1]
             c = head.find('"choices":[')
             if c < 0 or not head.endswith("]") or not js.endswith("}}"):
-                result, usage_chunk = self._finish_parsed(js, result)
+                chunk, usage_chunk = self._finish_parsed(js)
+                result.append(chunk)
                 continue
-            usage = self._fixed_usage(usage)
+            spliced = self._splice_usage(usage)
+            usage = spliced if spliced is not None else _dumps(self._fix_usage(json.loads(usage)))
             if self.include_usage:
                 result.append(f'{head},"usage":{usage if self.continuous else "null"}}}')
                 usage_chunk = f'{head[:c]}"choices":[],"usage":{usage}}}'
@@ -398,23 +396,26 @@ class Decoder:
             result.append(usage_chunk)
         return result
 
-    def _fixed_usage(self, usage: str) -> str:
-        """The library's usage object (JSON text) with `_fix_usage` applied; spliced when only reasoning is added."""
+    def _splice_usage(self, js: str) -> str | None:
+        """`js` (a usage object, or a body that holds one) with `_fix_usage` applied as text, or None when only
+        parsing can apply it (kept EOS tokens change numbers). Only usage holds an unescaped
+        '"prompt_cache_hit_tokens":' (strings escape '"'): reasoning_tokens goes in just before it."""
         if self.dropped_eos == 0 and self.reasoning is None:
-            return usage
-        k = usage.find('"prompt_cache_hit_tokens":') if self.dropped_eos == 0 else -1
-        if k < 0 or '"completion_tokens_details"' in usage:
-            return _dumps(self._fix_usage(json.loads(usage)))
-        return f'{usage[:k]}"completion_tokens_details":{{"reasoning_tokens":{self.reasoning}}},{usage[k:]}'
+            return js
+        k = js.find('"prompt_cache_hit_tokens":') if self.dropped_eos == 0 else -1
+        if k < 0 or '"completion_tokens_details"' in js:
+            return None
+        return f'{js[:k]}"completion_tokens_details":{{"reasoning_tokens":{self.reasoning}}},{js[k:]}'
 
-    def _finish_parsed(self, js: str, result: list[str]) -> tuple[list[str], str | None]:
+    def _finish_parsed(self, js: str) -> tuple[str, str | None]:
+        """The parsing path for a chunk that carries usage: (that chunk, the usage-only chunk if asked for)."""
         d = json.loads(js)
         usage = self._fix_usage(d.pop("usage"))
         usage_chunk = None
         if self.include_usage:
             d["usage"] = usage if self.continuous else None
             usage_chunk = _dumps({**d, "choices": [], "usage": usage})
-        return [*result, _dumps(d)], usage_chunk
+        return _dumps(d), usage_chunk
 
     def _fix_usage(self, usage: dict[str, object]) -> dict[str, object]:
         """Add the EOS tokens that ignore_eos kept out of the text, and the counted reasoning tokens."""
