@@ -16,7 +16,7 @@ use super::page::{PageState, SharedPage};
 
 #[repr(C)]
 struct Shared {
-    magic: AtomicU64,
+    magic: AtomicU64, // read and written by SharedPage (offset 0)
     rings: AtomicU32,
     /// Sleepers announce themselves here, so `ring` only makes a syscall when somebody sleeps.
     waiting: AtomicU32,
@@ -26,9 +26,6 @@ struct Shared {
 unsafe impl PageState for Shared {
     const MAGIC: u64 = 0x4c4c_4542_524f_4f44; // "DOORBELL"
     const NAME: &'static str = "doorbell";
-    fn magic(&self) -> &AtomicU64 {
-        &self.magic
-    }
 }
 
 pub struct Doorbell {

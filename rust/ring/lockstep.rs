@@ -15,7 +15,7 @@ use super::page::{PageState, SharedPage};
 
 #[repr(C)]
 struct Shared {
-    magic: AtomicU64,
+    magic: AtomicU64, // read and written by SharedPage (offset 0)
     parties: AtomicU32,
     closed: AtomicU32,
     arrived: AtomicU32,
@@ -30,9 +30,6 @@ struct Shared {
 unsafe impl PageState for Shared {
     const MAGIC: u64 = 0x5045_5453_4b43_4f4c; // "LOCKSTEP"
     const NAME: &'static str = "lockstep";
-    fn magic(&self) -> &AtomicU64 {
-        &self.magic
-    }
 }
 
 pub struct Lockstep {

@@ -15,13 +15,12 @@ const PAGE: u64 = 4096;
 /// The state a shared page holds.
 ///
 /// # Safety
-/// Implementors must be `#[repr(C)]`, at most one page long, and made only of atomics (valid for any bit pattern,
-/// safe to share across processes).
+/// Implementors must be `#[repr(C)]`, at most one page long, made only of atomics (valid for any bit pattern,
+/// safe to share across processes), and start with the magic word (`magic: AtomicU64`), which `SharedPage` owns.
 pub unsafe trait PageState {
     const MAGIC: u64;
     /// What the file is, for errors ("not a doorbell file").
     const NAME: &'static str;
-    fn magic(&self) -> &AtomicU64;
 }
 
 pub struct SharedPage<T> {
@@ -41,7 +40,7 @@ impl<T: PageState> SharedPage<T> {
         file.set_len(PAGE)?;
         let page = Self::map(&file)?;
         init(page.get());
-        page.get().magic().store(T::MAGIC, Ordering::Release);
+        page.magic().store(T::MAGIC, Ordering::Release);
         Ok(page)
     }
 
@@ -52,7 +51,7 @@ impl<T: PageState> SharedPage<T> {
             return Err(invalid("short"));
         }
         let page = Self::map(&file)?;
-        if page.get().magic().load(Ordering::Acquire) != T::MAGIC {
+        if page.magic().load(Ordering::Acquire) != T::MAGIC {
             return Err(invalid("not a"));
         }
         Ok(page)
@@ -60,6 +59,11 @@ impl<T: PageState> SharedPage<T> {
 
     fn map(file: &std::fs::File) -> io::Result<Self> {
         Ok(SharedPage { map: memmap2::MmapOptions::new().populate().map_raw(file)?, state: PhantomData })
+    }
+
+    fn magic(&self) -> &AtomicU64 {
+        // SAFETY: `PageState` puts an `AtomicU64` at offset 0 of the page-aligned mapping, which outlives `self`.
+        unsafe { &*(self.map.as_ptr() as *const AtomicU64) }
     }
 
     pub fn get(&self) -> &T {
