@@ -24,7 +24,7 @@ from typing import Protocol, cast
 
 from deepinfer_server import _native
 from deepinfer_server.engine.base import Engine, Output
-from deepinfer_server.engine.rank import IDLE_WAIT_S, Status, take_requests
+from deepinfer_server.engine.rank import GroupSleep, Status, take_requests
 
 log = logging.getLogger("deepinfer_server.lockstep")
 
@@ -45,14 +45,13 @@ def serve_lockstep(any_engine: Engine, requests: _native.Ring, outputs: _native.
         raise TypeError(f"{type(any_engine).__name__} has no sync()/flush(): it cannot run in lockstep")
     engine = cast(LockstepEngine, any_engine)
     status = Status(engine, outputs)
+    idle = GroupSleep(bell, requests)
     stopping = False  # this rank wants to stop (SHUTDOWN or the server closed the rings)
     flushed = True  # nothing in flight since the last flush
     while True:
-        seen = bell.value()
+        idle.round()
         published: list[Output] = []
         if not stopping:
-            if requests.used_bytes:
-                bell.ring()  # peers asleep after an idle round must come to this round's all-reduce
             try:
                 published, stopping = take_requests(engine, requests)
             except _native.RingClosed:
@@ -75,6 +74,6 @@ def serve_lockstep(any_engine: Engine, requests: _native.Ring, outputs: _native.
                 stopping = True  # leave at the next all-reduce, together with the peers
         status.update(force=not busy)
         if not busy and flushed and not stopping:
-            bell.wait(seen, IDLE_WAIT_S)
+            idle.sleep()
             if requests.closed:
                 stopping = True

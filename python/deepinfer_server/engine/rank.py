@@ -84,6 +84,25 @@ class Status:
         self.set_aux(_native.AUX_HEARTBEAT_MS, int(now * 1000))
 
 
+class GroupSleep:
+    """How a rank of a group that steps together sleeps when the group is idle (engine/lockstep.py explains why).
+
+    `round()` at the top of every round notes the group's doorbell and rings it if requests wait in this rank's
+    ring: a peer that read the bell after the server rang may be asleep, and the group cannot step without it.
+    `sleep()` after an idle round returns once anything rang since that note (or after IDLE_WAIT_S)."""
+
+    def __init__(self, bell: _native.Doorbell, requests: _native.Ring) -> None:
+        self.bell, self.requests, self.seen = bell, requests, bell.value()
+
+    def round(self) -> None:
+        self.seen = self.bell.value()
+        if self.requests.used_bytes:
+            self.bell.ring()
+
+    def sleep(self) -> None:
+        self.bell.wait(self.seen, IDLE_WAIT_S)
+
+
 def take_requests(engine: Engine, requests: _native.Ring) -> tuple[list[Output], bool]:
     """Feed everything waiting in the request ring to the engine: (immediate outputs, shutdown asked)."""
     published: list[Output] = []
@@ -142,11 +161,10 @@ def serve_sim_lockstep(
     lasts as long as the slowest rank's (idle ranks ride along). After an idle round every rank sleeps on the
     group's doorbell, as engine/lockstep.py explains: a request on any rank wakes the whole group, nobody polls."""
     status = Status(engine, outputs)
+    idle = GroupSleep(bell, requests)
     try:
         while True:
-            seen = bell.value()
-            if requests.used_bytes:
-                bell.ring()  # peers asleep after an idle round must come to this round's sync
+            idle.round()
             published, stop = take_requests(engine, requests)
             if stop or requests.closed:
                 return
@@ -163,7 +181,7 @@ def serve_sim_lockstep(
                 publish(outputs, published)
             status.update(force=not busy)
             if not any_busy:
-                bell.wait(seen, IDLE_WAIT_S)
+                idle.sleep()
     except _native.RingClosed:
         return
     finally:
