@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "python" / "deepinfer_server" / "engine" / "sim_corpus.txt"
@@ -58,11 +58,29 @@ TEMPLATE_TEXT = [
 ]
 
 
+# DeepSeek V3/V4's pre-tokenizer (from their tokenizer.json): digits in runs of up to three, CJK and kana runs on
+# their own, then a GPT-4-like split of words, punctuation and whitespace; ByteLevel maps bytes without a regex.
+DEEPSEEK_PRE_TOKENIZER = pre_tokenizers.Sequence(
+    [
+        pre_tokenizers.Split(Regex(r"\p{N}{1,3}"), behavior="isolated"),
+        pre_tokenizers.Split(Regex("[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"), behavior="isolated"),
+        pre_tokenizers.Split(
+            Regex(
+                "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
+                " ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
+            ),
+            behavior="isolated",
+        ),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ]
+)
+
+
 def build(out_dir: Path) -> Path:
     text = CORPUS.read_text(encoding="utf-8")
     corpus = [line for line in text.splitlines() if line.strip()] * 8 + TEMPLATE_TEXT * 8
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.pre_tokenizer = DEEPSEEK_PRE_TOKENIZER
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=2048,
