@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from deepinfer_server import __version__
+from deepinfer_server.prompt_encoder import CHOICES as PROMPT_ENCODERS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-request-body-bytes", type=int, default=16 << 20)
     p.add_argument(
         "--codec-threads", type=int, default=2, help="Threads converting and encoding requests (deepseek-recipe)."
+    )
+    p.add_argument(
+        "--prompt-encoder",
+        choices=PROMPT_ENCODERS,
+        default="auto",
+        help="Who tokenizes prompts after deepseek-recipe renders them: kitoken (several times faster) when it "
+        "reproduces deepseek-recipe's IDs on start-up probes for this tokenizer (auto), always (kitoken: exit if it "
+        "does not), or never (recipe).",
     )
     p.add_argument("--http-workers", type=int, default=2, help="Tokio worker threads serving HTTP.")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))

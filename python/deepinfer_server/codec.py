@@ -43,6 +43,7 @@ from tokenizers.decoders import ByteLevel as ByteLevelDecoder
 from tokenizers.decoders import DecodeStream
 
 from deepinfer_server import _native
+from deepinfer_server.prompt_encoder import build as build_prompt_encoder
 
 # Decode results, read by Rust (rust/codec.rs).
 RUNNING, FINISHED, STOPPED_EARLY = 0, 1, 2
@@ -81,6 +82,7 @@ class Codec:
         served_model_names: Sequence[str],
         max_model_len: int,
         model_version: str = "v4.1",
+        prompt_encoder: str = "auto",
     ) -> None:
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
         detokenizer = HFTokenizer.from_file(str(tokenizer_path))
@@ -94,6 +96,8 @@ class Codec:
         self.options = options
         encoding = DeepseekV41Encoding() if version == ModelVersion.DeepseekV41Flash else DeepseekV4Encoding()
         self.encoding = encoding.with_tokenizer(self.tokenizer)
+        api_name = "DeepSeek-V4.1-Flash" if version == ModelVersion.DeepseekV41Flash else "DeepSeek-V4-Pro"
+        self.encoder = build_prompt_encoder(prompt_encoder, tokenizer_path, self.encoding, api_name)
         self.max_model_len = max_model_len
         self.eos_id = self.tokenizer.encode(SpecialToken.Eos.default_str())[0]
         self.think_end_id = self.tokenizer.encode(SpecialToken.ThinkingEnd.default_str())[0]
@@ -113,7 +117,7 @@ class Codec:
         except (ValueError, TypeError, OverflowError, RecursionError) as e:
             return 400, error_body(str(e))
         try:
-            ids = self.encoding.encode(conv.conversation)
+            ids = self.encoder.encode(conv.conversation)
         except RuntimeError as e:
             return 400, error_body(f"the conversation cannot be encoded: {e}")
         n_prompt = len(ids)

@@ -274,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", e)
         return 1
     names = args.served_model_name or [args.model or DEFAULT_MODEL_NAME]
-    codec = Codec(tokenizer, names, args.max_model_len, version)
+    codec = Codec(tokenizer, names, args.max_model_len, version, args.prompt_encoder)
     clean_stale_segments()
     ranks = Ranks(args, tokenizer)
     # SIGTERM during start-up: stop cleanly instead of leaving ranks and segments behind.
