@@ -72,12 +72,15 @@ def test_tokens_round_trip(ring_path) -> None:
     prod.publish([(1, [10, 11], FINISH_NONE), (2, [], FINISH_STOP), (3, [5], FINISH_LENGTH, None)])
     prod.publish([(4, [1], FINISH_ERROR, "engine exploded: ü"), (5, [], FINISH_ERROR)])
     prod.publish([])
+    prod.publish([(6, (7, 8), FINISH_NONE), (7, [9], FINISH_NONE)])  # any sequence of IDs, not only lists
     assert cons.drain_tokens() == [
         (1, [10, 11], FINISH_NONE, None),
         (2, [], FINISH_STOP, None),
         (3, [5], FINISH_LENGTH, None),
         (4, [1], FINISH_ERROR, "engine exploded: ü"),
         (5, [], FINISH_ERROR, ""),
+        (6, [7, 8], FINISH_NONE, None),
+        (7, [9], FINISH_NONE, None),
     ]
     with pytest.raises(ValueError):
         prod.publish([(1, [1], 99)])

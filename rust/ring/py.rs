@@ -147,24 +147,54 @@ impl PyRing {
     }
 }
 
-type PyEntry = (u64, Vec<u32>, u32, Option<String>);
+/// A step's entries parsed from Python: every entry's tokens in one buffer, so an entry of one token (the usual
+/// decode step) costs no allocation of its own.
+#[derive(Default)]
+struct Parsed {
+    entries: Vec<(u64, u32, std::ops::Range<usize>, Option<String>)>,
+    tokens: Vec<u32>,
+}
 
-fn parse_entry(item: &Bound<'_, PyAny>) -> PyResult<PyEntry> {
-    let t = item.cast::<PyTuple>()?;
-    let reason = match t.len() {
-        3 => None,
-        4 => t.get_item(3)?.extract::<Option<String>>()?,
-        n => {
-            return Err(PyValueError::new_err(format!(
-                "token entry must be (request_id, tokens, finish[, reason]), got {n} items"
-            )));
+impl Parsed {
+    fn push(&mut self, item: &Bound<'_, PyAny>) -> PyResult<()> {
+        let t = item.cast::<PyTuple>()?;
+        let reason = match t.len() {
+            3 => None,
+            4 => t.get_borrowed_item(3)?.extract::<Option<String>>()?,
+            n => {
+                return Err(PyValueError::new_err(format!(
+                    "token entry must be (request_id, tokens, finish[, reason]), got {n} items"
+                )));
+            }
+        };
+        let finish: u32 = t.get_borrowed_item(2)?.extract()?;
+        if finish > records::FINISH_ERROR {
+            return Err(PyValueError::new_err(format!("unknown finish code {finish}")));
         }
-    };
-    let finish: u32 = t.get_item(2)?.extract()?;
-    if finish > records::FINISH_ERROR {
-        return Err(PyValueError::new_err(format!("unknown finish code {finish}")));
+        let start = self.tokens.len();
+        let tokens = t.get_borrowed_item(1)?;
+        if let Ok(list) = tokens.cast::<PyList>() {
+            for token in list.iter() {
+                self.tokens.push(token.extract()?);
+            }
+        } else {
+            self.tokens.extend(tokens.extract::<Vec<u32>>()?);
+        }
+        self.entries.push((t.get_borrowed_item(0)?.extract()?, finish, start..self.tokens.len(), reason));
+        Ok(())
     }
-    Ok((t.get_item(0)?.extract()?, t.get_item(1)?.extract()?, finish, reason))
+
+    fn token_entries(&self) -> Vec<TokenEntry<'_, &[u32]>> {
+        let entries = self.entries.iter();
+        entries
+            .map(|(request_id, finish, range, reason)| TokenEntry {
+                request_id: *request_id,
+                finish: *finish,
+                tokens: &self.tokens[range.clone()],
+                reason: reason.as_deref(),
+            })
+            .collect()
+    }
 }
 
 fn prompt_ids(prompt: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
@@ -335,16 +365,11 @@ impl PyRing {
     /// full. Raises RingClosed, TimeoutError, or RingError (too large).
     #[pyo3(signature = (entries, timeout=None))]
     fn publish(&self, py: Python<'_>, entries: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<()> {
-        let parsed = entries.try_iter()?.map(|item| parse_entry(&item?)).collect::<PyResult<Vec<PyEntry>>>()?;
-        let entries: Vec<TokenEntry<'_, &[u32]>> = parsed
-            .iter()
-            .map(|(request_id, tokens, finish, reason)| TokenEntry {
-                request_id: *request_id,
-                finish: *finish,
-                tokens: tokens.as_slice(),
-                reason: reason.as_deref(),
-            })
-            .collect();
+        let mut parsed = Parsed::default();
+        for item in entries.try_iter()? {
+            parsed.push(&item?)?;
+        }
+        let entries = parsed.token_entries();
         let entries = entries.as_slice();
         let len = records::tokens_encoded_len(entries);
         self.push_with(py, records::TOKENS, len, timeout, move |b| records::write_tokens(entries, b))
