@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,21 @@ def test_special_spellings_in_user_text_stay_text(codec: Codec, fast: KitokenEnc
     assert ids == codec.encoding.encode(conversation)
     eos = codec.eos_id
     assert ids.count(eos) == 0  # the injection guard: the spelled EOS did not become the EOS token
+
+
+def test_two_codec_threads_share_one_encoder(codec: Codec, fast: KitokenEncoder) -> None:
+    """The codec pool calls one encoder from several threads at once (kitoken releases the GIL while it works)."""
+    texts = [t for t in probe_texts(400, seed=3) if len(t) > 20]
+    conversations = [
+        ChatCompletionRequest({"model": API_MODEL, "messages": [{"role": "user", "content": t * 20}]})
+        .convert(ConversionOptions())
+        .conversation
+        for t in texts
+    ]
+    want = [codec.encoding.encode(c) for c in conversations]
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            assert list(pool.map(fast.encode, conversations)) == want
 
 
 def gpt2_split(tmp_path: Path) -> Path:

@@ -29,10 +29,20 @@ class PromptEncoder(Protocol):
     def encode(self, conversation: Conversation) -> list[int]: ...
 
 
+class Rendered(Protocol):
+    """deepseek-recipe's RenderedPrompt: the prompt text and the (start, end) character spans of special tokens."""
+
+    @property
+    def prompt(self) -> str: ...
+
+    @property
+    def special_ranges(self) -> list[tuple[int, int]]: ...
+
+
 class Encoding(PromptEncoder, Protocol):
     """deepseek-recipe's DeepseekV4Encoding / DeepseekV41Encoding with a tokenizer attached."""
 
-    def render_conversation(self, conversation: Conversation) -> object: ...
+    def render_conversation(self, conversation: Conversation) -> Rendered: ...
 
 
 class KitokenEncoder:
@@ -50,11 +60,10 @@ class KitokenEncoder:
 
     def encode(self, conversation: Conversation) -> list[int]:
         rendered = self.encoding.render_conversation(conversation)
-        text: str = rendered.prompt  # type: ignore[attr-defined]
-        ranges: list[tuple[int, int]] = rendered.special_ranges  # type: ignore[attr-defined]
+        text = rendered.prompt
         ids: list[int] = []
         pos = 0
-        for start, end in ranges:
+        for start, end in rendered.special_ranges:
             if start > pos:
                 ids += self.bpe.encode(text[pos:start], False)
             special = self.special.get(text[start:end])
