@@ -97,7 +97,7 @@ class Codec:
         encoding = DeepseekV41Encoding() if version == ModelVersion.DeepseekV41Flash else DeepseekV4Encoding()
         self.encoding = encoding.with_tokenizer(self.tokenizer)
         api_name = "DeepSeek-V4.1-Flash" if version == ModelVersion.DeepseekV41Flash else "DeepSeek-V4-Pro"
-        self.encoder = build_prompt_encoder(prompt_encoder, tokenizer_path, self.encoding, api_name)
+        self.encoder = build_prompt_encoder(prompt_encoder, tokenizer_path, self.tokenizer, self.encoding, api_name)
         self.max_model_len = max_model_len
         self.eos_id = self.tokenizer.encode(SpecialToken.Eos.default_str())[0]
         self.think_end_id = self.tokenizer.encode(SpecialToken.ThinkingEnd.default_str())[0]

@@ -76,15 +76,17 @@ class KitokenEncoder:
         return ids
 
 
-def build(choice: str, tokenizer_path: str | Path, encoding: Encoding, version_model: str) -> PromptEncoder:
-    """The prompt encoder for `choice` (auto, kitoken, recipe). `version_model` is a model name deepseek-recipe
-    accepts, used to render the probe conversations."""
+def build(
+    choice: str, tokenizer_path: str | Path, tokenizer: Tokenizer, encoding: Encoding, version_model: str
+) -> PromptEncoder:
+    """The prompt encoder for `choice` (auto, kitoken, recipe). `tokenizer` is deepseek-recipe's, loaded from
+    `tokenizer_path`; `version_model` is a model name deepseek-recipe accepts, used for the probe conversations."""
     if choice == "recipe":
         log.info("prompt encoder: deepseek-recipe")
         return encoding
     try:
         fast = KitokenEncoder(encoding, json.loads(Path(tokenizer_path).read_text(encoding="utf-8")))
-        problem = verify(fast, encoding, Tokenizer.from_file(str(tokenizer_path)), version_model)
+        problem = verify(fast, encoding, tokenizer, version_model)
     except Exception as e:  # not installed, or cannot read this tokenizer
         problem = f"{type(e).__name__}: {e}"
     if problem is None:
