@@ -29,6 +29,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -291,20 +292,34 @@ def run_wrk(url: str, conns: int, seconds: int, stream: bool, pids: list[int]) -
     }
 
 
+def health_once(host: str, port: int) -> float:
+    """One probe as a kubelet makes it: a new connection, `GET /health`, the whole answer read. Milliseconds.
+
+    Raw sockets, so the figure is the server's latency plus the kernel's, not urllib's header parsing (about
+    0.3 ms of Python per probe, which a saturated two-core machine stretches several times over)."""
+    t0 = time.perf_counter()
+    with socket.create_connection((host, port), timeout=5) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % host.encode())
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+    if not answer.startswith(b"HTTP/1.1 200"):
+        raise OSError(f"/health answered {answer[:40]!r}")
+    return (time.perf_counter() - t0) * 1e3
+
+
 def health_latency(url: str, stop: threading.Event, out: list[float]) -> None:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
     while not stop.is_set():
-        t0 = time.perf_counter()
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
-                r.read()
-            out.append((time.perf_counter() - t0) * 1e3)
+            out.append(health_once(host, int(port)))
         except OSError:
             out.append(float("inf"))
-        time.sleep(0.05)
+        time.sleep(0.02)
 
 
 def probed_during(probe_url: str, load: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run `load` while a thread GETs {probe_url}/health every 50 ms: (load's result, probe latency summary)."""
+    """Run `load` while a thread GETs {probe_url}/health every 20 ms: (load's result, probe latency summary)."""
     lat: list[float] = []
     stop = threading.Event()
     t = threading.Thread(target=health_latency, args=(probe_url, stop, lat))
@@ -328,11 +343,12 @@ FLOOR_SERVER = """
 import asyncio, sys
 async def serve(r, w):
     try:
-        while await r.readuntil(b"\\r\\n\\r\\n"):
-            w.write(b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok")
-            await w.drain()
+        await r.readuntil(b"\\r\\n\\r\\n")
+        w.write(b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\nConnection: close\\r\\n\\r\\nok")
+        await w.drain()
     except (asyncio.IncompleteReadError, ConnectionError):
-        w.close()
+        pass
+    w.close()
 async def main():
     async with await asyncio.start_server(serve, "127.0.0.1", int(sys.argv[1])) as s:
         await s.serve_forever()
