@@ -52,7 +52,8 @@ class KitokenEncoder:
         from kitoken import Kitoken  # optional at import time: `build` falls back without it
 
         added = tokenizer_json.get("added_tokens") or []
-        assert isinstance(added, list)
+        if not isinstance(added, list):
+            raise ValueError("tokenizer.json: added_tokens is not a list")
         self.special = {str(t["content"]): int(t["id"]) for t in added}
         plain = json.dumps({**tokenizer_json, "added_tokens": []}, ensure_ascii=False).encode()
         self.bpe = Kitoken.from_tokenizers(plain)

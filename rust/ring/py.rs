@@ -185,8 +185,8 @@ impl Parsed {
     }
 
     fn token_entries(&self) -> Vec<TokenEntry<'_, &[u32]>> {
-        let entries = self.entries.iter();
-        entries
+        self.entries
+            .iter()
             .map(|(request_id, finish, range, reason)| TokenEntry {
                 request_id: *request_id,
                 finish: *finish,
