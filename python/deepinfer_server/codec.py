@@ -96,8 +96,9 @@ class Codec:
         self.options = options
         encoding = DeepseekV41Encoding() if version == ModelVersion.DeepseekV41Flash else DeepseekV4Encoding()
         self.encoding = encoding.with_tokenizer(self.tokenizer)
-        api_name = "DeepSeek-V4.1-Flash" if version == ModelVersion.DeepseekV41Flash else "DeepSeek-V4-Pro"
-        self.encoder = build_prompt_encoder(prompt_encoder, tokenizer_path, self.tokenizer, self.encoding, api_name)
+        self.encoder = build_prompt_encoder(
+            prompt_encoder, tokenizer_path, self.tokenizer, self.encoding, options, served_model_names[0]
+        )
         self.max_model_len = max_model_len
         self.eos_id = self.tokenizer.encode(SpecialToken.Eos.default_str())[0]
         self.think_end_id = self.tokenizer.encode(SpecialToken.ThinkingEnd.default_str())[0]

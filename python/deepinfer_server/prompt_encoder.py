@@ -78,16 +78,21 @@ class KitokenEncoder:
 
 
 def build(
-    choice: str, tokenizer_path: str | Path, tokenizer: Tokenizer, encoding: Encoding, version_model: str
+    choice: str,
+    tokenizer_path: str | Path,
+    tokenizer: Tokenizer,
+    encoding: Encoding,
+    options: ConversionOptions,
+    model: str,
 ) -> PromptEncoder:
     """The prompt encoder for `choice` (auto, kitoken, recipe). `tokenizer` is deepseek-recipe's, loaded from
-    `tokenizer_path`; `version_model` is a model name deepseek-recipe accepts, used for the probe conversations."""
+    `tokenizer_path`; the probe conversations are converted as requests for `model` are, with `options`."""
     if choice == "recipe":
         log.info("prompt encoder: deepseek-recipe")
         return encoding
     try:
         fast = KitokenEncoder(encoding, json.loads(Path(tokenizer_path).read_text(encoding="utf-8")))
-        problem = verify(fast, encoding, tokenizer, version_model)
+        problem = verify(fast, encoding, tokenizer, options, model)
     except Exception as e:  # not installed, or cannot read this tokenizer
         problem = f"{type(e).__name__}: {e}"
     if problem is None:
@@ -120,7 +125,9 @@ def probe_texts(n: int = 1500, seed: int = 0) -> list[str]:
     return texts
 
 
-def verify(fast: KitokenEncoder, encoding: Encoding, tokenizer: Tokenizer, model: str) -> str | None:
+def verify(
+    fast: KitokenEncoder, encoding: Encoding, tokenizer: Tokenizer, options: ConversionOptions, model: str
+) -> str | None:
     """None if `fast` gives deepseek-recipe's IDs on every probe, else what differed."""
     specials = tuple(fast.special)
     for text in probe_texts():
@@ -136,7 +143,7 @@ def verify(fast: KitokenEncoder, encoding: Encoding, tokenizer: Tokenizer, model
             for role in ("system", "user", "assistant", "user")[: rng.randint(2, 4)]
         ]
         body = {"model": model, "messages": messages, "thinking": {"type": rng.choice(("enabled", "disabled"))}}
-        conversation = ChatCompletionRequest(body).convert(ConversionOptions()).conversation
+        conversation = ChatCompletionRequest(body).convert(options).conversation
         if fast.encode(conversation) != encoding.encode(conversation):
             return "its IDs differ from deepseek-recipe's for a probe conversation"
     return None
