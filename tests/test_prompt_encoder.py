@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import MODEL, Server
+from conftest import MODEL, Server, start_server
 from deepseek_recipe import ChatCompletionRequest, ConversionOptions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -147,6 +150,31 @@ def test_the_probes_catch_that_mismatch(tmp_path: Path) -> None:
     hf = Tokenizer.from_file(str(path))
     differ = [t for t in probe_texts() if fast.bpe.encode(t, False) != hf.encode(t, add_special_tokens=False).ids]
     assert any("\n's" in t or "\n'S" in t for t in differ)
+
+
+def test_a_checkpoint_kitoken_gets_wrong_is_served_by_deepseek_recipe(tmp_path: Path) -> None:
+    """Over HTTP: `auto` falls back and says why; `kitoken` refuses to start."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    gpt2_split(ckpt)  # writes ckpt/tokenizer.json
+    shutil.copy(BUNDLED_TOKENIZER.parent / "tokenizer_config.json", ckpt)
+    srv = start_server(str(ckpt))
+    try:
+        assert "prompt encoder: deepseek-recipe (kitoken not used: its IDs differ" in srv.log()
+        r = srv.client().chat.completions.create(
+            model=str(ckpt), messages=[{"role": "user", "content": "a\n's b"}], max_tokens=4, seed=1
+        )
+        assert r.usage is not None and r.usage.prompt_tokens > 0 and r.choices[0].message.content is not None
+    finally:
+        assert srv.stop() == 0
+    refused = subprocess.run(
+        [sys.executable, "-m", "deepinfer_server", str(ckpt), "--port", "0", "--prompt-encoder", "kitoken"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 1
+    assert "--prompt-encoder kitoken: its IDs differ from deepseek-recipe's" in refused.stderr
 
 
 def test_a_missing_special_token_is_still_a_clear_400(tmp_path: Path) -> None:
