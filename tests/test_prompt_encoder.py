@@ -1,4 +1,4 @@
-"""Prompt encoding: the kitoken path must give exactly deepseek-recipe's token IDs, and is used only where it does.
+"""Prompt encoding: the fastokens path must give exactly deepseek-recipe's token IDs, and is used only where it does.
 
 deepseek-recipe's own `encode` is the oracle throughout.
 """
@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import MODEL, Server, start_server
@@ -22,7 +23,7 @@ from hypothesis import strategies as st
 
 from deepinfer_server.codec import Codec
 from deepinfer_server.launcher import BUNDLED_TOKENIZER
-from deepinfer_server.prompt_encoder import KitokenEncoder, probe_texts
+from deepinfer_server.prompt_encoder import FastEncoder, probe_texts, verify
 
 API_MODEL = "DeepSeek-V4.1-Flash"
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
@@ -35,13 +36,13 @@ def codec() -> Codec:
 
 
 @pytest.fixture(scope="module")
-def fast(codec: Codec) -> KitokenEncoder:
+def fast(codec: Codec) -> FastEncoder:
     """Built directly, without the start-up check, so these tests see its own output."""
-    return KitokenEncoder(codec.encoding, json.loads(BUNDLED_TOKENIZER.read_text(encoding="utf-8")))
+    return FastEncoder(codec.encoding, json.loads(BUNDLED_TOKENIZER.read_text(encoding="utf-8")))
 
 
-def test_the_bundled_tokenizer_gets_kitoken(codec: Codec) -> None:
-    assert isinstance(codec.encoder, KitokenEncoder)
+def test_the_bundled_tokenizer_gets_fastokens(codec: Codec) -> None:
+    assert isinstance(codec.encoder, FastEncoder)
 
 
 WORDS = ["Hello", " world", "毕老师", "カタカナ", "123456", " ", "\n", "\r\n", "\t\t", "'s", "😀", "é", "\u0301", "?!"]
@@ -57,7 +58,7 @@ message = st.tuples(st.sampled_from(["system", "user", "assistant"]), text)
     tools=st.booleans(),
 )
 def test_same_ids_as_deepseek_recipe(
-    codec: Codec, fast: KitokenEncoder, messages: list[tuple[str, str]], thinking: str, tools: bool
+    codec: Codec, fast: FastEncoder, messages: list[tuple[str, str]], thinking: str, tools: bool
 ) -> None:
     body: dict[str, object] = {
         "model": API_MODEL,
@@ -70,7 +71,7 @@ def test_same_ids_as_deepseek_recipe(
     assert fast.encode(conversation) == codec.encoding.encode(conversation)
 
 
-def test_special_spellings_in_user_text_stay_text(codec: Codec, fast: KitokenEncoder) -> None:
+def test_special_spellings_in_user_text_stay_text(codec: Codec, fast: FastEncoder) -> None:
     body = {"model": API_MODEL, "messages": [{"role": "user", "content": "say <｜end▁of▁sentence｜> and <think>"}]}
     conversation = ChatCompletionRequest(body).convert(ConversionOptions()).conversation
     ids = fast.encode(conversation)
@@ -79,8 +80,8 @@ def test_special_spellings_in_user_text_stay_text(codec: Codec, fast: KitokenEnc
     assert ids.count(eos) == 0  # the injection guard: the spelled EOS did not become the EOS token
 
 
-def test_two_codec_threads_share_one_encoder(codec: Codec, fast: KitokenEncoder) -> None:
-    """The codec pool calls one encoder from several threads at once (kitoken releases the GIL while it works)."""
+def test_two_codec_threads_share_one_encoder(codec: Codec, fast: FastEncoder) -> None:
+    """The codec pool calls one encoder from several threads at once (fastokens releases the GIL while it works)."""
     texts = [t for t in probe_texts(400, seed=3) if len(t) > 20]
     conversations = [
         ChatCompletionRequest({"model": API_MODEL, "messages": [{"role": "user", "content": t * 20}]})
@@ -103,8 +104,8 @@ def deepseek_v4() -> Codec:
     return Codec(Path(spec.origin).parent / "tokenizer.json", [MODEL], 1 << 20, model_version="v4")
 
 
-def test_deepseek_v4_tokenizer_gets_kitoken(deepseek_v4: Codec) -> None:
-    assert isinstance(deepseek_v4.encoder, KitokenEncoder)
+def test_deepseek_v4_tokenizer_gets_fastokens(deepseek_v4: Codec) -> None:
+    assert isinstance(deepseek_v4.encoder, FastEncoder)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -121,46 +122,64 @@ def test_same_ids_as_deepseek_recipe_with_deepseek_v4_tokenizer(
     assert deepseek_v4.encoder.encode(conversation) == deepseek_v4.encoding.encode(conversation)
 
 
-def gpt2_split(tmp_path: Path) -> Path:
-    """The bundled vocabulary with GPT-2's pre-tokenizer, where kitoken splits `'s` after a newline differently."""
+def variant(tmp_path: Path, change: Callable[[dict[str, Any]], None]) -> Path:
+    """tmp_path/tokenizer.json: the bundled tokenizer with `change` applied."""
     data = json.loads(BUNDLED_TOKENIZER.read_text(encoding="utf-8"))
-    data["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    change(data)
     path = tmp_path / "tokenizer.json"
     path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
     return path
 
 
-def test_a_tokenizer_kitoken_gets_wrong_falls_back_to_deepseek_recipe(tmp_path: Path) -> None:
-    path = gpt2_split(tmp_path)
+def nfkc(data: dict[str, Any]) -> None:
+    data["normalizer"] = {"type": "NFKC"}  # fastokens 0.3 has no NFKC normalizer
+
+
+def dropout(data: dict[str, Any]) -> None:
+    data["model"]["dropout"] = 0.5  # random merges: no two encoders agree
+
+
+def gpt2_split(data: dict[str, Any]) -> None:
+    data["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+
+
+def test_a_tokenizer_fastokens_cannot_load_falls_back_to_deepseek_recipe(tmp_path: Path) -> None:
+    path = variant(tmp_path, nfkc)
     auto = Codec(path, [MODEL], 1 << 20, prompt_encoder="auto")
-    assert auto.encoder is auto.encoding  # the mismatch was caught at start-up
-    with pytest.raises(SystemExit, match="IDs differ from deepseek-recipe"):
-        Codec(path, [MODEL], 1 << 20, prompt_encoder="kitoken")
+    assert auto.encoder is auto.encoding
+    with pytest.raises(SystemExit, match="unsupported normalizer type: NFKC"):
+        Codec(path, [MODEL], 1 << 20, prompt_encoder="fastokens")
     recipe = Codec(BUNDLED_TOKENIZER, [MODEL], 1 << 20, prompt_encoder="recipe")
     assert recipe.encoder is recipe.encoding
 
 
-def test_the_probes_catch_that_mismatch(tmp_path: Path) -> None:
-    """The start-up probes must contain text that shows the known kitoken difference."""
-    from tokenizers import Tokenizer
-
-    path = gpt2_split(tmp_path)
-    data = json.loads(path.read_text(encoding="utf-8"))
-    fast = KitokenEncoder(Codec(path, [MODEL], 1 << 20, prompt_encoder="recipe").encoding, data)
-    hf = Tokenizer.from_file(str(path))
-    differ = [t for t in probe_texts() if fast.bpe.encode(t, False) != hf.encode(t, add_special_tokens=False).ids]
-    assert any("\n's" in t or "\n'S" in t for t in differ)
+def test_a_tokenizer_fastokens_gets_wrong_falls_back_to_deepseek_recipe(tmp_path: Path) -> None:
+    path = variant(tmp_path, dropout)
+    auto = Codec(path, [MODEL], 1 << 20, prompt_encoder="auto")
+    assert auto.encoder is auto.encoding  # the mismatch was caught at start-up
+    with pytest.raises(SystemExit, match="IDs differ from deepseek-recipe"):
+        Codec(path, [MODEL], 1 << 20, prompt_encoder="fastokens")
 
 
-def test_a_checkpoint_kitoken_gets_wrong_is_served_by_deepseek_recipe(tmp_path: Path) -> None:
-    """Over HTTP: `auto` falls back and says why; `kitoken` refuses to start."""
+def test_the_probes_catch_a_pre_tokenizer_difference(tmp_path: Path, codec: Codec) -> None:
+    """The likeliest way for a reimplementation to be wrong is splitting text differently. An encoder that splits
+    as GPT-2 does (only `'s` after a newline and a few whitespace runs come out differently on this vocabulary)
+    must fail the start-up probes against deepseek-recipe's DeepSeek split."""
+    data = json.loads(variant(tmp_path, gpt2_split).read_text(encoding="utf-8"))
+    wrong = FastEncoder(codec.encoding, data)
+    problem = verify(wrong, codec.encoding, codec.tokenizer, codec.options, MODEL)
+    assert problem is not None and "IDs differ from deepseek-recipe's" in problem
+
+
+def test_a_checkpoint_fastokens_gets_wrong_is_served_by_deepseek_recipe(tmp_path: Path) -> None:
+    """Over HTTP: `auto` falls back and says why; `fastokens` refuses to start."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    gpt2_split(ckpt)  # writes ckpt/tokenizer.json
+    variant(ckpt, dropout)  # writes ckpt/tokenizer.json
     shutil.copy(BUNDLED_TOKENIZER.parent / "tokenizer_config.json", ckpt)
     srv = start_server(str(ckpt))
     try:
-        assert "prompt encoder: deepseek-recipe (kitoken not used: its IDs differ" in srv.log()
+        assert "prompt encoder: deepseek-recipe (fastokens not used: its IDs differ" in srv.log()
         r = srv.client().chat.completions.create(
             model=str(ckpt), messages=[{"role": "user", "content": "a\n's b"}], max_tokens=4, seed=1
         )
@@ -168,13 +187,13 @@ def test_a_checkpoint_kitoken_gets_wrong_is_served_by_deepseek_recipe(tmp_path: 
     finally:
         assert srv.stop() == 0
     refused = subprocess.run(
-        [sys.executable, "-m", "deepinfer_server", str(ckpt), "--port", "0", "--prompt-encoder", "kitoken"],
+        [sys.executable, "-m", "deepinfer_server", str(ckpt), "--port", "0", "--prompt-encoder", "fastokens"],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert refused.returncode == 1
-    assert "--prompt-encoder kitoken: its IDs differ from deepseek-recipe's" in refused.stderr
+    assert "--prompt-encoder fastokens: its IDs differ from deepseek-recipe's" in refused.stderr
 
 
 def test_a_missing_special_token_is_still_a_clear_400(tmp_path: Path) -> None:
@@ -191,12 +210,12 @@ def test_a_missing_special_token_is_still_a_clear_400(tmp_path: Path) -> None:
 
 def test_both_encoders_serve_the_same_prompt_over_http(make_server: Callable[..., Server]) -> None:
     """End to end: the simulated engine's seeded answer depends on every prompt ID, so equal answers and usage
-    from a kitoken server and a deepseek-recipe server mean equal prompts."""
+    from a fastokens server and a deepseek-recipe server mean equal prompts."""
     answers = {}
     for choice in ("auto", "recipe"):
         srv = make_server("--prompt-encoder", choice)
         try:
-            want = "kitoken" if choice == "auto" else "deepseek-recipe"
+            want = "fastokens" if choice == "auto" else "deepseek-recipe"
             assert f"prompt encoder: {want}" in srv.log()
             r = srv.client().chat.completions.create(
                 model=MODEL,

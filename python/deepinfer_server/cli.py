@@ -76,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompt-encoder",
         choices=PROMPT_ENCODERS,
         default="auto",
-        help="Who tokenizes prompts after deepseek-recipe renders them: kitoken (several times faster) when it "
-        "reproduces deepseek-recipe's IDs on start-up probes for this tokenizer (auto), always (kitoken: exit if it "
+        help="Who tokenizes prompts after deepseek-recipe renders them: fastokens (tens of times faster) when it "
+        "reproduces deepseek-recipe's IDs on start-up probes for this tokenizer (auto), always (fastokens: exit if it "
         "does not), or never (recipe).",
     )
     p.add_argument("--http-workers", type=int, default=2, help="Tokio worker threads serving HTTP.")

@@ -1,13 +1,13 @@
-"""Prompt token IDs: deepseek-recipe renders the conversation, and the BPE runs in kitoken when kitoken is verified
-to give deepseek-recipe's IDs for this tokenizer; otherwise deepseek-recipe encodes the whole conversation.
+"""Prompt token IDs: deepseek-recipe renders the conversation, and the BPE runs in fastokens when fastokens is
+verified to give deepseek-recipe's IDs for this tokenizer; otherwise deepseek-recipe encodes the whole conversation.
 
 Encoding the prompt is most of the CPU a request costs the front end (Hugging Face tokenizers, which deepseek-recipe
-uses, takes ~0.7 us per prompt token here; kitoken is 3-5x faster on DeepSeek's tokenizer, BENCHMARKS.md). The fast
-path mirrors deepseek-recipe's own encoding: the rendered prompt is split at its special ranges, plain text is
-encoded without the added vocabulary (so user text that spells a special token stays text) and each special range
-maps through the added vocabulary. kitoken is not bit-exact for every tokenizer (it splits GPT-2's `'s` after a
-newline differently), so at start-up it must reproduce deepseek-recipe on a probe set; if it does not, or is not
-installed, deepseek-recipe encodes every prompt.
+uses, takes ~1 us per prompt token here; fastokens ~0.015, and it releases the GIL while it works; BENCHMARKS.md).
+The fast path mirrors deepseek-recipe's own encoding: the rendered prompt is split at its special ranges, plain text
+is encoded without the added vocabulary (so user text that spells a special token stays text) and each special range
+maps through the added vocabulary. A reimplementation is exact only where it has been shown to be, so at start-up it
+must reproduce deepseek-recipe on a probe set; if it does not, cannot load the tokenizer, or is not installed,
+deepseek-recipe encodes every prompt.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from deepseek_recipe import ChatCompletionRequest, Conversation, ConversionOptio
 
 log = logging.getLogger("deepinfer_server.prompt_encoder")
 
-CHOICES = ("auto", "kitoken", "recipe")
+CHOICES = ("auto", "fastokens", "recipe")
 
 
 class PromptEncoder(Protocol):
@@ -45,19 +45,40 @@ class Encoding(PromptEncoder, Protocol):
     def render_conversation(self, conversation: Conversation) -> Rendered: ...
 
 
-class KitokenEncoder:
-    """Render with deepseek-recipe, split at the special ranges, BPE in kitoken."""
+def plain_bpe_json(tokenizer_json: dict[str, object]) -> str:
+    """The tokenizer without its added vocabulary, for BPE on plain text only.
+
+    fastokens wants the model's IDs dense (0..n-1). An added token may also sit in the model vocabulary at a far
+    ID (the bundled tokenizer pins <｜image｜> at DeepSeek's 129264); BPE on plain text never yields an added
+    token, so such entries are left out of this copy."""
+    model = tokenizer_json.get("model")
+    added = tokenizer_json.get("added_tokens") or []
+    if not isinstance(model, dict) or not isinstance(added, list):
+        raise ValueError("tokenizer.json: no model or a malformed added_tokens")
+    spellings = {str(t["content"]) for t in added}
+    vocab = model.get("vocab") or {}
+    vocab = {k: i for k, i in vocab.items() if k not in spellings or i < len(vocab)}
+    plain = {**tokenizer_json, "added_tokens": [], "model": {**model, "vocab": vocab}}
+    return json.dumps(plain, ensure_ascii=False)
+
+
+class FastEncoder:
+    """Render with deepseek-recipe, split at the special ranges, BPE in fastokens."""
 
     def __init__(self, encoding: Encoding, tokenizer_json: dict[str, object]) -> None:
-        from kitoken import Kitoken  # optional at import time: `build` falls back without it
+        from fastokens import Tokenizer as Fastokens  # optional at import time: `build` falls back without it
 
         added = tokenizer_json.get("added_tokens") or []
         if not isinstance(added, list):
             raise ValueError("tokenizer.json: added_tokens is not a list")
         self.special = {str(t["content"]): int(t["id"]) for t in added}
-        plain = json.dumps({**tokenizer_json, "added_tokens": []}, ensure_ascii=False).encode()
-        self.bpe = Kitoken.from_tokenizers(plain)
+        self.bpe = Fastokens.from_json_str(plain_bpe_json(tokenizer_json))
         self.encoding = encoding
+
+    def encode_text(self, text: str) -> list[int]:
+        """BPE of plain text (the GIL is released while fastokens works)."""
+        ids: list[int] = self.bpe.encode(text).ids
+        return ids
 
     def encode(self, conversation: Conversation) -> list[int]:
         rendered = self.encoding.render_conversation(conversation)
@@ -66,14 +87,14 @@ class KitokenEncoder:
         pos = 0
         for start, end in rendered.special_ranges:
             if start > pos:
-                ids += self.bpe.encode(text[pos:start], False)
+                ids += self.encode_text(text[pos:start])
             special = self.special.get(text[start:end])
             if special is None:  # not in the added vocabulary: deepseek-recipe raises the error the client gets
                 return self.encoding.encode(conversation)
             ids.append(special)
             pos = end
         if pos < len(text):
-            ids += self.bpe.encode(text[pos:], False)
+            ids += self.encode_text(text[pos:])
         return ids
 
 
@@ -85,22 +106,22 @@ def build(
     options: ConversionOptions,
     model: str,
 ) -> PromptEncoder:
-    """The prompt encoder for `choice` (auto, kitoken, recipe). `tokenizer` is deepseek-recipe's, loaded from
+    """The prompt encoder for `choice` (auto, fastokens, recipe). `tokenizer` is deepseek-recipe's, loaded from
     `tokenizer_path`; the probe conversations are converted as requests for `model` are, with `options`."""
     if choice == "recipe":
         log.info("prompt encoder: deepseek-recipe")
         return encoding
     try:
-        fast = KitokenEncoder(encoding, json.loads(Path(tokenizer_path).read_text(encoding="utf-8")))
+        fast = FastEncoder(encoding, json.loads(Path(tokenizer_path).read_text(encoding="utf-8")))
         problem = verify(fast, encoding, tokenizer, options, model)
     except Exception as e:  # not installed, or cannot read this tokenizer
         problem = f"{type(e).__name__}: {e}"
     if problem is None:
-        log.info("prompt encoder: kitoken (matches deepseek-recipe on the start-up probes)")
+        log.info("prompt encoder: fastokens (matches deepseek-recipe on the start-up probes)")
         return fast
-    if choice == "kitoken":
-        raise SystemExit(f"--prompt-encoder kitoken: {problem}")
-    log.warning("prompt encoder: deepseek-recipe (kitoken not used: %s)", problem)
+    if choice == "fastokens":
+        raise SystemExit(f"--prompt-encoder fastokens: {problem}")
+    log.warning("prompt encoder: deepseek-recipe (fastokens not used: %s)", problem)
     return encoding
 
 
@@ -126,7 +147,7 @@ def probe_texts(n: int = 1500, seed: int = 0) -> list[str]:
 
 
 def verify(
-    fast: KitokenEncoder, encoding: Encoding, tokenizer: Tokenizer, options: ConversionOptions, model: str
+    fast: FastEncoder, encoding: Encoding, tokenizer: Tokenizer, options: ConversionOptions, model: str
 ) -> str | None:
     """None if `fast` gives deepseek-recipe's IDs on every probe, else what differed."""
     specials = tuple(fast.special)
@@ -134,7 +155,7 @@ def verify(
         if any(s in text for s in specials):
             continue  # deepseek-recipe's Tokenizer.encode maps special spellings; the conversations cover them
         want = tokenizer.encode(text)
-        if fast.bpe.encode(text, False) != want:
+        if fast.encode_text(text) != want:
             return f"its IDs differ from deepseek-recipe's for {text[:60]!r}"
     rng = random.Random(1)
     for _ in range(40):
