@@ -50,7 +50,8 @@ pub struct Decoded {
     pub bytes: BytesMut,
 }
 
-type Job = (PrepareRequest, oneshot::Sender<Result<Prepared, ApiError>>);
+/// A request and what to do with its preparation, run on the codec thread once the GIL is released.
+type Job = (PrepareRequest, Box<dyn FnOnce(Result<Prepared, ApiError>) + Send>);
 
 pub struct Codec {
     codec: Py<PyAny>,
@@ -86,11 +87,11 @@ impl Codec {
                     with_thread_state(|| {
                         loop {
                             let job = rx.lock().unwrap().recv();
-                            let Ok((req, reply)) = job else { return };
+                            let Ok((req, then)) = job else { return };
                             let result = Python::attach(|py| me.prepare_blocking(py, &req));
                             *me.preparing.lock().unwrap() -= 1;
                             me.prepared.notify_all();
-                            let _ = reply.send(result);
+                            then(result);
                         }
                     })
                 })
@@ -99,11 +100,20 @@ impl Codec {
         this
     }
 
-    /// Convert and encode on the codec pool.
-    pub async fn prepare(&self, req: PrepareRequest) -> Result<Prepared, ApiError> {
+    /// Convert and encode on the codec pool, then run `then` on the same thread (without the GIL) and return its
+    /// result. Dispatching from there sends the request to its rank without first waking an HTTP task.
+    pub async fn prepare_then<T: Send + 'static>(
+        &self,
+        req: PrepareRequest,
+        then: impl FnOnce(Prepared) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError> {
         let (tx, rx) = oneshot::channel();
+        let then = Box::new(move |prepared: Result<Prepared, ApiError>| {
+            // If the client left meanwhile the result is dropped here, and a ticket in it aborts the request.
+            let _ = tx.send(prepared.and_then(then));
+        });
         *self.preparing.lock().unwrap() += 1;
-        if self.jobs.lock().unwrap().send((req, tx)).is_err() {
+        if self.jobs.lock().unwrap().send((req, then)).is_err() {
             *self.preparing.lock().unwrap() -= 1;
             return Err(ApiError::Unavailable("codec stopped".into()));
         }

@@ -59,36 +59,49 @@ async fn handle(
     }
     let permit = st.admission.try_admit()?;
     let id = st.dispatcher.next_id();
-    let prepared = st
+    let prepare = PrepareRequest {
+        body: req.body,
+        response_id: format!("chatcmpl-{id:x}{:08x}", rand_u32()),
+        model: req.model,
+        ignore_eos: req.ignore_eos,
+        include_usage: req.include_usage,
+        continuous_usage: req.continuous_usage,
+    };
+    let (outlet, stream, reply) = if req.stream {
+        let buf = StreamBuf::new();
+        (Outlet::Stream(buf.clone()), Some(buf), None)
+    } else {
+        let (outlet, rx) = Outlet::unary();
+        (outlet, None, Some(rx))
+    };
+    let (top_k, ignore_eos) = (req.top_k, req.ignore_eos);
+    let dispatcher = st.dispatcher.clone();
+    // Dispatch runs on the codec thread right after the conversion; the role chunk goes first in a stream.
+    let ticket = st
         .codec
-        .prepare(PrepareRequest {
-            body: req.body,
-            response_id: format!("chatcmpl-{id:x}{:08x}", rand_u32()),
-            model: req.model,
-            ignore_eos: req.ignore_eos,
-            include_usage: req.include_usage,
-            continuous_usage: req.continuous_usage,
+        .prepare_then(prepare, move |prepared| {
+            if let Outlet::Stream(buf) = &outlet {
+                buf.push(&prepared.first, false);
+            }
+            let job = Job {
+                submit: Submit {
+                    request_id: id,
+                    prompt: &prepared.prompt,
+                    max_tokens: prepared.max_tokens,
+                    temperature: prepared.temperature,
+                    top_p: prepared.top_p,
+                    top_k,
+                    seed: prepared.seed,
+                    ignore_eos,
+                },
+                incremental: prepared.incremental,
+            };
+            let meta = RequestMeta { id, request_id, arrival };
+            dispatcher.submit(meta, job, prepared.decoder, outlet, permit)
         })
         .await?;
-    let job = Job {
-        submit: Submit {
-            request_id: id,
-            prompt: &prepared.prompt,
-            max_tokens: prepared.max_tokens,
-            temperature: prepared.temperature,
-            top_p: prepared.top_p,
-            top_k: req.top_k,
-            seed: prepared.seed,
-            ignore_eos: req.ignore_eos,
-        },
-        incremental: prepared.incremental,
-    };
     let timeout = st.config.request_timeout();
-    if req.stream {
-        let buf = StreamBuf::new();
-        buf.push(&prepared.first, false);
-        let meta = RequestMeta { id, request_id, arrival };
-        let ticket = st.dispatcher.submit(meta, job, prepared.decoder, Outlet::Stream(buf.clone()), permit)?;
+    if let Some(buf) = stream {
         let keep_alive = Duration::from_secs_f64(st.config.sse_keep_alive_s);
         let body = Body::from_stream(SseBody::new(buf, ticket, timeout, keep_alive));
         return Ok((
@@ -101,9 +114,7 @@ async fn handle(
         )
             .into_response());
     }
-    let (outlet, rx) = Outlet::unary();
-    let meta = RequestMeta { id, request_id, arrival };
-    let ticket = st.dispatcher.submit(meta, job, prepared.decoder, outlet, permit)?;
+    let rx = reply.ok_or(ApiError::Internal)?;
     let result = match timeout {
         Some(t) => match tokio::time::timeout(t, rx).await {
             Ok(r) => r,
