@@ -11,7 +11,7 @@ use crate::ring::status::AUX_QUEUED_TOKENS;
 use crate::ring::{Doorbell, Ring, Sender};
 use crate::stream::Outlet;
 use pyo3::prelude::*;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -112,7 +112,8 @@ pub struct RankLink {
     pub index: usize,
     pub requests: Sender,
     pub output: Arc<Ring>,
-    inflight: Mutex<HashMap<u64, Arc<Inflight>>>,
+    /// Keyed by the dispatcher's own sequential ids (never client input), so a fast non-keyed hash is safe.
+    inflight: Mutex<FxHashMap<u64, Arc<Inflight>>>,
     count: AtomicUsize,
     alive: AtomicBool,
 }
@@ -133,7 +134,7 @@ impl RankLink {
             index,
             requests: Sender::new(requests, on_push),
             output,
-            inflight: Mutex::new(HashMap::new()),
+            inflight: Mutex::new(FxHashMap::default()),
             count: AtomicUsize::new(0),
             alive: AtomicBool::new(true),
         }

@@ -15,7 +15,7 @@ use crate::ring::records::{self, FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINI
 use crate::stream::{DONE, Outlet};
 use bytes::Bytes;
 use pyo3::prelude::*;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -37,7 +37,7 @@ struct Batch {
 }
 
 /// Streams whose tokens wait for their next event (`stream_interval_ms`), by request id, with when it is due.
-type Waiting = HashMap<u64, Instant>;
+type Waiting = FxHashMap<u64, Instant>;
 
 pub fn spawn(dispatcher: Arc<Dispatcher>, codec: Arc<Codec>, rank: usize, interval: Duration) -> JoinHandle<()> {
     thread::Builder::new()
@@ -49,7 +49,7 @@ pub fn spawn(dispatcher: Arc<Dispatcher>, codec: Arc<Codec>, rank: usize, interv
 fn run(dispatcher: &Dispatcher, codec: &Codec, rank: usize, interval: Duration) {
     let link = &dispatcher.ranks[rank];
     crate::supervisor::lower_thread_priority(DECODE_NICE);
-    let mut waiting = Waiting::new();
+    let mut waiting = Waiting::default();
     loop {
         let next_due = waiting.values().min().map(|d| d.saturating_duration_since(Instant::now()));
         let readable = link.output.wait_readable(Some(next_due.map_or(IDLE_WAIT, |d| d.min(IDLE_WAIT))));
@@ -92,7 +92,7 @@ fn add_due(waiting: &mut Waiting, batches: &mut Vec<Batch>) {
 
 fn drain(link: &RankLink) -> Vec<Batch> {
     let mut out: Vec<Batch> = Vec::new();
-    let mut index: HashMap<u64, usize> = HashMap::new();
+    let mut index: FxHashMap<u64, usize> = FxHashMap::default();
     let drained = link.output.drain(DRAIN_MAX_BYTES, |kind, payload| {
         if kind != records::TOKENS {
             tracing::error!(rank = link.index, kind, "unexpected record kind on the output ring");
