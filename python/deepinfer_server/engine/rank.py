@@ -31,8 +31,9 @@ CATCH_UP_WAIT_S = 0.05  # the server wakes a waiting rank when it sends a reques
 IDLE_WAIT_S = float(os.environ.get("DEEPINFER_SERVER_IDLE_WAIT_S", "1"))
 # Engine steps of output the rank may leave unread before it waits for the server to catch up. A real engine's
 # step is far slower than the server, so this only binds a zero-cost engine, which would otherwise run far ahead
-# and make every new request's first token queue behind a backlog of other requests' tokens.
-RUN_AHEAD_STEPS = int(os.environ.get("DEEPINFER_SIM_RUN_AHEAD_STEPS", "32"))
+# and make every new request's first token queue behind a backlog of other requests' tokens. It trades the zero-cost
+# benchmark's TTFT against CPU per token (fewer, larger batches); BENCHMARKS.md has the table behind the 8.
+RUN_AHEAD_STEPS = int(os.environ.get("DEEPINFER_SIM_RUN_AHEAD_STEPS", "8"))
 
 
 def _die_with_parent(parent_pid: int) -> None:
