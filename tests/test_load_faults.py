@@ -282,6 +282,51 @@ def test_disconnect_storm(make_server) -> None:
     assert srv.proc.poll() is None
 
 
+async def send_and_drop(port: int, payload: bytes, after_s: float) -> None:
+    """Send a whole request and drop the connection `after_s` later, before reading any answer."""
+    _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+        + payload
+    )
+    await writer.drain()
+    await asyncio.sleep(after_s)
+    writer.transport.abort()
+
+
+def test_disconnect_during_conversion_leaks_nothing(make_server) -> None:
+    """The codec thread dispatches a request right after converting it; a client that already left must not leave
+    it running or holding an admission slot. Long prompts keep both codec threads busy, so most of the 300 clients
+    leave while their request waits for or is in conversion."""
+    capacity = 64
+    srv: Server = make_server("--dp", "2", "--max-num-seqs", str(capacity // 2), "--sim-decode-step-ms", "5")
+    port = int(srv.url.rsplit(":", 1)[1])
+    long = body(10000, stream=True, messages=[{"role": "user", "content": "word " * 6000}])  # ~12k tokens
+    payload = json.dumps(long).encode()
+
+    async def storm() -> None:
+        for _ in range(3):  # dropped 0-40 ms after sending: queued for a codec thread, in conversion, or dispatched
+            await asyncio.gather(*(send_and_drop(port, payload, i * 0.0004) for i in range(100)))
+
+    asyncio.run(storm())
+    t0 = time.monotonic()
+    while True:  # the last conversions finish, their tickets drop and abort
+        running = metric(srv.url, "vllm:num_requests_running", model_name=MODEL)
+        waiting = metric(srv.url, "vllm:num_requests_waiting", model_name=MODEL)
+        if running == [0.0] and waiting in ([0.0], []):
+            break
+        assert time.monotonic() - t0 < 20, (running, waiting)
+        time.sleep(0.05)
+    aborted = sum(metric(srv.url, "deepinfer_aborted_requests_total", reason="client_disconnect"))
+    # every slot came back: a full wave of streams is admitted and gets content
+    again = asyncio.run(wave(port, capacity, json.dumps(body(30000, stream=True)).encode()))
+    assert again == [200] * capacity, again
+    print(f"\naborted after dispatch: {aborted:.0f} of 300")
+    assert aborted > 0  # some were dispatched before their client was seen gone, and were aborted on their rank
+    assert srv.proc.poll() is None
+
+
 # ---------------------------------------------------------------------------------------------- SIGKILL of server
 
 
