@@ -73,6 +73,7 @@ def test_tokens_round_trip(ring_path) -> None:
     prod.publish([(4, [1], FINISH_ERROR, "engine exploded: ü"), (5, [], FINISH_ERROR)])
     prod.publish([])
     prod.publish([(6, (7, 8), FINISH_NONE), (7, [9], FINISH_NONE)])  # any sequence of IDs, not only lists
+    prod.publish([(8, 12, FINISH_NONE), (9, 13, FINISH_STOP)])  # or one token as an int (the simulated engine's step)
     assert cons.drain_tokens() == [
         (1, [10, 11], FINISH_NONE, None),
         (2, [], FINISH_STOP, None),
@@ -81,11 +82,15 @@ def test_tokens_round_trip(ring_path) -> None:
         (5, [], FINISH_ERROR, ""),
         (6, [7, 8], FINISH_NONE, None),
         (7, [9], FINISH_NONE, None),
+        (8, [12], FINISH_NONE, None),
+        (9, [13], FINISH_STOP, None),
     ]
     with pytest.raises(ValueError):
         prod.publish([(1, [1], 99)])
     with pytest.raises(ValueError):
         prod.publish([(1, [1])])
+    with pytest.raises(TypeError):
+        prod.publish([(1, "12", FINISH_NONE)])  # neither a token nor a sequence of tokens
     with pytest.raises(RingError):
         prod.publish([(1, list(range(20000)), FINISH_NONE)])
     # Requests on an output ring are malformed data, not a crash.

@@ -30,7 +30,7 @@ class RingError(Exception): ...
 # (1, request_id, prompt_ids, max_tokens, temperature, top_p, top_k, seed, ignore_eos) | (2, request_id) | (3,)
 RequestTuple = tuple[Any, ...]
 # (request_id, tokens, finish) or (request_id, tokens, finish, reason)
-OutputEntry = tuple[int, Sequence[int], int] | tuple[int, Sequence[int], int, str | None]
+OutputEntry = tuple[int, Sequence[int] | int, int] | tuple[int, Sequence[int] | int, int, str | None]
 
 class Ring:
     """A single-producer single-consumer shared-memory ring of records in /dev/shm."""

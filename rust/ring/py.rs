@@ -163,7 +163,7 @@ impl Parsed {
             4 => t.get_borrowed_item(3)?.extract::<Option<String>>()?,
             n => {
                 return Err(PyValueError::new_err(format!(
-                    "token entry must be (request_id, tokens, finish[, reason]), got {n} items"
+                    "token entry must be (request_id, tokens or token, finish[, reason]), got {n} items"
                 )));
             }
         };
@@ -177,6 +177,8 @@ impl Parsed {
             for token in list.iter() {
                 self.tokens.push(token.extract()?);
             }
+        } else if let Ok(token) = tokens.extract::<u32>() {
+            self.tokens.push(token); // one token as an int: no list per token from a simulated step
         } else {
             self.tokens.extend(tokens.extract::<Vec<u32>>()?);
         }

@@ -20,8 +20,8 @@ class Submit:
     ignore_eos: bool
 
 
-# (request_id, new token ids, finish code[, error reason]): the rows of one output-ring TOKENS record.
-Output = tuple[int, list[int], int] | tuple[int, list[int], int, str | None]
+# (request_id, new token ids or one token id, finish code[, error reason]): the rows of one output-ring TOKENS record.
+Output = tuple[int, list[int] | int, int] | tuple[int, list[int] | int, int, str | None]
 
 
 class Engine(Protocol):

@@ -192,9 +192,9 @@ class SimEngine:
             tok = plan[i] if i < len(plan) else corpus[(s.offset + i) % n_corpus]
             s.generated = i + 1
             if i + 1 < s.max_tokens and (tok != eos or i >= len(plan)):
-                out.append((s.rid, [tok], running))
+                out.append((s.rid, tok, running))
                 continue
-            out.append((s.rid, [tok], stop if tok == eos and i < len(plan) else length))
+            out.append((s.rid, tok, stop if tok == eos and i < len(plan) else length))
             del self.by_id[s.rid]
             finished = True
         if finished:
