@@ -105,3 +105,30 @@ def test_a_seeded_answer_is_the_same_every_time() -> None:
             tokens += [t for _, t, _ in e.commit()]
         outs.append(tokens)
     assert len(outs[0]) == 300 and outs[0] == outs[1]
+
+
+def test_quiet_steps_are_those_that_start_and_end_nothing() -> None:
+    """The rank publishes a quiet step without waking the server (engine/rank.py): a step that gives a request its
+    first token or ends one must never be quiet."""
+    e = engine(max_num_seqs=4)
+    submit(e, 1, 5, max_tokens=3)
+    e.plan()
+    e.commit()
+    assert not e.quiet_step  # request 1's first token
+    submit(e, 2, 5, max_tokens=3)
+    e.plan()
+    e.commit()
+    assert not e.quiet_step  # request 2's first token
+    e.plan()
+    e.commit()
+    assert not e.quiet_step  # request 1's third token ends it
+    e.plan()
+    e.commit()
+    assert not e.quiet_step  # request 2 ends
+    submit(e, 3, 5, max_tokens=4)
+    quiet = []
+    while e.has_work():
+        e.plan()
+        e.commit()
+        quiet.append(e.quiet_step)
+    assert quiet == [False, True, True, False]

@@ -136,8 +136,24 @@ impl PyRing {
     where
         F: FnOnce(&mut [u8]) + Copy + Sync,
     {
+        self.push_quietly_with(py, kind, len, timeout, true, fill)
+    }
+
+    /// `push_with`; without `wake` a sleeping consumer is not woken unless the ring is full.
+    fn push_quietly_with<F>(
+        &self,
+        py: Python<'_>,
+        kind: u32,
+        len: usize,
+        timeout: Option<f64>,
+        wake: bool,
+        fill: F,
+    ) -> PyResult<()>
+    where
+        F: FnOnce(&mut [u8]) + Copy + Sync,
+    {
         let timeout = duration(timeout)?;
-        if self.ring.try_push_with(kind, len, fill).map_err(ring_err)?.is_ok() {
+        if self.ring.try_push_quietly_with(kind, len, wake, fill).map_err(ring_err)?.is_ok() {
             return Ok(());
         }
         if timeout == Some(Duration::ZERO) {
@@ -365,8 +381,10 @@ impl PyRing {
     /// Writes ONE TOKENS record with all `(request_id, tokens, finish[,
     /// reason])` entries; blocks with the GIL released while the ring is
     /// full. Raises RingClosed, TimeoutError, or RingError (too large).
-    #[pyo3(signature = (entries, timeout=None))]
-    fn publish(&self, py: Python<'_>, entries: &Bound<'_, PyAny>, timeout: Option<f64>) -> PyResult<()> {
+    /// `wake=False` leaves a sleeping consumer asleep (call `wake_consumer`
+    /// before relying on it reading the record).
+    #[pyo3(signature = (entries, timeout=None, wake=true))]
+    fn publish(&self, py: Python<'_>, entries: &Bound<'_, PyAny>, timeout: Option<f64>, wake: bool) -> PyResult<()> {
         let mut parsed = Parsed::default();
         for item in entries.try_iter()? {
             parsed.push(&item?)?;
@@ -374,7 +392,12 @@ impl PyRing {
         let entries = parsed.token_entries();
         let entries = entries.as_slice();
         let len = records::tokens_encoded_len(entries);
-        self.push_with(py, records::TOKENS, len, timeout, move |b| records::write_tokens(entries, b))
+        self.push_quietly_with(py, records::TOKENS, len, timeout, wake, move |b| records::write_tokens(entries, b))
+    }
+
+    /// Wakes the consumer if it sleeps waiting for records.
+    fn wake_consumer(&self) {
+        self.ring.wake_consumer();
     }
 
     /// Consumes available TOKENS records and returns their entries,

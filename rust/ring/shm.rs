@@ -222,6 +222,18 @@ impl Ring {
         len: usize,
         fill: F,
     ) -> Result<Result<(), F>, RingError> {
+        self.try_push_quietly_with(kind, len, true, fill)
+    }
+
+    /// `try_push_with`, waking a sleeping consumer only if `wake`: a producer that knows the record can wait
+    /// (see `wake_consumer`) saves the consumer a wake-up per record.
+    pub fn try_push_quietly_with<F: FnOnce(&mut [u8])>(
+        &self,
+        kind: u32,
+        len: usize,
+        wake: bool,
+        fill: F,
+    ) -> Result<Result<(), F>, RingError> {
         if kind == KIND_PAD {
             return Err(RingError::ReservedKind);
         }
@@ -247,7 +259,7 @@ impl Ring {
         // `head`); the producer mutex makes this the only in-process writer.
         let buf = unsafe { std::slice::from_raw_parts_mut(self.data().as_ptr().add(pos + RECORD_HEADER), len) };
         fill(buf);
-        self.publish_head(r.head + (r.pad + r.total) as u64);
+        self.publish_head(r.head + (r.pad + r.total) as u64, wake);
         Ok(Ok(()))
     }
 
@@ -350,11 +362,18 @@ impl Ring {
         unsafe { std::ptr::copy_nonoverlapping(hdr.as_ptr(), self.data().as_ptr().add(pos), RECORD_HEADER) };
     }
 
-    fn publish_head(&self, new_head: u64) {
+    fn publish_head(&self, new_head: u64, wake: bool) {
         let h = self.header();
         h.head.0.store(new_head, Ordering::Release);
         fence(Ordering::SeqCst);
-        wake_if_waiting(&h.data.0);
+        if wake {
+            wake_if_waiting(&h.data.0);
+        }
+    }
+
+    /// Wakes the consumer if it sleeps in `wait_readable` (after records pushed without waking it).
+    pub fn wake_consumer(&self) {
+        wake_if_waiting(&self.header().data.0);
     }
 
     // ---------------------------------------------------------------- consumer
@@ -674,6 +693,27 @@ mod tests {
         assert!(t.elapsed() >= Duration::from_millis(25));
         r.try_push(1, &[]).unwrap();
         assert!(r.wait_readable(Some(Duration::ZERO)));
+    }
+
+    #[test]
+    fn a_quiet_push_leaves_the_consumer_asleep_until_woken() {
+        let (_d, r) = ring(4096);
+        let r = Arc::new(r);
+        let returned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let consumer = {
+            let (r, returned) = (r.clone(), returned.clone());
+            std::thread::spawn(move || {
+                let readable = r.wait_readable(Some(Duration::from_secs(10)));
+                returned.store(true, Ordering::SeqCst);
+                readable
+            })
+        };
+        std::thread::sleep(Duration::from_millis(30)); // the consumer is asleep on the futex
+        assert!(r.try_push_quietly_with(1, 8, false, |b| b.fill(1)).unwrap().is_ok());
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!returned.load(Ordering::SeqCst), "a quiet push woke the consumer");
+        r.wake_consumer();
+        assert!(consumer.join().unwrap());
     }
 
     #[test]

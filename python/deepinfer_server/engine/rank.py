@@ -34,6 +34,10 @@ IDLE_WAIT_S = float(os.environ.get("DEEPINFER_SERVER_IDLE_WAIT_S", "1"))
 # and make every new request's first token queue behind a backlog of other requests' tokens. It trades the zero-cost
 # benchmark's TTFT against CPU per token (fewer, larger batches); BENCHMARKS.md has the table behind the 8.
 RUN_AHEAD_STEPS = int(os.environ.get("DEEPINFER_SIM_RUN_AHEAD_STEPS", "8"))
+# A step that starts no request's output and ends none (an engine says so with `quiet_step`, as the sim does) is
+# published without waking the server, which holds such tokens for its stream interval anyway; it is woken at least
+# this often, and before the rank waits for it to catch up. A zero-cost rank would otherwise wake it every step.
+WAKE_EVERY_S = 0.001
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -123,13 +127,17 @@ def take_requests(engine: Engine, requests: _native.Ring) -> tuple[list[Output],
     return published, stop
 
 
-def publish(outputs: _native.Ring, published: list[Output], requests: _native.Ring | None = None) -> None:
+def publish(
+    outputs: _native.Ring, published: list[Output], requests: _native.Ring | None = None, wake: bool = True
+) -> None:
     """One TOKENS record per step; then let the server catch up if it fell more than a few steps behind.
 
     While waiting, a new request ends the wait at once (the server wakes the rank when it sends one): its first
     token then lands in the server's next drain instead of behind another backlog."""
-    outputs.publish(published)
+    outputs.publish(published, wake=wake)
     ahead = RUN_AHEAD_STEPS * (8 + 24 * len(published))  # about the size of this step's record
+    if not wake and outputs.used_bytes > ahead:
+        outputs.wake_consumer()
     while outputs.used_bytes > ahead:
         if requests is not None and requests.used_bytes:
             return
@@ -140,18 +148,26 @@ def publish(outputs: _native.Ring, published: list[Output], requests: _native.Ri
 def serve_rank(engine: Engine, requests: _native.Ring, outputs: _native.Ring) -> None:
     """The loop. Returns on SHUTDOWN or when the server closes the rings."""
     status = Status(engine, outputs)
+    woke = 0.0
     while True:
         if not engine.has_work():
+            outputs.wake_consumer()  # nothing published quietly may wait for the next step
             requests.wait(IDLE_WAIT_S)
             if requests.closed:
                 return
         published, stop = take_requests(engine, requests)
         if stop:
             return
+        quiet = not published
         if engine.has_work():
             published += engine.step()
+            quiet = quiet and getattr(engine, "quiet_step", False)
         if published:
-            publish(outputs, published, requests)
+            now = time.monotonic()
+            wake = not quiet or now - woke >= WAKE_EVERY_S
+            publish(outputs, published, requests, wake)
+            if wake:
+                woke = now
         status.update(force=not engine.has_work())
 
 

@@ -84,6 +84,8 @@ class SimEngine:
         self.prefilling: list[_Seq] = []
         self.by_id: dict[int, _Seq] = {}
         self._batch: list[_Seq] = []
+        # The last step gave no request its first token and ended none: the rank need not wake the server for it.
+        self.quiet_step = False
         self._next_start = 0.0
         self._entropy = random.Random()  # seeds unseeded requests without an os.urandom read each
 
@@ -166,6 +168,7 @@ class SimEngine:
             prefill_tokens += take
             if not s.prompt_left:
                 prefilled.append(s)  # prefill ends with the request's first token
+        self.quiet_step = not prefilled
         if prefilled:
             self.prefilling = [s for s in prefilling if s.prompt_left]
         # Everything in this step's batch decodes from now on.
@@ -198,6 +201,7 @@ class SimEngine:
             del self.by_id[s.rid]
             finished = True
         if finished:
+            self.quiet_step = False
             self.decoding = [s for s in self.decoding if s.rid in self.by_id]
         self._batch = []
         return out
