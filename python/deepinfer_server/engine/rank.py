@@ -32,8 +32,8 @@ IDLE_WAIT_S = float(os.environ.get("DEEPINFER_SERVER_IDLE_WAIT_S", "1"))
 # Engine steps of output the rank may leave unread before it waits for the server to catch up. A real engine's
 # step is far slower than the server, so this only binds a zero-cost engine, which would otherwise run far ahead
 # and make every new request's first token queue behind a backlog of other requests' tokens. It trades the zero-cost
-# benchmark's TTFT against CPU per token (fewer, larger batches); BENCHMARKS.md has the table behind the 8.
-RUN_AHEAD_STEPS = int(os.environ.get("DEEPINFER_SIM_RUN_AHEAD_STEPS", "8"))
+# benchmark's TTFT against CPU per token (fewer, larger batches); BENCHMARKS.md has the table behind the 4.
+RUN_AHEAD_STEPS = int(os.environ.get("DEEPINFER_SIM_RUN_AHEAD_STEPS", "4"))
 # A step that starts no request's output and ends none (an engine says so with `quiet_step`, as the sim does) is
 # published without waking the server, which holds such tokens for its stream interval anyway; it is woken at least
 # this often, and before the rank waits for it to catch up. A zero-cost rank would otherwise wake it every step.
