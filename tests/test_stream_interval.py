@@ -128,3 +128,22 @@ def test_the_first_token_of_every_answer_is_visible(make_server: Callable[..., S
     for seed in range(12):
         events = token_events(timed_chunks(srv, 4, seed=seed))
         assert events and events[0][1] == 1, (seed, [(n, text) for _, n, text in events])
+
+
+def test_quiet_steps_wake_the_server_within_its_stream_interval() -> None:
+    """A rank publishes a step that starts and ends nothing without waking the server (engine/rank.py), which is
+    only safe because the server holds such tokens for its stream interval: the wake bound follows the interval."""
+    from deepinfer_server.engine.rank import WakePolicy
+
+    every_step = WakePolicy(0.0)  # tokens are sent as they come: every step wakes the server
+    assert all(every_step(True, 5.0 + i * 1e-5) for i in range(10))
+
+    capped = WakePolicy(3.0)  # the interval is longer than the 1 ms bound
+    assert capped(True, 5.0)
+    assert not capped(True, 5.0009)
+    assert capped(False, 5.00095)  # a first or last token always wakes it, and restarts the bound
+    assert not capped(True, 5.0019)
+    assert capped(True, 5.00196)
+
+    short = WakePolicy(0.25)
+    assert short(True, 7.0) and not short(True, 7.0002) and short(True, 7.00026)

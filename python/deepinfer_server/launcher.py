@@ -190,6 +190,7 @@ class Ranks:
                 "output_ring": str(out_path),
                 "parent_pid": os.getpid(),
                 "log_level": a.log_level,
+                "stream_interval_ms": a.stream_interval_ms,
                 "engine_config": self.engine_config(),
                 "lockstep": str(lockstep_path) if lockstep_path else None,
                 "doorbell": str(bell_path) if bell_path else None,

@@ -36,7 +36,8 @@ IDLE_WAIT_S = float(os.environ.get("DEEPINFER_SERVER_IDLE_WAIT_S", "1"))
 RUN_AHEAD_STEPS = int(os.environ.get("DEEPINFER_SIM_RUN_AHEAD_STEPS", "4"))
 # A step that starts no request's output and ends none (an engine says so with `quiet_step`, as the sim does) is
 # published without waking the server, which holds such tokens for its stream interval anyway; it is woken at least
-# this often, and before the rank waits for it to catch up. A zero-cost rank would otherwise wake it every step.
+# this often (never less often than the interval), and before the rank waits for it to catch up. A zero-cost rank
+# would otherwise wake it every step.
 WAKE_EVERY_S = 0.001
 
 
@@ -145,10 +146,26 @@ def publish(
             return
 
 
-def serve_rank(engine: Engine, requests: _native.Ring, outputs: _native.Ring) -> None:
+class WakePolicy:
+    """Whether a published step wakes the server: always for a step that is not quiet, and for a quiet one once
+    `every_s` has passed since the last wake. The server sends a due stream's tokens as soon as it reads them, so
+    `every_s` is at most its stream interval: with an interval of 0 every step wakes it."""
+
+    def __init__(self, stream_interval_ms: float) -> None:
+        self.every_s = min(WAKE_EVERY_S, max(0.0, stream_interval_ms) / 1000)
+        self.woke = float("-inf")
+
+    def __call__(self, quiet: bool, now: float) -> bool:
+        if not quiet or now - self.woke >= self.every_s:
+            self.woke = now
+            return True
+        return False
+
+
+def serve_rank(engine: Engine, requests: _native.Ring, outputs: _native.Ring, stream_interval_ms: float = 0.0) -> None:
     """The loop. Returns on SHUTDOWN or when the server closes the rings."""
     status = Status(engine, outputs)
-    woke = 0.0
+    wake_policy = WakePolicy(stream_interval_ms)
     while True:
         if not engine.has_work():
             outputs.wake_consumer()  # nothing published quietly may wait for the next step
@@ -163,11 +180,7 @@ def serve_rank(engine: Engine, requests: _native.Ring, outputs: _native.Ring) ->
             published += engine.step()
             quiet = quiet and getattr(engine, "quiet_step", False)
         if published:
-            now = time.monotonic()
-            wake = not quiet or now - woke >= WAKE_EVERY_S
-            publish(outputs, published, requests, wake)
-            if wake:
-                woke = now
+            publish(outputs, published, requests, wake_policy(quiet, time.monotonic()))
         status.update(force=not engine.has_work())
 
 
@@ -207,7 +220,9 @@ def serve_sim_lockstep(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="deepinfer_server.engine.rank")
-    ap.add_argument("--config", required=True, help="JSON: rank, engine, rings, parent_pid, engine config")
+    ap.add_argument(
+        "--config", required=True, help="JSON: rank, engine, rings, parent_pid, stream interval, engine config"
+    )
     conf = json.loads(ap.parse_args(argv).config)
     rank = conf["rank"]
     logging.basicConfig(level=conf.get("log_level", "INFO").upper(), format=f"%(asctime)s rank{rank} %(message)s")
@@ -240,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             assert bell is not None, "the launcher gives DeepInfer ranks their group's doorbell"
             serve_lockstep(engine, requests, outputs, bell)  # DP ranks step together
         else:
-            serve_rank(engine, requests, outputs)
+            serve_rank(engine, requests, outputs, conf.get("stream_interval_ms", 0.0))
     except _native.RingClosed:
         pass  # the server is gone or shutting down
     finally:
