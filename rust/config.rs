@@ -33,6 +33,10 @@ pub struct ServerConfig {
     /// Below an engine's step time it never delays a token; it bounds a fast engine's event rate per stream.
     #[pyo3(default = 0.0)]
     pub stream_interval_ms: f64,
+    /// Longest a client may take to send a request head (or leave a keep-alive connection idle), and longest
+    /// it may pause while sending a body.
+    #[pyo3(default = 30.0)]
+    pub client_timeout_s: f64,
     /// The OpenAPI document served at /openapi.json (read at start-up).
     #[pyo3(default)]
     pub openapi: Option<String>,
@@ -42,6 +46,10 @@ impl ServerConfig {
     /// `None` means no per-request limit.
     pub fn request_timeout(&self) -> Option<Duration> {
         (self.request_timeout_s > 0.0).then(|| Duration::from_secs_f64(self.request_timeout_s))
+    }
+
+    pub fn client_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.client_timeout_s.max(0.001))
     }
 
     pub fn stream_interval(&self) -> Duration {
@@ -68,6 +76,7 @@ impl ServerConfig {
             openapi: None,
             sse_keep_alive_s: 15.0,
             stream_interval_ms: 0.0,
+            client_timeout_s: 30.0,
         }
     }
 }

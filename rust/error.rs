@@ -17,6 +17,8 @@ pub enum ApiError {
     ModelNotFound(String),
     #[error("The request body is larger than the limit of {0} bytes.")]
     PayloadTooLarge(usize),
+    #[error("The request body stopped arriving: nothing came for {0:.0} s.")]
+    BodyTimeout(f64),
     #[error("The server is at capacity: {0} requests are in flight. Retry later.")]
     Overloaded(usize),
     #[error("{0}")]
@@ -52,6 +54,7 @@ impl ApiError {
             Codec { status, .. } => (*status, "invalid_request_error", "invalid_request_error"),
             ModelNotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", "model_not_found"),
             PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "payload_too_large"),
+            BodyTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "invalid_request_error", "body_timeout"),
             Overloaded(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "rate_limit_exceeded"),
             Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable_error", "service_unavailable"),
             Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "timeout_error", "request_timeout"),

@@ -8,6 +8,7 @@ pub mod config;
 pub mod dispatch;
 pub mod error;
 pub mod http;
+pub mod listener;
 pub mod metrics;
 pub mod rank_io;
 pub mod ring;

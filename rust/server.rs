@@ -1,4 +1,4 @@
-//! `serve()`: build the state, start the per-rank threads, bind, and run axum until SIGTERM/SIGINT or a rank
+//! `serve()`: build the state, start the per-rank threads, bind, and serve HTTP until SIGTERM/SIGINT or a rank
 //! failure. Called from Python; the whole run happens with the GIL released.
 
 use crate::admission::Admission;
@@ -6,11 +6,11 @@ use crate::codec::Codec;
 use crate::config::ServerConfig;
 use crate::dispatch::{Dispatcher, RankLink};
 use crate::http::{self, AppState};
+use crate::listener;
 use crate::metrics::Metrics;
 use crate::rank_io;
 use crate::ring::py::{PyDoorbell, PyRing};
 use crate::supervisor::{Supervisor, fail_in_flight};
-use axum::serve::ListenerExt;
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use std::sync::Arc;
@@ -114,17 +114,11 @@ async fn run(state: Arc<AppState>, pids: Vec<i32>) -> std::io::Result<i32> {
         stop_signal.notify_one();
     };
     let app = http::app(state.clone());
-    // No Nagle: an SSE event must leave at once, not wait for the client's delayed ACK (40 ms).
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::warn!("cannot set TCP_NODELAY: {e}");
-        }
-    });
-    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown);
+    let server = listener::serve(listener, app, state.config.client_timeout(), shutdown);
     // Graceful shutdown waits for every connection to close; bound that so idle keep-alive clients cannot hold
     // the process (the streams have all been ended above).
     tokio::select! {
-        r = server => r?,
+        () = server => {}
         _ = async { stopping.notified().await; tokio::time::sleep(CLOSE_GRACE).await } => {
             tracing::info!("closing the remaining connections");
         }

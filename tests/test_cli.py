@@ -41,6 +41,7 @@ def test_parallel_sizes(argv: list[str], ep: int, dp: int, cp: int) -> None:
         (["--engine", "deepinfer"], "MODEL is required"),
         (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
         (["--stream-interval-ms", "-1"], "--stream-interval-ms must not be negative"),
+        (["--client-timeout", "0"], "--client-timeout must be positive"),
         (["--malloc", "jemalloc"], "invalid choice: 'jemalloc'"),
     ],
 )

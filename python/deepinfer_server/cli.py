@@ -45,6 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="Seconds between a rank failure (health turns 503 at once) and exiting with status 1.",
     )
     p.add_argument(
+        "--client-timeout",
+        type=float,
+        default=30.0,
+        help="Seconds a client may take to send a request's headers or leave a keep-alive connection idle (then "
+        "the connection is closed), and may pause while sending a body (then 408).",
+    )
+    p.add_argument(
         "--sse-keep-alive", type=float, default=15.0, help="Seconds of silence before an SSE keep-alive comment."
     )
     p.add_argument(
@@ -172,6 +179,8 @@ def check_args(args: argparse.Namespace) -> str | None:
             return f"--{flag.replace('_', '-')} must not be negative"
     if args.sse_keep_alive <= 0:
         return "--sse-keep-alive must be positive"
+    if args.client_timeout <= 0:
+        return "--client-timeout must be positive"
     if args.codec_threads < 1 or args.http_workers < 1:
         return "--codec-threads and --http-workers must be at least 1"
     if args.max_request_body_bytes < 1024:

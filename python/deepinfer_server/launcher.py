@@ -301,6 +301,7 @@ def run(args: argparse.Namespace) -> int:
             "codec_threads": args.codec_threads,
             "http_workers": args.http_workers,
             "sse_keep_alive_s": args.sse_keep_alive,
+            "client_timeout_s": args.client_timeout,
             "stream_interval_ms": args.stream_interval_ms,
         }
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the Rust server handles SIGTERM/SIGINT from here on

@@ -49,6 +49,8 @@ async fn handle(
     let body = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::PayloadTooLarge(st.config.max_body_bytes)
+        } else if timed_out(&e) {
+            ApiError::BodyTimeout(st.config.client_timeout_s)
         } else {
             ApiError::bad_request(format!("Could not read the request body: {e}"))
         }
@@ -137,4 +139,16 @@ fn rand_u32() -> u32 {
     let mut h = RandomState::new().build_hasher();
     h.write_u64(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
     h.finish() as u32
+}
+
+/// Whether reading the body failed because the client stopped sending it (`listener`'s body deadline).
+fn timed_out(e: &BytesRejection) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cause {
+        if err.is::<tower_http::timeout::TimeoutError>() {
+            return true;
+        }
+        cause = err.source();
+    }
+    false
 }

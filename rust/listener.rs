@@ -1,0 +1,64 @@
+//! The accept loop: one hyper HTTP/1.1 connection per socket, as `axum::serve` runs them, plus what it cannot
+//! set: a deadline for the request head. A client that opens connections and trickles headers (slowloris) or
+//! leaves a keep-alive connection idle is dropped after `client_timeout`, so it cannot pin file descriptors. A body
+//! that stops arriving for as long fails its read (the handler answers 408).
+
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use std::future::Future;
+use std::io;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tower::Layer;
+use tower_http::timeout::RequestBodyTimeoutLayer;
+
+/// How long to back off when `accept` fails for want of resources (EMFILE, ENOMEM) before trying again.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Serve `app` on `listener` until `shutdown` completes; then stop accepting, let every connection finish its
+/// response (idle ones close at once) and return when all are closed.
+pub async fn serve(listener: TcpListener, app: Router, client_timeout: Duration, shutdown: impl Future<Output = ()>) {
+    let mut http = http1::Builder::new();
+    // hyper's head timer also runs while a keep-alive connection waits for its next request.
+    http.timer(TokioTimer::new()).header_read_timeout(client_timeout);
+    let app = RequestBodyTimeoutLayer::new(client_timeout).layer(app);
+    let connections = GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let tcp = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    on_accept_error(e).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        // No Nagle: an SSE event must leave at once, not wait for the client's delayed ACK (40 ms).
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::warn!("cannot set TCP_NODELAY: {e}");
+        }
+        let conn = http.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app.clone()));
+        let conn = connections.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!("connection ended: {e}");
+            }
+        });
+    }
+    drop(listener);
+    connections.shutdown().await;
+}
+
+async fn on_accept_error(e: io::Error) {
+    use io::ErrorKind::*;
+    if matches!(e.kind(), ConnectionRefused | ConnectionAborted | ConnectionReset) {
+        return; // the client gave up before we accepted: nothing wrong here
+    }
+    tracing::error!("accept failed: {e}; retrying in {} ms", ACCEPT_BACKOFF.as_millis());
+    tokio::time::sleep(ACCEPT_BACKOFF).await;
+}
