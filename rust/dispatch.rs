@@ -32,6 +32,9 @@ pub struct Inflight {
     held: Mutex<Vec<u32>>,
     /// Token timing, written by the rank_io thread only.
     timing: Mutex<Timing>,
+    /// The admission slot: free once the request leaves its rank, however it ends, even if its client is still
+    /// (slowly) reading the response, which may take forever and must not hold engine capacity.
+    _permit: Permit,
 }
 
 #[derive(Default)]
@@ -234,6 +237,7 @@ impl Dispatcher {
             incremental: job.incremental,
             held: Mutex::default(),
             timing: Mutex::default(),
+            _permit: permit,
         });
         rank.inflight.lock().unwrap().insert(id, entry);
         rank.count.fetch_add(1, Ordering::Relaxed);
@@ -244,25 +248,18 @@ impl Dispatcher {
         }
         self.metrics.queue.observe(arrival.elapsed().as_secs_f64());
         self.metrics.prompt_tokens.inc_by(prompt_tokens as u64);
-        Ok(Ticket {
-            dispatcher: self.clone(),
-            rank: rank.index,
-            id,
-            abort_reason: "client_disconnect",
-            _permit: permit,
-        })
+        Ok(Ticket { dispatcher: self.clone(), rank: rank.index, id, abort_reason: "client_disconnect" })
     }
 }
 
-/// A request's claim on its slot and its rank. Dropping it (client gone, handler finished) aborts the request
-/// on its rank if it is still running there, and frees the admission slot.
+/// A request's claim on its rank. Dropping it (client gone, handler finished) aborts the request on its rank if
+/// it is still running there, which frees its admission slot.
 pub struct Ticket {
     dispatcher: Arc<Dispatcher>,
     rank: usize,
     id: u64,
     /// Why the request stops if the ticket is dropped while it still runs.
     abort_reason: &'static str,
-    _permit: Permit,
 }
 
 impl Ticket {

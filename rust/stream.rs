@@ -127,7 +127,8 @@ impl Outlet {
     }
 }
 
-/// The SSE response body. It owns the request's ticket: dropping the body (client gone) aborts the request.
+/// The SSE response body. It owns the request's ticket: dropping the body (client gone) aborts the request if it
+/// still runs.
 pub struct SseBody {
     buf: Arc<StreamBuf>,
     ticket: Option<Ticket>,
@@ -166,7 +167,7 @@ impl Stream for SseBody {
             }
             Poll::Ready(None) => {
                 this.finished = true;
-                this.ticket.take(); // the request ended on its rank: release the slot
+                this.ticket.take(); // the request already ended on its rank (its slot is free): nothing to abort
                 return Poll::Ready(None);
             }
             Poll::Pending => {}
