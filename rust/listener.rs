@@ -1,7 +1,9 @@
-//! The accept loop: one hyper HTTP/1.1 connection per socket, as `axum::serve` runs them, plus what it cannot
-//! set: a deadline for the request head. A client that opens connections and trickles headers (slowloris) or
-//! leaves a keep-alive connection idle is dropped after `client_timeout`, so it cannot pin file descriptors. A body
-//! that stops arriving for as long fails its read (the handler answers 408).
+//! The accept loop: one hyper HTTP/1.1 connection per socket, as `axum::serve` runs them, plus the client
+//! deadlines it cannot set. Each is `client_timeout`, so no client pins a connection (a file descriptor, buffered
+//! output) or a running request by going quiet:
+//! - a request head that trickles in (slowloris), or a keep-alive connection left idle: closed;
+//! - a body that stops arriving: its read fails and the handler answers 408;
+//! - a response the client stops reading (the socket stays full): closed, which aborts its request if it runs.
 
 use axum::Router;
 use hyper::server::conn::http1;
@@ -12,6 +14,7 @@ use std::future::Future;
 use std::io;
 use std::time::Duration;
 use tokio::net::TcpListener;
+use tokio_io_timeout::TimeoutStream;
 use tower::Layer;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
@@ -42,7 +45,9 @@ pub async fn serve(listener: TcpListener, app: Router, client_timeout: Duration,
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::warn!("cannot set TCP_NODELAY: {e}");
         }
-        let conn = http.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app.clone()));
+        let mut io = TimeoutStream::new(tcp);
+        io.set_write_timeout(Some(client_timeout));
+        let conn = http.serve_connection(TokioIo::new(Box::pin(io)), TowerToHyperService::new(app.clone()));
         let conn = connections.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {

@@ -119,3 +119,24 @@ def test_a_finished_request_frees_its_slot_while_its_client_still_reads(make_ser
     assert len(quiet.recv(4096)) > 0  # the connection is still there, and its response is still coming
     quiet.close()
 
+
+def test_a_client_that_stops_reading_is_cut_off_and_its_request_aborted(make_server) -> None:
+    """A client that reads nothing while its request runs: once the socket has stayed full for --client-timeout
+    the connection is closed, the request aborted on its rank and its slot freed, long before max_tokens."""
+    srv = make_server(
+        "--dp", "1", "--max-num-seqs", "1", "--max-model-len", "131072", "--stream-interval-ms", "0",
+        "--sim-decode-step-ms", "0.1", "--client-timeout", "1",
+    )  # fmt: skip
+    quiet = _unread_stream(srv, 120_000)  # ~12 s of generation at 10k tokens/s
+    assert _wait_for(lambda: _metric(srv, "deepinfer_aborted_requests_total", 'reason="client_disconnect"') == 1, 10)
+    assert _metric(srv, "vllm:generation_tokens_total") < 100_000
+    assert _metric(srv, "vllm:num_requests_running") == 0
+    r = httpx.post(f"{srv.url}/v1/chat/completions", json={"model": MODEL, "messages": MSG, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    quiet.settimeout(5)
+    try:
+        while quiet.recv(1 << 20):
+            pass  # what was in flight, then the end
+    except ConnectionResetError:
+        pass
+    quiet.close()
