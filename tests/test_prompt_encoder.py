@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from deepinfer_server.codec import Codec
 from deepinfer_server.launcher import BUNDLED_TOKENIZER
-from deepinfer_server.prompt_encoder import FastEncoder, probe_texts, verify
+from deepinfer_server.prompt_encoder import FastEncoder, LengthGuard, PromptTooLong, RecipeEncoder, probe_texts, verify
 
 API_MODEL = "DeepSeek-V4.1-Flash"
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
@@ -146,17 +146,17 @@ def gpt2_split(data: dict[str, Any]) -> None:
 def test_a_tokenizer_fastokens_cannot_load_falls_back_to_deepseek_recipe(tmp_path: Path) -> None:
     path = variant(tmp_path, nfkc)
     auto = Codec(path, [MODEL], 1 << 20, prompt_encoder="auto")
-    assert auto.encoder is auto.encoding
+    assert isinstance(auto.encoder, RecipeEncoder)
     with pytest.raises(SystemExit, match="unsupported normalizer type: NFKC"):
         Codec(path, [MODEL], 1 << 20, prompt_encoder="fastokens")
     recipe = Codec(BUNDLED_TOKENIZER, [MODEL], 1 << 20, prompt_encoder="recipe")
-    assert recipe.encoder is recipe.encoding
+    assert isinstance(recipe.encoder, RecipeEncoder)
 
 
 def test_a_tokenizer_fastokens_gets_wrong_falls_back_to_deepseek_recipe(tmp_path: Path) -> None:
     path = variant(tmp_path, dropout)
     auto = Codec(path, [MODEL], 1 << 20, prompt_encoder="auto")
-    assert auto.encoder is auto.encoding  # the mismatch was caught at start-up
+    assert isinstance(auto.encoder, RecipeEncoder)  # the mismatch was caught at start-up
     with pytest.raises(SystemExit, match="IDs differ from deepseek-recipe"):
         Codec(path, [MODEL], 1 << 20, prompt_encoder="fastokens")
 
@@ -231,3 +231,45 @@ def test_both_encoders_serve_the_same_prompt_over_http(make_server: Callable[...
             assert srv.stop() == 0
     assert answers["auto"] == answers["recipe"]
     assert answers["auto"][0]
+
+
+@pytest.mark.parametrize("choice", ["fastokens", "recipe"])
+def test_a_prompt_far_too_long_is_refused_before_encoding(choice: str) -> None:
+    """Megabytes of text cannot fit the context: the length of the rendered prompt proves it, so neither encoder
+    spends a second of BPE to find out. The bound never refuses a prompt that fits: prompts of long tokens just
+    under it are encoded and counted exactly."""
+    codec = Codec(BUNDLED_TOKENIZER, [MODEL], 4096, prompt_encoder=choice)
+    guard = codec.length_guard
+    assert codec.token_bytes is not None and guard is not None
+    assert guard.longest == max(len(b) for b in codec.token_bytes)
+    with pytest.raises(PromptTooLong) as e:
+        codec.encoder.encode(conversation(codec, "x" * (guard.max_chars + 1)))
+    assert e.value.at_least >= 4096
+    status, body = codec.prepare(request_body("word " * 2_000_000), "id", MODEL, False, False, False)
+    assert status == 400 and "at least" in body and "context_length_exceeded" in body
+    # The longest token repeated: the prompt with the fewest tokens for its length, right under the bound.
+    longest = max((b for b in codec.token_bytes if b.isascii() and b.strip().isalpha()), key=len).decode()
+    fits = conversation(codec, longest * ((guard.max_chars - 200) // len(longest)))
+    assert 0 < len(codec.encoder.encode(fits)) < 4096 * 8
+
+
+def conversation(codec: Codec, text: str) -> Any:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "thinking": {"type": "disabled"}}
+    return ChatCompletionRequest(body).convert(codec.options).conversation
+
+
+def request_body(text: str) -> bytes:
+    return json.dumps({"model": MODEL, "messages": [{"role": "user", "content": text}]}).encode()
+
+
+def test_the_guard_is_off_when_the_tokenizer_could_drop_characters() -> None:
+    data = json.loads(BUNDLED_TOKENIZER.read_text(encoding="utf-8"))
+    assert LengthGuard.for_tokenizer(data, 4096) is not None
+    for change in (
+        {"normalizer": {"type": "NFKC"}},
+        {"pre_tokenizer": {"type": "Whitespace"}},
+        {"pre_tokenizer": {"type": "Split", "pattern": {"String": " "}, "behavior": "Removed", "invert": False}},
+        {"decoder": {"type": "WordPiece"}},
+    ):
+        assert LengthGuard.for_tokenizer({**data, **change}, 4096) is None, change
+    assert LengthGuard.for_tokenizer({**data, "normalizer": {"type": "Sequence", "normalizers": []}}, 4096)

@@ -43,6 +43,7 @@ from tokenizers.decoders import ByteLevel as ByteLevelDecoder
 from tokenizers.decoders import DecodeStream
 
 from deepinfer_server import _native
+from deepinfer_server.prompt_encoder import LengthGuard, PromptTooLong
 from deepinfer_server.prompt_encoder import build as build_prompt_encoder
 
 # Decode results, read by Rust (rust/codec.rs).
@@ -96,9 +97,18 @@ class Codec:
         self.options = options
         encoding = DeepseekV41Encoding() if version == ModelVersion.DeepseekV41Flash else DeepseekV4Encoding()
         self.encoding = encoding.with_tokenizer(self.tokenizer)
+        tokenizer_json = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))
+        self.length_guard = LengthGuard.for_tokenizer(tokenizer_json, max_model_len)
         self.encoder = build_prompt_encoder(
-            prompt_encoder, tokenizer_path, self.tokenizer, self.encoding, options, served_model_names[0]
+            prompt_encoder,
+            tokenizer_json,
+            self.tokenizer,
+            self.encoding,
+            options,
+            served_model_names[0],
+            self.length_guard,
         )
+        del tokenizer_json
         self.max_model_len = max_model_len
         self.eos_id = self.tokenizer.encode(SpecialToken.Eos.default_str())[0]
         self.think_end_id = self.tokenizer.encode(SpecialToken.ThinkingEnd.default_str())[0]
@@ -121,14 +131,11 @@ class Codec:
             ids = self.encoder.encode(conv.conversation)
         except RuntimeError as e:
             return 400, error_body(f"the conversation cannot be encoded: {e}")
+        except PromptTooLong as e:
+            return 400, self._too_long(f"at least {e.at_least}")
         n_prompt = len(ids)
         if n_prompt >= self.max_model_len:
-            return 400, error_body(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, your messages "
-                f"resulted in {n_prompt} tokens, which leaves no room for the completion. Please reduce the "
-                "length of the messages.",
-                code="context_length_exceeded",
-            )
+            return 400, self._too_long(str(n_prompt))
         try:
             max_tokens = conv.resolve_max_tokens(n_prompt, self.max_model_len)
         except ConversionError as e:
@@ -146,6 +153,14 @@ class Codec:
             decoder=decoder,
             first_chunks=decoder.start(),
             incremental=conv.stream or bool(conv.parsing_options.stop_sequences),
+        )
+
+    def _too_long(self, tokens: str) -> str:
+        return error_body(
+            f"This model's maximum context length is {self.max_model_len} tokens. However, your messages "
+            f"resulted in {tokens} tokens, which leaves no room for the completion. Please reduce the length of "
+            "the messages.",
+            code="context_length_exceeded",
         )
 
 

@@ -8,14 +8,17 @@ is encoded without the added vocabulary (so user text that spells a special toke
 maps through the added vocabulary. A reimplementation is exact only where it has been shown to be, so at start-up it
 must reproduce deepseek-recipe on a probe set; if it does not, cannot load the tokenizer, or is not installed,
 deepseek-recipe encodes every prompt.
+
+Either way a prompt whose rendered text is so long that it cannot fit the context is refused before any BPE runs
+(`LengthGuard`): a body of megabytes would otherwise cost the codec thread a second of encoding to learn that.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import random
-from pathlib import Path
 from typing import Protocol
 
 from deepseek_recipe import ChatCompletionRequest, Conversation, ConversionOptions, Tokenizer
@@ -23,6 +26,64 @@ from deepseek_recipe import ChatCompletionRequest, Conversation, ConversionOptio
 log = logging.getLogger("deepinfer_server.prompt_encoder")
 
 CHOICES = ("auto", "fastokens", "recipe")
+# Pre-tokenizers that only split the text (keep every character); with any other one the guard is off.
+_SPLITTING_PRE_TOKENIZERS = {"Sequence", "Split", "ByteLevel", "Digits", "Punctuation", "UnicodeScripts"}
+
+
+class PromptTooLong(Exception):
+    """The rendered prompt has at least `at_least` tokens, which leaves no room for a completion."""
+
+    def __init__(self, at_least: int) -> None:
+        super().__init__(f"at least {at_least} tokens")
+        self.at_least = at_least
+
+
+class LengthGuard:
+    """Refuses a rendered prompt that cannot fit `max_model_len` tokens, from its length alone.
+
+    With byte-level BPE and nothing that drops characters before it, every byte of the prompt lands in some token
+    and no token stands for more than `longest` bytes, so a prompt of n characters (at least n bytes) has at least
+    n / `longest` tokens. The bound never refuses a prompt that fits."""
+
+    def __init__(self, longest: int, max_model_len: int) -> None:
+        self.longest = longest
+        self.max_chars = (max_model_len - 1) * longest  # more characters than this: at least max_model_len tokens
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer_json: dict[str, object], max_model_len: int) -> LengthGuard | None:
+        """The guard for this tokenizer, or None when its pipeline could drop characters (then the bound is void)."""
+        decoder, model = tokenizer_json.get("decoder"), tokenizer_json.get("model")
+        if not isinstance(decoder, dict) or decoder.get("type") != "ByteLevel" or not isinstance(model, dict):
+            return None
+        normalizer = tokenizer_json.get("normalizer")
+        if normalizer is not None and not (
+            isinstance(normalizer, dict) and normalizer.get("type") == "Sequence" and not normalizer.get("normalizers")
+        ):
+            return None
+        if not _only_splits(tokenizer_json.get("pre_tokenizer")):
+            return None
+        vocab = model.get("vocab") or {}
+        added = tokenizer_json.get("added_tokens") or []
+        if not isinstance(vocab, dict) or not isinstance(added, list):
+            return None
+        # A byte-level token's spelling has one character per byte; an added token is its UTF-8 text.
+        longest = max([len(str(t)) for t in vocab] + [len(str(t.get("content", "")).encode()) for t in added])
+        return cls(longest, max_model_len) if longest > 0 else None
+
+    def check(self, text: str) -> None:
+        if len(text) > self.max_chars:
+            raise PromptTooLong(math.ceil(len(text) / self.longest))
+
+
+def _only_splits(pre: object) -> bool:
+    if pre is None:
+        return True
+    if not isinstance(pre, dict) or pre.get("type") not in _SPLITTING_PRE_TOKENIZERS:
+        return False
+    if pre.get("type") == "Split" and str(pre.get("behavior", "")).lower() == "removed":
+        return False
+    inner = pre.get("pretokenizers") or []
+    return isinstance(inner, list) and all(_only_splits(p) for p in inner)
 
 
 class PromptEncoder(Protocol):
@@ -62,10 +123,22 @@ def plain_bpe_json(tokenizer_json: dict[str, object]) -> str:
     return json.dumps(plain, ensure_ascii=False)
 
 
+class RecipeEncoder:
+    """deepseek-recipe renders and encodes; the guard sees the rendered text first."""
+
+    def __init__(self, encoding: Encoding, guard: LengthGuard | None) -> None:
+        self.encoding, self.guard = encoding, guard
+
+    def encode(self, conversation: Conversation) -> list[int]:
+        if self.guard is not None:
+            self.guard.check(self.encoding.render_conversation(conversation).prompt)
+        return self.encoding.encode(conversation)
+
+
 class FastEncoder:
     """Render with deepseek-recipe, split at the special ranges, BPE in fastokens."""
 
-    def __init__(self, encoding: Encoding, tokenizer_json: dict[str, object]) -> None:
+    def __init__(self, encoding: Encoding, tokenizer_json: dict[str, object], guard: LengthGuard | None = None) -> None:
         from fastokens import Tokenizer as Fastokens  # optional at import time: `build` falls back without it
 
         added = tokenizer_json.get("added_tokens") or []
@@ -73,7 +146,7 @@ class FastEncoder:
             raise ValueError("tokenizer.json: added_tokens is not a list")
         self.special = {str(t["content"]): int(t["id"]) for t in added}
         self.bpe = Fastokens.from_json_str(plain_bpe_json(tokenizer_json))
-        self.encoding = encoding
+        self.encoding, self.guard = encoding, guard
 
     def encode_text(self, text: str) -> list[int]:
         """BPE of plain text (the GIL is released while fastokens works)."""
@@ -83,6 +156,8 @@ class FastEncoder:
     def encode(self, conversation: Conversation) -> list[int]:
         rendered = self.encoding.render_conversation(conversation)
         text = rendered.prompt
+        if self.guard is not None:
+            self.guard.check(text)
         ids: list[int] = []
         pos = 0
         for start, end in rendered.special_ranges:
@@ -100,19 +175,20 @@ class FastEncoder:
 
 def build(
     choice: str,
-    tokenizer_path: str | Path,
+    tokenizer_json: dict[str, object],
     tokenizer: Tokenizer,
     encoding: Encoding,
     options: ConversionOptions,
     model: str,
+    guard: LengthGuard | None = None,
 ) -> PromptEncoder:
-    """The prompt encoder for `choice` (auto, fastokens, recipe). `tokenizer` is deepseek-recipe's, loaded from
-    `tokenizer_path`; the probe conversations are converted as requests for `model` are, with `options`."""
+    """The prompt encoder for `choice` (auto, fastokens, recipe). `tokenizer` is deepseek-recipe's, loaded from the
+    same `tokenizer.json`; the probe conversations are converted as requests for `model` are, with `options`."""
     if choice == "recipe":
         log.info("prompt encoder: deepseek-recipe")
-        return encoding
+        return RecipeEncoder(encoding, guard)
     try:
-        fast = FastEncoder(encoding, json.loads(Path(tokenizer_path).read_text(encoding="utf-8")))
+        fast = FastEncoder(encoding, tokenizer_json, guard)
         problem = verify(fast, encoding, tokenizer, options, model)
     except Exception as e:  # not installed, or cannot read this tokenizer
         problem = f"{type(e).__name__}: {e}"
@@ -122,7 +198,7 @@ def build(
     if choice == "fastokens":
         raise SystemExit(f"--prompt-encoder fastokens: {problem}")
     log.warning("prompt encoder: deepseek-recipe (fastokens not used: %s)", problem)
-    return encoding
+    return RecipeEncoder(encoding, guard)
 
 
 # Text that exercises every branch of DeepSeek's and GPT-2's pre-tokenizers: scripts, digits, whitespace runs and
