@@ -39,7 +39,6 @@ from deepseek_recipe import (
     Tokenizer,
 )
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers.decoders import ByteLevel as ByteLevelDecoder
 from tokenizers.decoders import DecodeStream
 
 from deepinfer_server import _native
@@ -86,10 +85,10 @@ class Codec:
         prompt_encoder: str = "auto",
     ) -> None:
         self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
-        detokenizer = HFTokenizer.from_file(str(tokenizer_path))
-        self.token_bytes = byte_level_table(detokenizer)
-        # Kept only when there is no byte table (DeepSeek's vocabulary costs ~50 MB as a tokenizers object).
-        self.detokenizer = detokenizer if self.token_bytes is None else None
+        tokenizer_json = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))
+        self.token_bytes = byte_level_table(tokenizer_json)
+        # Loaded only when there is no byte table (DeepSeek's vocabulary costs ~50 MB as a tokenizers object).
+        self.detokenizer = HFTokenizer.from_file(str(tokenizer_path)) if self.token_bytes is None else None
         version = ModelVersion.DeepseekV41Flash if model_version == "v4.1" else ModelVersion.DeepseekV4Pro
         options = ConversionOptions()
         for name in served_model_names:
@@ -97,7 +96,6 @@ class Codec:
         self.options = options
         encoding = DeepseekV41Encoding() if version == ModelVersion.DeepseekV41Flash else DeepseekV4Encoding()
         self.encoding = encoding.with_tokenizer(self.tokenizer)
-        tokenizer_json = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))
         self.length_guard = LengthGuard.for_tokenizer(tokenizer_json, max_model_len)
         self.encoder = build_prompt_encoder(
             prompt_encoder,
@@ -164,18 +162,24 @@ class Codec:
         )
 
 
-def byte_level_table(tokenizer: HFTokenizer) -> list[bytes] | None:
+def byte_level_table(tokenizer_json: dict[str, object]) -> list[bytes] | None:
     """Each token ID's bytes when the tokenizer's decoder is plain ByteLevel, else None.
 
     Mirrors the ByteLevel decoder: a token whose characters all map to bytes (the GPT-2 byte alphabet) becomes
-    those bytes; any other token (a special token such as <｜end▁of▁sentence｜>) stays its UTF-8 text.
+    those bytes; any other token (a special token such as <｜end▁of▁sentence｜>) stays its UTF-8 text. An added
+    token's spelling wins over a model token with the same ID, as in the tokenizer's own decoding.
     """
-    if not isinstance(tokenizer.decoder, ByteLevelDecoder):
+    decoder, model = tokenizer_json.get("decoder"), tokenizer_json.get("model")
+    if not isinstance(decoder, dict) or decoder.get("type") != "ByteLevel" or not isinstance(model, dict):
         return None
+    added = tokenizer_json.get("added_tokens") or []
+    vocab = model.get("vocab") or {}
+    if not isinstance(vocab, dict) or not isinstance(added, list):
+        return None
+    entries = [*vocab.items(), *((str(t["content"]), int(t["id"])) for t in added)]
     char_to_byte = {c: b for b, c in enumerate(_byte_alphabet())}
-    vocab = tokenizer.get_vocab(with_added_tokens=True)
-    table = [b""] * (max(vocab.values(), default=-1) + 1)
-    for token, i in vocab.items():
+    table = [b""] * (max((i for _, i in entries), default=-1) + 1)
+    for token, i in entries:
         try:
             table[i] = bytes([char_to_byte[c] for c in token])
         except KeyError:
