@@ -14,8 +14,8 @@ Scenarios:
          requests/s at 64 connections, and /health latency while saturated
   sweep  zero-cost sim, loadgen at concurrency 1, 4, 16, 64, 128: throughput and TTFT (plotted with --plots)
   paced  sim with a 10 ms decode step and 50 ms per 1k prompt tokens, DP 2, 16 seqs/rank, 32 streams of
-         2,048-token prompts arriving over 4 s: ITL and TTFT against the ideal; ours again on the roofline cost
-         model (--sim-overlap-prefill)
+         2,048-token prompts arriving over 4 s: ITL and TTFT against the ideal, also for the 32 ramp arrivals
+         alone (no stream's next request); ours again on the roofline cost model (--sim-overlap-prefill)
   idle   ours only: 1,000 open streams on a 1 s decode step: server RSS and idle CPU
   replay ours only: the original 8 x B200 benchmark's shape (DP 8, 100 requests, 16 concurrent, 8,192-token
          prompts, 1,024 output tokens) on the calibrated sim cost model, beside the seed's two columns
@@ -428,6 +428,22 @@ def scenario_paced(bench_dir: Path, quick: bool) -> dict:
             "256",
             "--ignore-eos",
         )
+        # One request per stream: only arrivals on the ramp, none that must wait for a slot its stream just freed.
+        ramp_only = loadgen(
+            bench_dir,
+            srv,
+            "--concurrency",
+            "32",
+            "--requests",
+            "32",
+            "--ramp-s",
+            "4",
+            "--prompt-tokens",
+            "2048",
+            "--max-tokens",
+            "256",
+            "--ignore-eos",
+        )
         single = loadgen(
             bench_dir,
             srv,
@@ -441,7 +457,7 @@ def scenario_paced(bench_dir: Path, quick: bool) -> dict:
             "256",
             "--ignore-eos",
         )
-        return {"c32_ramp": r, "c1": single}
+        return {"c32_ramp": r, "c32_ramp_only": ramp_only, "c1": single}
 
     out = each_server(bench_dir, 2, 16, run, step_ms=10, prefill_ms=50)
     # Ours again on the roofline cost model (a step costs max(decode, prefill); the peer's sim has only the sum).
@@ -661,6 +677,12 @@ def table(summary: dict) -> list[tuple[str, Any, Any, Any]]:
             o["c32_ramp"]["ttft_ms"]["p50"],
             p["c32_ramp"]["ttft_ms"]["p50"],
         )
+        if "c32_ramp_only" in o:
+            add(
+                "  ramp arrivals only (32 requests): TTFT p50 ms",
+                o["c32_ramp_only"]["ttft_ms"]["p50"],
+                p["c32_ramp_only"]["ttft_ms"]["p50"],
+            )
         add("paced c1: TTFT p50 ms", o["c1"]["ttft_ms"]["p50"], p["c1"]["ttft_ms"]["p50"])
         if "ours_roofline" in summary["paced"]:
             r = summary["paced"]["ours_roofline"]
