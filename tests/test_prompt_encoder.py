@@ -21,7 +21,7 @@ from deepseek_recipe import ChatCompletionRequest, ConversionOptions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deepinfer_server.codec import Codec
+from deepinfer_server.codec import Codec, byte_level_table
 from deepinfer_server.launcher import BUNDLED_TOKENIZER
 from deepinfer_server.prompt_encoder import FastEncoder, LengthGuard, PromptTooLong, RecipeEncoder, probe_texts, verify
 
@@ -264,12 +264,14 @@ def request_body(text: str) -> bytes:
 
 def test_the_guard_is_off_when_the_tokenizer_could_drop_characters() -> None:
     data = json.loads(BUNDLED_TOKENIZER.read_text(encoding="utf-8"))
-    assert LengthGuard.for_tokenizer(data, 4096) is not None
+    table = byte_level_table(data)
+    assert LengthGuard.for_tokenizer(data, table, 4096) is not None
     for change in (
         {"normalizer": {"type": "NFKC"}},
         {"pre_tokenizer": {"type": "Whitespace"}},
         {"pre_tokenizer": {"type": "Split", "pattern": {"String": " "}, "behavior": "Removed", "invert": False}},
-        {"decoder": {"type": "WordPiece"}},
     ):
-        assert LengthGuard.for_tokenizer({**data, **change}, 4096) is None, change
-    assert LengthGuard.for_tokenizer({**data, "normalizer": {"type": "Sequence", "normalizers": []}}, 4096)
+        assert LengthGuard.for_tokenizer({**data, **change}, table, 4096) is None, change
+    not_byte_level = {**data, "decoder": {"type": "WordPiece"}}
+    assert LengthGuard.for_tokenizer(not_byte_level, byte_level_table(not_byte_level), 4096) is None
+    assert LengthGuard.for_tokenizer({**data, "normalizer": {"type": "Sequence", "normalizers": []}}, table, 4096)

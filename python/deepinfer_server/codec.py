@@ -96,7 +96,7 @@ class Codec:
         self.options = options
         encoding = DeepseekV41Encoding() if version == ModelVersion.DeepseekV41Flash else DeepseekV4Encoding()
         self.encoding = encoding.with_tokenizer(self.tokenizer)
-        self.length_guard = LengthGuard.for_tokenizer(tokenizer_json, max_model_len)
+        self.length_guard = LengthGuard.for_tokenizer(tokenizer_json, self.token_bytes, max_model_len)
         self.encoder = build_prompt_encoder(
             prompt_encoder,
             tokenizer_json,

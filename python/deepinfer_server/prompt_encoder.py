@@ -50,10 +50,12 @@ class LengthGuard:
         self.max_chars = (max_model_len - 1) * longest  # more characters than this: at least max_model_len tokens
 
     @classmethod
-    def for_tokenizer(cls, tokenizer_json: dict[str, object], max_model_len: int) -> LengthGuard | None:
-        """The guard for this tokenizer, or None when its pipeline could drop characters (then the bound is void)."""
-        decoder, model = tokenizer_json.get("decoder"), tokenizer_json.get("model")
-        if not isinstance(decoder, dict) or decoder.get("type") != "ByteLevel" or not isinstance(model, dict):
+    def for_tokenizer(
+        cls, tokenizer_json: dict[str, object], token_bytes: list[bytes] | None, max_model_len: int
+    ) -> LengthGuard | None:
+        """The guard for this tokenizer, given each token ID's bytes (byte-level tokenizers only), or None when its
+        pipeline could drop characters (then the bound is void)."""
+        if not token_bytes:
             return None
         normalizer = tokenizer_json.get("normalizer")
         if normalizer is not None and not (
@@ -62,12 +64,7 @@ class LengthGuard:
             return None
         if not _only_splits(tokenizer_json.get("pre_tokenizer")):
             return None
-        vocab = model.get("vocab") or {}
-        added = tokenizer_json.get("added_tokens") or []
-        if not isinstance(vocab, dict) or not isinstance(added, list):
-            return None
-        # A byte-level token's spelling has one character per byte; an added token is its UTF-8 text.
-        longest = max([len(str(t)) for t in vocab] + [len(str(t.get("content", "")).encode()) for t in added])
+        longest = max(len(b) for b in token_bytes)
         return cls(longest, max_model_len) if longest > 0 else None
 
     def check(self, text: str) -> None:
