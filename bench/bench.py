@@ -413,51 +413,18 @@ def scenario_paced(bench_dir: Path, quick: bool) -> dict:
     n = 48 if quick else 96
 
     def run(srv: Server) -> dict[str, Any]:
-        r = loadgen(
-            bench_dir,
-            srv,
-            "--concurrency",
-            "32",
-            "--requests",
-            str(n),
-            "--ramp-s",
-            "4",
-            "--prompt-tokens",
-            "2048",
-            "--max-tokens",
-            "256",
-            "--ignore-eos",
-        )
-        # One request per stream: only arrivals on the ramp, none that must wait for a slot its stream just freed.
-        ramp_only = loadgen(
-            bench_dir,
-            srv,
-            "--concurrency",
-            "32",
-            "--requests",
-            "32",
-            "--ramp-s",
-            "4",
-            "--prompt-tokens",
-            "2048",
-            "--max-tokens",
-            "256",
-            "--ignore-eos",
-        )
-        single = loadgen(
-            bench_dir,
-            srv,
-            "--concurrency",
-            "1",
-            "--requests",
-            "6",
-            "--prompt-tokens",
-            "2048",
-            "--max-tokens",
-            "256",
-            "--ignore-eos",
-        )
-        return {"c32_ramp": r, "c32_ramp_only": ramp_only, "c1": single}
+        def streams(concurrency: int, requests: int, *extra: str) -> dict[str, Any]:
+            shape = ("--prompt-tokens", "2048", "--max-tokens", "256", "--ignore-eos")
+            return loadgen(
+                bench_dir, srv, "--concurrency", str(concurrency), "--requests", str(requests), *shape, *extra
+            )
+
+        return {
+            "c32_ramp": streams(32, n, "--ramp-s", "4"),
+            # One request per stream: only arrivals on the ramp, none that must wait for a slot its stream just freed.
+            "c32_ramp_only": streams(32, 32, "--ramp-s", "4"),
+            "c1": streams(1, 6),
+        }
 
     out = each_server(bench_dir, 2, 16, run, step_ms=10, prefill_ms=50)
     # Ours again on the roofline cost model (a step costs max(decode, prefill); the peer's sim has only the sum).
