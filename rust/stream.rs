@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, Sleep};
 
 pub const DONE: &[u8] = b"data: [DONE]\n\n";
@@ -131,23 +132,47 @@ impl Outlet {
 /// still runs.
 pub struct SseBody {
     buf: Arc<StreamBuf>,
-    ticket: Option<Ticket>,
+    ticket: SharedTicket,
     keep_alive: Pin<Box<Sleep>>,
     keep_alive_every: Duration,
-    deadline: Option<(Pin<Box<Sleep>>, f64)>,
+    deadline: Option<JoinHandle<()>>,
     finished: bool,
 }
+
+/// Taken by whoever ends the request first: the body (finished, or dropped) or its deadline.
+type SharedTicket = Arc<Mutex<Option<Ticket>>>;
 
 impl SseBody {
     /// `keep_alive_every`: the longest silence before a `: keep-alive` comment (proxies, dead-peer detection).
     pub fn new(buf: Arc<StreamBuf>, ticket: Ticket, timeout: Option<Duration>, keep_alive_every: Duration) -> Self {
+        let ticket = Arc::new(Mutex::new(Some(ticket)));
         SseBody {
+            deadline: timeout.map(|t| tokio::spawn(deadline(t, ticket.clone(), buf.clone()))),
             buf,
-            ticket: Some(ticket),
+            ticket,
             keep_alive: Box::pin(tokio::time::sleep(keep_alive_every)),
             keep_alive_every,
-            deadline: timeout.map(|t| (Box::pin(tokio::time::sleep(t)), t.as_secs_f64())),
             finished: false,
+        }
+    }
+}
+
+/// The request timeout runs on a timer of its own, not when hyper polls the body: a client that stopped reading
+/// (its socket full, the body unpolled) must not keep its request running past it.
+async fn deadline(timeout: Duration, ticket: SharedTicket, buf: Arc<StreamBuf>) {
+    tokio::time::sleep(timeout).await;
+    let running = ticket.lock().unwrap().take();
+    if let Some(ticket) = running {
+        ticket.abort("timeout");
+        buf.push(&error_tail(&ApiError::Timeout(timeout.as_secs_f64())), true);
+    }
+}
+
+impl Drop for SseBody {
+    fn drop(&mut self) {
+        self.ticket.lock().unwrap().take(); // client gone: abort now, not when the deadline task is dropped
+        if let Some(deadline) = &self.deadline {
+            deadline.abort();
         }
     }
 }
@@ -167,21 +192,10 @@ impl Stream for SseBody {
             }
             Poll::Ready(None) => {
                 this.finished = true;
-                this.ticket.take(); // the request already ended on its rank (its slot is free): nothing to abort
+                this.ticket.lock().unwrap().take(); // the request already ended on its rank: nothing to abort
                 return Poll::Ready(None);
             }
             Poll::Pending => {}
-        }
-        if let Some((deadline, secs)) = &mut this.deadline
-            && deadline.as_mut().poll(cx).is_ready()
-        {
-            let secs = *secs;
-            this.deadline = None;
-            if let Some(t) = this.ticket.take() {
-                t.abort("timeout");
-            }
-            this.buf.push(&error_tail(&ApiError::Timeout(secs)), true);
-            return Pin::new(this).poll_next(cx);
         }
         if this.keep_alive.as_mut().poll(cx).is_ready() {
             this.keep_alive.as_mut().reset(Instant::now() + this.keep_alive_every);

@@ -140,3 +140,20 @@ def test_a_client_that_stops_reading_is_cut_off_and_its_request_aborted(make_ser
     except ConnectionResetError:
         pass
     quiet.close()
+
+
+def test_the_request_timeout_holds_for_a_client_that_stopped_reading(make_server) -> None:
+    """`--request-timeout` must not depend on the client reading: once its socket is full the response body is no
+    longer polled, yet the request is aborted at the timeout (not at the much later client timeout or the end)."""
+    srv = make_server(
+        "--dp", "1", "--max-num-seqs", "1", "--max-model-len", "131072", "--stream-interval-ms", "0",
+        "--sim-decode-step-ms", "0.1", "--request-timeout", "5", "--client-timeout", "60",
+    )  # fmt: skip
+    quiet = _unread_stream(srv, 120_000)  # ~12 s of generation; the socket fills in ~2-3 s
+    t0 = time.monotonic()
+    assert _wait_for(lambda: _metric(srv, "deepinfer_aborted_requests_total", 'reason="timeout"') == 1, 10)
+    assert 4 < time.monotonic() - t0 < 8
+    assert _metric(srv, "vllm:generation_tokens_total") < 100_000
+    r = httpx.post(f"{srv.url}/v1/chat/completions", json={"model": MODEL, "messages": MSG, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    quiet.close()
