@@ -19,6 +19,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
 
 pub async fn chat_completions(
     State(st): State<Arc<AppState>>,
@@ -69,12 +70,12 @@ async fn handle(
         include_usage: req.include_usage,
         continuous_usage: req.continuous_usage,
     };
-    let (outlet, stream, reply) = if req.stream {
+    let (outlet, reply) = if req.stream {
         let buf = StreamBuf::new();
-        (Outlet::Stream(buf.clone()), Some(buf), None)
+        (Outlet::Stream(buf.clone()), Reply::Stream(buf))
     } else {
         let (outlet, rx) = Outlet::unary();
-        (outlet, None, Some(rx))
+        (outlet, Reply::Unary(rx))
     };
     let (top_k, ignore_eos) = (req.top_k, req.ignore_eos);
     let dispatcher = st.dispatcher.clone();
@@ -103,20 +104,13 @@ async fn handle(
         })
         .await?;
     let timeout = st.config.request_timeout();
-    if let Some(buf) = stream {
-        let keep_alive = Duration::from_secs_f64(st.config.sse_keep_alive_s);
-        let body = Body::from_stream(SseBody::new(buf, ticket, timeout, keep_alive));
-        return Ok((
-            [
-                (header::CONTENT_TYPE, "text/event-stream"),
-                (header::CACHE_CONTROL, "no-cache"),
-                (header::HeaderName::from_static("x-accel-buffering"), "no"),
-            ],
-            body,
-        )
-            .into_response());
-    }
-    let rx = reply.ok_or(ApiError::Internal)?;
+    let rx = match reply {
+        Reply::Stream(buf) => {
+            let keep_alive = Duration::from_secs_f64(st.config.sse_keep_alive_s);
+            return Ok(sse_response(SseBody::new(buf, ticket, timeout, keep_alive)));
+        }
+        Reply::Unary(rx) => rx,
+    };
     let result = match timeout {
         Some(t) => match tokio::time::timeout(t, rx).await {
             Ok(r) => r,
@@ -130,6 +124,21 @@ async fn handle(
     drop(ticket);
     let json = result.map_err(|_| ApiError::Internal)??;
     Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
+}
+
+/// Where the handler gets the answer: a stream's buffer, or a non-stream's whole body once.
+enum Reply {
+    Stream(Arc<StreamBuf>),
+    Unary(oneshot::Receiver<Result<Bytes, ApiError>>),
+}
+
+fn sse_response(body: SseBody) -> Response {
+    let headers = [
+        (header::CONTENT_TYPE, "text/event-stream"),
+        (header::CACHE_CONTROL, "no-cache"),
+        (header::HeaderName::from_static("x-accel-buffering"), "no"),
+    ];
+    (headers, Body::from_stream(body)).into_response()
 }
 
 /// A cheap per-process-random suffix for response ids (uniqueness comes from the request id).
