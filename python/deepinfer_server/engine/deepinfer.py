@@ -254,6 +254,8 @@ class DeepInferEngine:
     Not thread-safe: every call happens on the rank's single engine thread (DeepInfer requires it).
     """
 
+    quiet_step = False  # a real step takes milliseconds: every one wakes the server
+
     def __init__(
         self,
         engine: Any,

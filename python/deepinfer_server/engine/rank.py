@@ -178,7 +178,7 @@ def serve_rank(engine: Engine, requests: _native.Ring, outputs: _native.Ring, st
         quiet = not published
         if engine.has_work():
             published += engine.step()
-            quiet = quiet and getattr(engine, "quiet_step", False)
+            quiet = quiet and engine.quiet_step
         if published:
             publish(outputs, published, requests, wake_policy(quiet, time.monotonic()))
         status.update(force=not engine.has_work())
