@@ -88,6 +88,21 @@ def test_prompt_longer_than_context_is_400(server: Server, http: httpx.Client) -
     assert server.client().chat.completions.create(model=MODEL, messages=MSG, max_tokens=3).choices
 
 
+def test_a_megabyte_prompt_is_refused_from_its_length(make_server) -> None:
+    """Far past the context, the rendered length alone decides (no second of encoding): the same 400 envelope, with
+    a lower bound on the tokens; the server, and a normal request beside it, carry on."""
+    srv = make_server("--max-model-len", "4096", "--prompt-encoder", "fastokens")
+    huge = {"model": MODEL, "messages": [{"role": "user", "content": "weather " * 400_000}]}
+    with httpx.Client(base_url=srv.url, timeout=60) as http:
+        for stream in (False, True):
+            r = http.post("/v1/chat/completions", json={**huge, "stream": stream})
+            assert r.status_code == 400, r.text
+            err = envelope(r)
+            assert err["code"] == "context_length_exceeded" and "at least" in err["message"], err
+        r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": MSG, "max_tokens": 3})
+        assert r.status_code == 200, r.text
+
+
 def test_sdk_raises_typed_errors(server: Server) -> None:
     with pytest.raises(openai.NotFoundError):
         server.client().chat.completions.create(model="nope", messages=MSG)
