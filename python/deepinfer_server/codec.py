@@ -84,7 +84,9 @@ class Codec:
         model_version: str = "v4.1",
         prompt_encoder: str = "auto",
     ) -> None:
-        self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        # deepseek-recipe's tokenizer (~50 MB for DeepSeek's vocabulary) stays alive only if deepseek-recipe encodes
+        # the prompts; with fastokens it is needed at start-up alone, to check fastokens against it.
+        tokenizer = Tokenizer.from_file(str(tokenizer_path))
         tokenizer_json = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))
         self.token_bytes = byte_level_table(tokenizer_json)
         # Loaded only when there is no byte table (DeepSeek's vocabulary costs ~50 MB as a tokenizers object).
@@ -94,22 +96,21 @@ class Codec:
         for name in served_model_names:
             options = options.with_model_alias(name, version)
         self.options = options
-        encoding = DeepseekV41Encoding() if version == ModelVersion.DeepseekV41Flash else DeepseekV4Encoding()
-        self.encoding = encoding.with_tokenizer(self.tokenizer)
+        renderer = DeepseekV41Encoding() if version == ModelVersion.DeepseekV41Flash else DeepseekV4Encoding()
         self.length_guard = LengthGuard.for_tokenizer(tokenizer_json, self.token_bytes, max_model_len)
         self.encoder = build_prompt_encoder(
             prompt_encoder,
             tokenizer_json,
-            self.tokenizer,
-            self.encoding,
+            tokenizer,
+            renderer,
             options,
             served_model_names[0],
             self.length_guard,
         )
         del tokenizer_json
         self.max_model_len = max_model_len
-        self.eos_id = self.tokenizer.encode(SpecialToken.Eos.default_str())[0]
-        self.think_end_id = self.tokenizer.encode(SpecialToken.ThinkingEnd.default_str())[0]
+        self.eos_id = tokenizer.encode(SpecialToken.Eos.default_str())[0]
+        self.think_end_id = tokenizer.encode(SpecialToken.ThinkingEnd.default_str())[0]
 
     def prepare(
         self, body: bytes, response_id: str, model: str, ignore_eos: bool, include_usage: bool, continuous_usage: bool

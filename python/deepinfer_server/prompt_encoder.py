@@ -97,8 +97,16 @@ class Rendered(Protocol):
     def special_ranges(self) -> list[tuple[int, int]]: ...
 
 
+class Renderer(Protocol):
+    """deepseek-recipe's DeepseekV4Encoding / DeepseekV41Encoding: renders the prompt text without a tokenizer."""
+
+    def render_conversation(self, conversation: Conversation) -> Rendered: ...
+
+    def with_tokenizer(self, tokenizer: Tokenizer) -> Encoding: ...
+
+
 class Encoding(PromptEncoder, Protocol):
-    """deepseek-recipe's DeepseekV4Encoding / DeepseekV41Encoding with a tokenizer attached."""
+    """A `Renderer` with deepseek-recipe's tokenizer attached: it encodes too."""
 
     def render_conversation(self, conversation: Conversation) -> Rendered: ...
 
@@ -135,7 +143,7 @@ class RecipeEncoder:
 class FastEncoder:
     """Render with deepseek-recipe, split at the special ranges, BPE in fastokens."""
 
-    def __init__(self, encoding: Encoding, tokenizer_json: dict[str, object], guard: LengthGuard | None = None) -> None:
+    def __init__(self, renderer: Renderer, tokenizer_json: dict[str, object], guard: LengthGuard | None = None) -> None:
         from fastokens import Tokenizer as Fastokens  # optional at import time: `build` falls back without it
 
         added = tokenizer_json.get("added_tokens") or []
@@ -143,7 +151,7 @@ class FastEncoder:
             raise ValueError("tokenizer.json: added_tokens is not a list")
         self.special = {str(t["content"]): int(t["id"]) for t in added}
         self.bpe = Fastokens.from_json_str(plain_bpe_json(tokenizer_json))
-        self.encoding, self.guard = encoding, guard
+        self.renderer, self.guard = renderer, guard
 
     def encode_text(self, text: str) -> list[int]:
         """BPE of plain text (the GIL is released while fastokens works)."""
@@ -151,7 +159,7 @@ class FastEncoder:
         return ids
 
     def encode(self, conversation: Conversation) -> list[int]:
-        rendered = self.encoding.render_conversation(conversation)
+        rendered = self.renderer.render_conversation(conversation)
         text = rendered.prompt
         if self.guard is not None:
             self.guard.check(text)
@@ -160,9 +168,12 @@ class FastEncoder:
         for start, end in rendered.special_ranges:
             if start > pos:
                 ids += self.encode_text(text[pos:start])
-            special = self.special.get(text[start:end])
-            if special is None:  # not in the added vocabulary: deepseek-recipe raises the error the client gets
-                return self.encoding.encode(conversation)
+            piece = text[start:end]
+            special = self.special.get(piece)
+            if special is None:  # not an added token: the model vocabulary, as deepseek-recipe looks it up
+                special = self.bpe.token_to_id(piece)
+            if special is None:  # the template uses a token this tokenizer lacks (deepseek-recipe raises too)
+                raise RuntimeError(f"the special token {piece!r} is not in the tokenizer's vocabulary")
             ids.append(special)
             pos = end
         if pos < len(text):
@@ -174,18 +185,20 @@ def build(
     choice: str,
     tokenizer_json: dict[str, object],
     tokenizer: Tokenizer,
-    encoding: Encoding,
+    renderer: Renderer,
     options: ConversionOptions,
     model: str,
     guard: LengthGuard | None = None,
 ) -> PromptEncoder:
     """The prompt encoder for `choice` (auto, fastokens, recipe). `tokenizer` is deepseek-recipe's, loaded from the
-    same `tokenizer.json`; the probe conversations are converted as requests for `model` are, with `options`."""
+    same `tokenizer.json`, which only the deepseek-recipe encoder keeps; the probe conversations are converted as
+    requests for `model` are, with `options`."""
+    encoding = renderer.with_tokenizer(tokenizer)
     if choice == "recipe":
         log.info("prompt encoder: deepseek-recipe")
         return RecipeEncoder(encoding, guard)
     try:
-        fast = FastEncoder(encoding, tokenizer_json, guard)
+        fast = FastEncoder(renderer, tokenizer_json, guard)
         problem = verify(fast, encoding, tokenizer, options, model)
     except Exception as e:  # not installed, or cannot read this tokenizer
         problem = f"{type(e).__name__}: {e}"
