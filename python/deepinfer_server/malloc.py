@@ -15,6 +15,11 @@ import sys
 
 # Set in the re-executed process: the preloaded library, so the switch happens once and ranks can undo it.
 PRELOADED = "DEEPINFER_SERVER_PRELOADED_MALLOC"
+# mimalloc returns a freed page to the OS only after a delay, and only when the thread that freed it allocates again.
+# The thread that parses tokenizer.json at start-up then blocks serving, so ~50 MB of a 128k vocabulary's transient
+# objects would stay resident for good. Purge at once instead: measured no cost per token (BENCHMARKS.md).
+# mimalloc 2.0 reads MIMALLOC_RESET_DELAY, 2.1+ MIMALLOC_PURGE_DELAY; each ignores the other. A user's setting wins.
+PURGE_AT_ONCE = {"MIMALLOC_RESET_DELAY": "0", "MIMALLOC_PURGE_DELAY": "0"}
 _SEARCH = ("/usr/lib/*-linux-gnu/libmimalloc.so.*", "/usr/lib64/libmimalloc.so.*", "/usr/local/lib/libmimalloc.so*")
 
 
@@ -41,6 +46,8 @@ def reexec_on_mimalloc(choice: str) -> None:
     env = dict(os.environ)
     env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
     env[PRELOADED] = lib
+    for key, value in PURGE_AT_ONCE.items():
+        env.setdefault(key, value)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
