@@ -8,7 +8,10 @@ process starts, so the entrypoint re-executes itself once with LD_PRELOAD set.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import ctypes.util
+import gc
 import glob
 import os
 import sys
@@ -63,3 +66,13 @@ def without_preload(env: dict[str, str]) -> dict[str, str]:
         else:
             env.pop("LD_PRELOAD", None)
     return env
+
+
+def return_freed_memory() -> None:
+    """After start-up: give the memory its transient objects used back to the OS. mimalloc does so by itself
+    (`PURGE_AT_ONCE`); glibc keeps freed heap memory until `malloc_trim`."""
+    gc.collect()
+    if os.environ.get(PRELOADED):
+        return
+    with contextlib.suppress(OSError, AttributeError):  # AttributeError: not glibc
+        ctypes.CDLL(None).malloc_trim(0)
