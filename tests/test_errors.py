@@ -35,6 +35,8 @@ def envelope(r: httpx.Response) -> dict:
         ({"model": MODEL, "messages": MSG, "max_tokens": 0}, 400, "max_tokens"),
         ({"model": MODEL, "messages": MSG, "temperature": 7}, 400, None),
         ({"model": MODEL, "messages": MSG, "temperature": "hot"}, 400, None),
+        ({"model": MODEL, "messages": MSG, "presence_penalty": 3}, 400, None),
+        ({"model": MODEL, "messages": MSG, "frequency_penalty": -2.5}, 400, None),
         ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400, None),
         ({"model": MODEL, "messages": [{"role": "tool", "content": "x", "tool_call_id": "a"}]}, 400, None),
         (
@@ -57,6 +59,26 @@ def test_bad_requests(http: httpx.Client, body: dict, status: int, param: str | 
     err = envelope(r)
     if param:
         assert err["param"] == param
+
+
+def test_sampler_controls_deepinfer_lacks_are_accepted_and_ignored(http: httpx.Client) -> None:
+    """As DeepSeek's own API does (README): the answer is the one the same seed gives without them."""
+    base = {"model": MODEL, "messages": MSG, "max_tokens": 12, "seed": 5, "thinking": {"type": "disabled"}}
+    ignored = {
+        "presence_penalty": 1.5,
+        "frequency_penalty": -1,
+        "repetition_penalty": 1.2,
+        "min_p": 0.1,
+        "logit_bias": {"5": 10},
+        "user": "u-1",
+        "metadata": {"k": "v"},
+        "store": False,
+        "service_tier": "auto",
+    }
+    plain = http.post("/v1/chat/completions", json=base)
+    extra = http.post("/v1/chat/completions", json={**base, **ignored})
+    assert plain.status_code == extra.status_code == 200, extra.text
+    assert extra.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
 
 
 def test_malformed_json_and_non_object(http: httpx.Client) -> None:
