@@ -4,6 +4,9 @@ keep the system allocator."""
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,8 +28,6 @@ def test_auto_runs_server_and_sim_ranks_on_mimalloc(make_server: Callable[..., S
     srv = make_server("--dp", "1")
     assert maps_mimalloc(srv.proc.pid)  # the same pid: the entrypoint re-executed itself
     assert all(maps_mimalloc(pid) for pid in srv.rank_pids())
-    environ = Path(f"/proc/{srv.proc.pid}/environ").read_bytes().split(b"\0")
-    assert b"MIMALLOC_RESET_DELAY=0" in environ and b"MIMALLOC_PURGE_DELAY=0" in environ
     assert "memory allocator: mimalloc" in srv.log()
     r = srv.client().chat.completions.create(model="deepseek-v4.1-flash", messages=[{"role": "user", "content": "hi"}])
     assert r.choices[0].message.content
@@ -59,22 +60,29 @@ def test_required_mimalloc_missing_is_a_clear_exit(monkeypatch: pytest.MonkeyPat
     malloc.reexec_on_mimalloc("auto")  # without the library, auto keeps glibc and returns
 
 
-def test_mimalloc_purges_freed_memory_at_once_unless_the_user_says(monkeypatch: pytest.MonkeyPatch) -> None:
+@needs_mimalloc
+def test_start_up_returns_freed_memory_and_then_restores_the_purge_delay() -> None:
     """Start-up frees tens of MB (a 128k tokenizer.json's parse) on a thread that then blocks serving; mimalloc's
-    delayed purge would leave them resident."""
+    delayed purge would leave them resident. The option index must be mimalloc's purge delay: a value set through
+    its environment variables reads back, is 0 inside the block and restored after it."""
+    lib = find_mimalloc()
+    assert lib is not None
+    script = (
+        "from deepinfer_server.malloc import mimalloc_purge_delay as d, returning_freed_memory as r\n"
+        "before = d()\n"
+        "with r():\n"
+        "    inside = d()\n"
+        "print(before, inside, d())\n"
+    )
+    env = {**os.environ, "LD_PRELOAD": lib, PRELOADED: lib, "MIMALLOC_RESET_DELAY": "77", "MIMALLOC_PURGE_DELAY": "77"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["77", "0", "77"]
+
+
+def test_on_glibc_start_up_trims_the_heap(monkeypatch: pytest.MonkeyPatch) -> None:
     from deepinfer_server import malloc
 
-    seen: list[dict[str, str]] = []
-
-    def execve(path: str, argv: list[str], env: dict[str, str]) -> None:
-        seen.append(env)
-
     monkeypatch.delenv(PRELOADED, raising=False)
-    monkeypatch.delenv("MIMALLOC_PURGE_DELAY", raising=False)
-    monkeypatch.setenv("MIMALLOC_RESET_DELAY", "7")
-    monkeypatch.setattr(malloc, "find_mimalloc", lambda: "/lib/libmimalloc.so.2")
-    monkeypatch.setattr(malloc.os, "execve", execve)
-    malloc.reexec_on_mimalloc("auto")
-    assert seen[0]["MIMALLOC_PURGE_DELAY"] == "0"  # mimalloc 2.1+
-    assert seen[0]["MIMALLOC_RESET_DELAY"] == "7"  # 2.0's name, set by the user: kept
-    assert seen[0][PRELOADED] == "/lib/libmimalloc.so.2"
+    assert malloc.mimalloc_purge_delay() is None
+    with malloc.returning_freed_memory():  # malloc_trim afterwards; no mimalloc symbol is touched
+        pass

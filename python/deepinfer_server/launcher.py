@@ -23,7 +23,7 @@ from typing import Any
 
 from deepinfer_server import _native
 from deepinfer_server.codec import Codec, decode_batch
-from deepinfer_server.malloc import PRELOADED, return_freed_memory, without_preload
+from deepinfer_server.malloc import PRELOADED, returning_freed_memory, without_preload
 
 log = logging.getLogger("deepinfer_server")
 
@@ -275,8 +275,8 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", e)
         return 1
     names = args.served_model_name or [args.model or DEFAULT_MODEL_NAME]
-    codec = Codec(tokenizer, names, args.max_model_len, version, args.prompt_encoder)
-    return_freed_memory()
+    with returning_freed_memory():
+        codec = Codec(tokenizer, names, args.max_model_len, version, args.prompt_encoder)
     clean_stale_segments()
     ranks = Ranks(args, tokenizer)
     # SIGTERM during start-up: stop cleanly instead of leaving ranks and segments behind.

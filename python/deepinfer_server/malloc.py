@@ -15,14 +15,13 @@ import gc
 import glob
 import os
 import sys
+from collections.abc import Iterator
 
 # Set in the re-executed process: the preloaded library, so the switch happens once and ranks can undo it.
 PRELOADED = "DEEPINFER_SERVER_PRELOADED_MALLOC"
-# mimalloc returns a freed page to the OS only after a delay, and only when the thread that freed it allocates again.
-# The thread that parses tokenizer.json at start-up then blocks serving, so ~50 MB of a 128k vocabulary's transient
-# objects would stay resident for good. Purge at once instead: measured no cost per token (BENCHMARKS.md).
-# mimalloc 2.0 reads MIMALLOC_RESET_DELAY, 2.1+ MIMALLOC_PURGE_DELAY; each ignores the other. A user's setting wins.
-PURGE_AT_ONCE = {"MIMALLOC_RESET_DELAY": "0", "MIMALLOC_PURGE_DELAY": "0"}
+# mimalloc's option for how long a freed page waits before it goes back to the OS: `mi_option_purge_delay` in 2.1+
+# and 3.x, `mi_option_reset_delay` in 2.0 (MIMALLOC_PURGE_DELAY / MIMALLOC_RESET_DELAY in the environment).
+MI_OPTION_PURGE_DELAY = 15
 _SEARCH = ("/usr/lib/*-linux-gnu/libmimalloc.so.*", "/usr/lib64/libmimalloc.so.*", "/usr/local/lib/libmimalloc.so*")
 
 
@@ -49,8 +48,6 @@ def reexec_on_mimalloc(choice: str) -> None:
     env = dict(os.environ)
     env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
     env[PRELOADED] = lib
-    for key, value in PURGE_AT_ONCE.items():
-        env.setdefault(key, value)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
@@ -68,11 +65,32 @@ def without_preload(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def return_freed_memory() -> None:
-    """After start-up: give the memory its transient objects used back to the OS. mimalloc does so by itself
-    (`PURGE_AT_ONCE`); glibc keeps freed heap memory until `malloc_trim`."""
-    gc.collect()
-    if os.environ.get(PRELOADED):
-        return
-    with contextlib.suppress(OSError, AttributeError):  # AttributeError: not glibc
-        ctypes.CDLL(None).malloc_trim(0)
+def mimalloc_purge_delay() -> int | None:
+    """mimalloc's purge delay in ms, or None when the process does not run on mimalloc."""
+    if not os.environ.get(PRELOADED):
+        return None
+    get = ctypes.CDLL(None).mi_option_get
+    get.restype = ctypes.c_long
+    return int(get(MI_OPTION_PURGE_DELAY))
+
+
+@contextlib.contextmanager
+def returning_freed_memory() -> Iterator[None]:
+    """Start-up builds and drops large transient objects (parsing a 128k tokenizer.json); give that memory back.
+
+    mimalloc purges a freed page only after a delay, and only when the thread that freed it allocates again: the
+    thread that starts the server then blocks serving, so ~50 MB would stay resident for good. Inside the block it
+    purges at once; afterwards the delay is what it was (the default suits the hot path). glibc keeps freed heap
+    memory until `malloc_trim`."""
+    delay = mimalloc_purge_delay()
+    if delay is not None:
+        ctypes.CDLL(None).mi_option_set(MI_OPTION_PURGE_DELAY, ctypes.c_long(0))
+    try:
+        yield
+    finally:
+        gc.collect()
+        if delay is not None:
+            ctypes.CDLL(None).mi_option_set(MI_OPTION_PURGE_DELAY, ctypes.c_long(delay))
+        else:
+            with contextlib.suppress(OSError, AttributeError):  # AttributeError: not glibc
+                ctypes.CDLL(None).malloc_trim(0)
