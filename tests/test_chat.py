@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import openai
 import pytest
 from conftest import MODEL, Server, sse_events
 
@@ -324,3 +325,14 @@ def test_reasoning_effort_and_thinking_flag(server: Server) -> None:
         extra_body={"thinking": {"type": "disabled"}, "reasoning_effort": "high"},
     )
     assert not r.choices[0].message.model_extra.get("reasoning_content")
+
+
+def test_models_retrieve_finds_each_served_name_even_with_a_slash(make_server) -> None:
+    srv = make_server("--served-model-name", "deepseek-ai/DeepSeek-V4.1-Flash", "flash", "--max-model-len", "8192")
+    client = srv.client()
+    for name in ("deepseek-ai/DeepSeek-V4.1-Flash", "flash"):
+        card = client.models.retrieve(name)
+        assert (card.id, card.object, card.model_extra["max_model_len"]) == (name, "model", 8192)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("other")
+    assert e.value.body["code"] == "model_not_found"

@@ -51,6 +51,7 @@ pub fn app(state: Arc<AppState>) -> Router {
     let inference = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/models", get(info::models))
+        .route("/v1/models/{*model}", get(info::model)) // names may hold slashes (repo ids)
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
     Router::new()
         .merge(inference)
@@ -122,6 +123,10 @@ mod tests {
         assert_eq!(status, StatusCode::OK);
         assert_eq!(v["data"][0]["id"], "test-model");
         assert_eq!(v["data"][0]["max_model_len"], 4096);
+        let (status, _, v) = send(&st, Request::get("/v1/models/test-model").body(Body::empty()).unwrap()).await;
+        assert_eq!((status, v["id"].as_str()), (StatusCode::OK, Some("test-model")));
+        let (status, _, v) = send(&st, Request::get("/v1/models/other").body(Body::empty()).unwrap()).await;
+        assert_eq!((status, code(&v)), (StatusCode::NOT_FOUND, "model_not_found"));
     }
 
     #[tokio::test]
