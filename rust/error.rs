@@ -17,6 +17,13 @@ pub enum ApiError {
     ModelNotFound(String),
     #[error("The request body is larger than the limit of {0} bytes.")]
     PayloadTooLarge(usize),
+    #[error(
+        "The request headers are too large: {headers} headers, {bytes} bytes; the limits are {max_headers} headers \
+         and {max_bytes} bytes.",
+        max_headers = crate::http::head_limits::MAX_HEADERS,
+        max_bytes = crate::http::head_limits::MAX_HEAD_BYTES
+    )]
+    HeadersTooLarge { headers: usize, bytes: usize },
     #[error("The request body stopped arriving: nothing came for {0:.0} s.")]
     BodyTimeout(f64),
     #[error("The server is at capacity: {0} requests are in flight. Retry later.")]
@@ -54,6 +61,11 @@ impl ApiError {
             Codec { status, .. } => (*status, "invalid_request_error", "invalid_request_error"),
             ModelNotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", "model_not_found"),
             PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "payload_too_large"),
+            HeadersTooLarge { .. } => (
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "invalid_request_error",
+                "request_header_fields_too_large",
+            ),
             BodyTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "invalid_request_error", "body_timeout"),
             Overloaded(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "rate_limit_exceeded"),
             Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable_error", "service_unavailable"),

@@ -18,6 +18,9 @@ use tokio_io_timeout::TimeoutStream;
 use tower::Layer;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
+/// hyper's own bounds on a request head, well above `head_limits`' (hyper's defaults: 100 headers, ~400 KiB).
+const HYPER_MAX_HEADERS: usize = 4 * crate::http::head_limits::MAX_HEADERS;
+const HYPER_MAX_BUF: usize = 400 << 10;
 /// How long to back off when `accept` fails for want of resources (EMFILE, ENOMEM) before trying again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -27,6 +30,8 @@ pub async fn serve(listener: TcpListener, app: Router, client_timeout: Duration,
     let mut http = http1::Builder::new();
     // hyper's head timer also runs while a keep-alive connection waits for its next request.
     http.timer(TokioTimer::new()).header_read_timeout(client_timeout);
+    // Past these hyper answers a bare 431 itself; below them `head_limits` answers in the OpenAI envelope.
+    http.max_headers(HYPER_MAX_HEADERS).max_buf_size(HYPER_MAX_BUF);
     let app = RequestBodyTimeoutLayer::new(client_timeout).layer(app);
     let connections = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);

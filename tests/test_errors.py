@@ -149,6 +149,15 @@ def test_too_many_messages_is_400(http: httpx.Client) -> None:
 
 
 def test_oversized_headers_are_refused_and_the_server_carries_on(server: Server) -> None:
-    r = httpx.get(f"{server.url}/health", headers={"X-Big": "a" * 600_000})
-    assert r.status_code == 431
+    url = f"{server.url}/v1/chat/completions"
+    body = {"model": MODEL, "messages": MSG, "max_tokens": 4}
+    for headers in ({"X-Big": "a" * 100_000}, {f"X-H{i}": "v" for i in range(150)}):
+        r = httpx.post(url, json=body, headers=headers)
+        assert r.status_code == 431
+        assert envelope(r)["code"] == "request_header_fields_too_large"
+    # Under the limits (64 KiB, 100 headers) a request is served.
+    assert httpx.post(url, json=body, headers={"X-Big": "a" * 60_000}).status_code == 200
+    assert httpx.post(url, json=body, headers={f"X-H{i}": "v" for i in range(80)}).status_code == 200
+    # Far past them hyper refuses the head itself (bare 431), without reading it all.
+    assert httpx.get(f"{server.url}/health", headers={"X-Big": "a" * 600_000}).status_code == 431
     assert httpx.get(f"{server.url}/health").status_code == 200

@@ -2,6 +2,7 @@
 
 mod auth;
 mod chat;
+pub mod head_limits;
 mod info;
 pub mod request;
 pub mod request_id;
@@ -61,6 +62,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn(head_limits::head_limits))
         .layer(middleware::from_fn(request_id::request_id))
         .with_state(state)
 }
@@ -144,6 +146,25 @@ mod tests {
         assert_eq!((s, code(&v)), (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"));
         let (s, _, v) = send(&st, post(r#"{"model":"test-model","messages":[{"role":"user","content":"x"}]}"#)).await;
         assert_eq!((s, code(&v)), (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable"));
+    }
+
+    #[tokio::test]
+    async fn oversized_heads_are_431_envelopes() {
+        let st = state(None);
+        let health = || Request::get("/health");
+        let mut many = health();
+        for i in 0..head_limits::MAX_HEADERS + 1 {
+            many = many.header(format!("x-h{i}"), "v");
+        }
+        let (s, _, v) = send(&st, many.body(Body::empty()).unwrap()).await;
+        assert_eq!((s, code(&v)), (StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "request_header_fields_too_large"));
+        let big = health().header("x-big", "a".repeat(head_limits::MAX_HEAD_BYTES));
+        let (s, _, v) = send(&st, big.body(Body::empty()).unwrap()).await;
+        assert_eq!(s, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+        assert!(v["error"]["message"].as_str().unwrap().contains("65536 bytes"));
+        let under = health().header("x-big", "a".repeat(head_limits::MAX_HEAD_BYTES - 100));
+        let (s, _, _) = send(&st, under.body(Body::empty()).unwrap()).await;
+        assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "under the limits: /health answers (no rank here)");
     }
 
     #[tokio::test]

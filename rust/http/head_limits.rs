@@ -1,0 +1,23 @@
+//! Request heads over the documented limits get a 431 in the OpenAI envelope. hyper refuses bigger or longer
+//! heads itself with a bare 431 (`listener.rs` sets its bounds well above these); between the two, the answer is ours.
+
+use crate::error::ApiError;
+use axum::extract::Request;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+/// Headers per request; more is refused.
+pub const MAX_HEADERS: usize = 100;
+/// Bytes of request line and headers; more is refused.
+pub const MAX_HEAD_BYTES: usize = 64 << 10;
+
+pub async fn head_limits(req: Request, next: Next) -> Response {
+    let headers = req.headers();
+    // Each header line also costs ": " and CRLF; of the request line, the target is what a client can grow.
+    let target = req.uri().path_and_query().map_or(0, |pq| pq.as_str().len());
+    let bytes = target + headers.iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum::<usize>();
+    if headers.len() > MAX_HEADERS || bytes > MAX_HEAD_BYTES {
+        return ApiError::HeadersTooLarge { headers: headers.len(), bytes }.into_response();
+    }
+    next.run(req).await
+}
