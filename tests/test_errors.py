@@ -161,3 +161,6 @@ def test_oversized_headers_are_refused_and_the_server_carries_on(server: Server)
     # Far past them hyper refuses the head itself (bare 431), without reading it all.
     assert httpx.get(f"{server.url}/health", headers={"X-Big": "a" * 600_000}).status_code == 431
     assert httpx.get(f"{server.url}/health").status_code == 200
+    metrics = httpx.get(f"{server.url}/metrics").text
+    refused = [line for line in metrics.splitlines() if 'reason="request_header_fields_too_large"' in line]
+    assert refused and float(refused[0].rsplit(" ", 1)[1]) >= 2  # counted with the other refusals

@@ -1,23 +1,27 @@
 //! Request heads over the documented limits get a 431 in the OpenAI envelope. hyper refuses bigger or longer
 //! heads itself with a bare 431 (`listener.rs` sets its bounds well above these); between the two, the answer is ours.
 
+use super::AppState;
 use crate::error::ApiError;
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
 
 /// Headers per request; more is refused.
 pub const MAX_HEADERS: usize = 100;
 /// Bytes of request line and headers; more is refused.
 pub const MAX_HEAD_BYTES: usize = 64 << 10;
 
-pub async fn head_limits(req: Request, next: Next) -> Response {
+pub async fn head_limits(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let headers = req.headers();
     // Each header line also costs ": " and CRLF; of the request line, the target is what a client can grow.
     let target = req.uri().path_and_query().map_or(0, |pq| pq.as_str().len());
     let bytes = target + headers.iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum::<usize>();
     if headers.len() > MAX_HEADERS || bytes > MAX_HEAD_BYTES {
-        return ApiError::HeadersTooLarge { headers: headers.len(), bytes }.into_response();
+        let refusal = ApiError::HeadersTooLarge { headers: headers.len(), bytes };
+        st.dispatcher.metrics.rejected.with_label_values(&[refusal.code()]).inc();
+        return refusal.into_response();
     }
     next.run(req).await
 }

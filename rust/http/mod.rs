@@ -62,7 +62,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
-        .layer(middleware::from_fn(head_limits::head_limits))
+        .layer(middleware::from_fn_with_state(state.clone(), head_limits::head_limits))
         .layer(middleware::from_fn(request_id::request_id))
         .with_state(state)
 }
