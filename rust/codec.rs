@@ -28,7 +28,6 @@ pub struct Prepared {
     pub max_tokens: u32,
     pub temperature: f32,
     pub top_p: f32,
-    pub seed: Option<u64>,
     pub decoder: Py<PyAny>,
     /// Whether output must be decoded as it arrives (streams, stop sequences) or may wait for the end.
     pub incremental: bool,
@@ -146,7 +145,6 @@ impl Codec {
             max_tokens: get("max_tokens")?.extract().map_err(|e| internal(py, e))?,
             temperature: get("temperature")?.extract().map_err(|e| internal(py, e))?,
             top_p: get("top_p")?.extract().map_err(|e| internal(py, e))?,
-            seed: get("seed")?.extract().map_err(|e| internal(py, e))?,
             decoder: get("decoder")?.unbind(),
             incremental: get("incremental")?.extract().map_err(|e| internal(py, e))?,
             first,

@@ -109,6 +109,10 @@ impl IntoResponse for ApiError {
         if matches!(self, ApiError::Overloaded(_)) {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
+        // The rest of the body was left unread: hyper closes the connection, so say so.
+        if matches!(self, ApiError::PayloadTooLarge(_) | ApiError::BodyTimeout(_)) {
+            resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         resp
     }
 }

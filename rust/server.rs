@@ -154,9 +154,53 @@ fn init_logging(level: &str, json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level},hyper=warn")));
     let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // JSON escapes every value itself; text lines get the control characters in values escaped, so that no
+    // client-supplied value (a model name, a request id, a message quoting input) can break or forge a line.
     let _ = if json {
         fmt.json().with_current_span(false).try_init()
     } else {
-        fmt.with_ansi(std::io::stderr().is_terminal()).try_init()
+        fmt.with_ansi(std::io::stderr().is_terminal()).fmt_fields(escaped_fields()).try_init()
     };
+}
+
+/// Text-log fields as tracing-subscriber writes them (`message` bare, others `name=value`), control characters
+/// escaped.
+fn escaped_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + 'static {
+    use tracing_subscriber::field::MakeExt;
+    tracing_subscriber::fmt::format::debug_fn(|w, field, value| {
+        let raw = format!("{value:?}");
+        let text = escape_controls(&raw);
+        if field.name() == "message" { write!(w, "{text}") } else { write!(w, "{field}={text}") }
+    })
+    .delimited(" ")
+}
+
+/// `text` with line breaks and other control characters as escapes (`\n`, `\u{1b}`).
+pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+    let special = |c: char| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}');
+    if !text.chars().any(special) {
+        return text.into();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if special(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::escape_controls;
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert_eq!(escape_controls("plain ✓"), "plain ✓");
+        assert_eq!(escape_controls("a\nb\r\tc\u{1b}[31m\u{2028}"), "a\\nb\\r\\tc\\u{1b}[31m\\u{2028}");
+    }
 }

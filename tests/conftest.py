@@ -11,12 +11,14 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import wire_schema
 from openai import OpenAI
 
 MODEL = "deepseek-v4.1-flash"
@@ -194,3 +196,103 @@ def requests_across_idle_gaps(srv: Server, n: int = 24, threads: int = 3) -> Non
     for w in workers:
         w.join()
     assert not errors, errors
+
+
+# ------------------------------------------------------------------------------------- wire conformance, always on
+# Every response that a test reads through httpx, or through httpx2 (the openai SDK's fork of it, so also LangChain
+# and the Agents SDK), from one of the server's API paths is checked against OpenAI's published schemas
+# (tests/wire_schema.py); a test that saw a violating response fails, whatever it asserted itself.
+
+WIRE_VIOLATIONS: list[str] = []
+WIRE_CHECKED: list[str] = []  # what was checked, for the test that the capture is live
+WIRE_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
+def _check_wire(response: Any, body: bytes, complete: bool) -> None:
+    request = response.request
+    found = wire_schema.check_response(
+        request.url.path, response.status_code, response.headers.get("content-type", ""), body, complete
+    )
+    WIRE_CHECKED.append(f"{request.method} {request.url.path} {response.status_code}")
+    WIRE_VIOLATIONS.extend(f"{request.method} {request.url}: {v}" for v in found)
+
+
+class _Recording:
+    """A response body stream that keeps what the client read and checks it when the response closes."""
+
+    def __init__(self, inner: Any, response: Any) -> None:
+        self.inner, self.response, self.body, self.complete, self.checked = inner, response, bytearray(), False, False
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.inner:
+            self.body += chunk
+            yield chunk
+        self.complete = True
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self.inner:
+            self.body += chunk
+            yield chunk
+        self.complete = True
+
+    def _check(self) -> None:
+        if not self.checked:
+            self.checked = True
+            _check_wire(self.response, bytes(self.body), self.complete)
+
+    def close(self) -> None:
+        self.inner.close()
+        self._check()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+        self._check()
+
+
+def _record(module: Any) -> Callable[[], None]:
+    """Wrap `module`'s transports (httpx or httpx2) so that watched responses are recorded; returns the undo."""
+    recorder = type("Recorder", (_Recording, module.SyncByteStream, module.AsyncByteStream), {})
+    sync_cls, async_cls = module.HTTPTransport, module.AsyncHTTPTransport
+    sync_send, async_send = sync_cls.handle_request, async_cls.handle_async_request
+
+    def watch(request: Any, response: Any) -> Any:
+        if request.url.host in WIRE_HOSTS and wire_schema.response_schemas(request.url.path) is not None:
+            response.request = request
+            response.stream = recorder(response.stream, response)
+        return response
+
+    def handle_request(self: Any, request: Any) -> Any:
+        return watch(request, sync_send(self, request))
+
+    async def handle_async_request(self: Any, request: Any) -> Any:
+        return watch(request, await async_send(self, request))
+
+    sync_cls.handle_request, async_cls.handle_async_request = handle_request, handle_async_request
+
+    def undo() -> None:
+        sync_cls.handle_request, async_cls.handle_async_request = sync_send, async_send
+
+    return undo
+
+
+@pytest.fixture(scope="session", autouse=True)
+def wire_capture() -> Iterator[None]:
+    modules = [httpx]
+    with contextlib.suppress(ImportError):
+        import httpx2
+
+        modules.append(httpx2)
+    undo = [_record(m) for m in modules]
+    yield
+    for u in undo:
+        u()
+
+
+@pytest.fixture(autouse=True)
+def wire_conformance(wire_capture: None) -> Iterator[None]:
+    """Fail the test if any response it saw broke OpenAI's schema."""
+    start = len(WIRE_VIOLATIONS)
+    yield
+    found = WIRE_VIOLATIONS[start:]
+    if found:
+        pytest.fail(f"{len(found)} response(s) break OpenAI's published schema:\n" + "\n".join(found[:20]))

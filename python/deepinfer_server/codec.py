@@ -14,7 +14,9 @@ tokenizer goes through `tokenizers.DecodeStream`, one Rust call per batch.
 from __future__ import annotations
 
 import codecs
+import hashlib
 import json
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,7 +43,7 @@ from deepseek_recipe import (
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.decoders import DecodeStream
 
-from deepinfer_server import _native
+from deepinfer_server import __version__, _native
 from deepinfer_server.prompt_encoder import LengthGuard, PromptTooLong
 from deepinfer_server.prompt_encoder import build as build_prompt_encoder
 
@@ -54,9 +56,50 @@ _ENGINE_FINISH = {
 }
 
 
-def error_body(message: str, etype: str = "invalid_request_error", code: str | None = None) -> str:
+def error_body(
+    message: str, etype: str = "invalid_request_error", code: str | None = None, param: str | None = None
+) -> str:
     """The OpenAI error envelope."""
-    return json.dumps({"error": {"message": message, "type": etype, "param": None, "code": code or etype}})
+    return json.dumps({"error": {"message": message, "type": etype, "param": param, "code": code or etype}})
+
+
+# deepseek-recipe leaves `param` null; its messages name the field in one of these ways: (pattern, the param, or
+# None for the pattern's first group).
+_PARAM_IN_MESSAGE = (
+    (re.compile(r"^Invalid '([\w.\[\]]+)'"), None),  # Invalid 'stop[0]': empty string...
+    (re.compile(r"^Invalid (\w+) value"), None),  # Invalid temperature value, the valid range ...
+    (re.compile(r"^\.?(messages\[\d+\](?:\.[\w\[\]]+)*)"), None),  # .messages[0].content: ...
+    (re.compile(r"^Stop string array too long"), "stop"),
+    # The conversation's structure: which message is at fault depends on the others.
+    (
+        re.compile(r"^(An assistant message with 'tool_calls'|Messages with role 'tool'|Invalid assistant message)"),
+        "messages",
+    ),
+)
+
+
+def with_param(body: str) -> str:
+    """A deepseek-recipe error envelope with `param` filled in from its message, where the message names one."""
+    try:
+        d = json.loads(body)
+        err = d["error"]
+    except (ValueError, KeyError, TypeError):
+        return body
+    if not isinstance(err, dict) or err.get("param") is not None:
+        return body
+    message = str(err.get("message", ""))
+    for pattern, param in _PARAM_IN_MESSAGE:
+        m = pattern.match(message)
+        if m:
+            err["param"] = param or m.group(1)
+            return json.dumps(d)
+    return body
+
+
+def system_fingerprint(*parts: object) -> str:
+    """`system_fingerprint`: names the server build and backend configuration (OpenAI types it as a string)."""
+    digest = hashlib.sha256("|".join(map(str, (__version__, *parts))).encode()).hexdigest()
+    return f"fp_{digest[:10]}"
 
 
 @dataclass(frozen=True)
@@ -67,7 +110,6 @@ class Prepared:
     max_tokens: int
     temperature: float
     top_p: float
-    seed: int | None
     decoder: Decoder
     first_chunks: list[str]
     incremental: bool  # decode as tokens arrive (streams, stop sequences), or once at the end
@@ -83,6 +125,7 @@ class Codec:
         max_model_len: int,
         model_version: str = "v4.1",
         prompt_encoder: str = "auto",
+        fingerprint: str | None = None,
     ) -> None:
         # deepseek-recipe's tokenizer (~50 MB for DeepSeek's vocabulary) stays alive only if deepseek-recipe encodes
         # the prompts; with fastokens it is needed at start-up alone, to check fastokens against it.
@@ -109,6 +152,7 @@ class Codec:
         )
         del tokenizer_json
         self.max_model_len = max_model_len
+        self.fingerprint = fingerprint or system_fingerprint(model_version, max_model_len)
         self.eos_id = tokenizer.encode(SpecialToken.Eos.default_str())[0]
         self.think_end_id = tokenizer.encode(SpecialToken.ThinkingEnd.default_str())[0]
 
@@ -123,7 +167,7 @@ class Codec:
         try:
             conv = ChatCompletionRequest(body).convert(self.options)
         except ConversionError as e:
-            return e.status_code, e.body
+            return e.status_code, with_param(e.body)
         except (ValueError, TypeError, OverflowError, RecursionError) as e:
             return 400, error_body(str(e))
         try:
@@ -138,7 +182,7 @@ class Codec:
         try:
             max_tokens = conv.resolve_max_tokens(n_prompt, self.max_model_len)
         except ConversionError as e:
-            return e.status_code, e.body
+            return e.status_code, with_param(e.body)
         opts = conv.inference_options
         decoder = Decoder(
             self, conv, response_id, model, n_prompt, ignore_eos, include_usage and conv.stream, continuous_usage
@@ -148,7 +192,6 @@ class Codec:
             max_tokens=max_tokens,
             temperature=round(opts.temperature if opts.temperature is not None else 1.0, 6),
             top_p=round(opts.top_p if opts.top_p is not None else 1.0, 6),
-            seed=opts.seed,
             decoder=decoder,
             first_chunks=decoder.start(),
             incremental=conv.stream or bool(conv.parsing_options.stop_sequences),
@@ -160,6 +203,7 @@ class Codec:
             f"resulted in {tokens} tokens, which leaves no room for the completion. Please reduce the length of "
             "the messages.",
             code="context_length_exceeded",
+            param="messages",
         )
 
 
@@ -254,6 +298,7 @@ class Decoder:
         "dropped_eos",
         "eos_id",
         "final",
+        "fingerprint",
         "ignore_eos",
         "include_usage",
         "n_out",
@@ -294,6 +339,7 @@ class Decoder:
         self.n_out = 0
         self.dropped_eos = 0
         self.eos_id = codec.eos_id
+        self.fingerprint = codec.fingerprint
         self.ignore_eos = ignore_eos
         self.include_usage = include_usage
         self.continuous = continuous_usage and include_usage
@@ -301,7 +347,8 @@ class Decoder:
 
     def start(self) -> list[str]:
         """Chunks to send before any token: the role delta (streams only)."""
-        ready = InferenceChunk.ready(prompt_usage=PromptUsage(prompt_tokens=self.n_prompt, prompt_cache_hit_tokens=0))
+        usage = PromptUsage(prompt_tokens=self.n_prompt, prompt_cache_hit_tokens=0)
+        ready = InferenceChunk.ready(prompt_usage=usage, system_fingerprint=self.fingerprint)
         out = self._emit(self.proc.push(ready), last=False)
         return out if isinstance(out, list) else []
 
@@ -333,8 +380,9 @@ class Decoder:
             rest = self.text.flush()  # the output ends inside a character: its bytes become U+FFFD
             if rest or self.text_ids:
                 chunks += proc.push(InferenceChunk.text(rest, self.text_ids))
-            chunks += proc.push(InferenceChunk.finish(_ENGINE_FINISH[finish]))
-            chunks += proc.finish()
+            flushed = proc.push(InferenceChunk.finish(_ENGINE_FINISH[finish])) + proc.finish()
+            # Streams: what the finish flushes is where a cut-off tool call's held-back tag would surface.
+            chunks += [_trim_tool_arguments(ch.to_json()) for ch in flushed] if self.stream else flushed
             state = FINISHED
         if state != RUNNING:
             self.done = True
@@ -361,20 +409,23 @@ class Decoder:
             self.reasoning = (self.reasoning or 0) + len(tokens)
 
     def _emit(self, chunks: Sequence[object], last: bool) -> list[str] | str:
-        chat = [ch for ch in chunks if isinstance(ch, ChatCompletionChunk)]
+        """Chunk objects (or, from a stream's finish, their JSON already) -> the wire output of this batch."""
         if self.final is not None:  # non-stream: accumulate, answer once
-            for ch in chat:
-                self.final.accumulate(ch)
+            for ch in chunks:
+                if isinstance(ch, ChatCompletionChunk):
+                    self.final.accumulate(ch)
             if not last:
                 return []
-            body = self.final.to_json()
+            body = _conform_response(self.final.to_json())
             spliced = self._splice_usage(body)
             if spliced is not None:
                 return spliced
             d = json.loads(body)
             self._fix_usage(d["usage"])
             return _dumps(d)
-        out = [ch.to_json() for ch in chat]
+        out = [
+            ch if isinstance(ch, str) else ch.to_json() for ch in chunks if isinstance(ch, (str, ChatCompletionChunk))
+        ]
         if last:
             return self._finish_stream(out)
         if self.continuous:
@@ -452,6 +503,61 @@ class Decoder:
             usage["completion_tokens_details"] = {"reasoning_tokens": self.reasoning}
             usage.update(tail)
         return usage
+
+
+_MESSAGE_START = '"message":{"role":"assistant",'
+# What a DSML tag starts with: a tool call cut off inside one leaves its start held back by deepseek-recipe, which
+# flushes it into the arguments at the finish.
+_DSML_TAGS = ("<" + SpecialToken.Dsml.default_str(), "</" + SpecialToken.Dsml.default_str())
+
+
+def _conform_response(body: str) -> str:
+    """A non-streamed response as OpenAI's schema wants it: `message.refusal` present (null), and no partial DSML
+    tag in a cut-off tool call's arguments. The refusal goes in as text: an unescaped `"message":{` cannot occur
+    inside a JSON string, and the library writes the role first."""
+    if '"tool_calls"' in body:
+        return _dumps(_with_refusal(_trim_tool_arguments_in(json.loads(body))))
+    k = body.find(_MESSAGE_START)
+    if k < 0:
+        return _dumps(_with_refusal(json.loads(body)))
+    k += len(_MESSAGE_START)
+    return f'{body[:k]}"refusal":null,{body[k:]}'
+
+
+def _with_refusal(d: dict[str, object]) -> dict[str, object]:
+    """`refusal` in each message; a message's tool calls carry no `index` (that is a stream delta's field)."""
+    for choice in cast(list[dict[str, dict[str, object]]], d.get("choices") or []):
+        message = choice.get("message", {})
+        message.setdefault("refusal", None)
+        for call in cast(list[dict[str, object]], message.get("tool_calls") or []):
+            call.pop("index", None)
+    return d
+
+
+def _trim_tool_arguments(js: str) -> str:
+    """A chunk's JSON with any partial DSML tag cut from the end of its tool calls' arguments."""
+    return _dumps(_trim_tool_arguments_in(json.loads(js))) if '"tool_calls"' in js else js
+
+
+def _trim_tool_arguments_in(d: dict[str, object]) -> dict[str, object]:
+    for choice in cast(list[dict[str, dict[str, object]]], d.get("choices") or []):
+        part = choice.get("message") or choice.get("delta") or {}
+        for call in cast(list[dict[str, dict[str, str]]], part.get("tool_calls") or []):
+            function = call.get("function") or {}
+            if isinstance(function.get("arguments"), str):
+                function["arguments"] = _cut_partial_tag(function["arguments"])
+    return d
+
+
+def _cut_partial_tag(text: str) -> str:
+    """`text` without a trailing, unfinished DSML tag (`</｜DSML｜param`, `</`, `<`): model markup, not arguments."""
+    k = text.rfind("<")
+    tail = text[k:]
+    if k < 0 or ">" in tail:
+        return text
+    if any(tag.startswith(tail) or tail.startswith(tag) for tag in _DSML_TAGS):
+        return text[:k]
+    return text
 
 
 def _dumps(d: object) -> str:

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from deepinfer_server import _native
-from deepinfer_server.codec import Codec, decode_batch
+from deepinfer_server import _native, logs
+from deepinfer_server.codec import Codec, decode_batch, system_fingerprint
 from deepinfer_server.malloc import PRELOADED, returning_freed_memory, without_preload
 
 log = logging.getLogger("deepinfer_server")
@@ -190,6 +190,7 @@ class Ranks:
                 "output_ring": str(out_path),
                 "parent_pid": os.getpid(),
                 "log_level": a.log_level,
+                "log_format": a.log_format,
                 "stream_interval_ms": a.stream_interval_ms,
                 "engine_config": self.engine_config(),
                 "lockstep": str(lockstep_path) if lockstep_path else None,
@@ -261,12 +262,7 @@ def run(args: argparse.Namespace) -> int:
     # Prompt encoding runs on the codec threads next to the HTTP and decode threads; rayon's spinning worker
     # pool (the tokenizers default) costs more under load than it saves on short prompts.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    fmt = (
-        '{"time": "%(asctime)s", "level": "%(levelname)s", "target": "%(name)s", "message": %(message)r}'
-        if args.log_format == "json"
-        else "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.basicConfig(level=args.log_level.upper(), format=fmt)
+    logs.configure(args.log_level, args.log_format, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     preloaded = os.environ.get(PRELOADED)
     log.info("memory allocator: %s", f"mimalloc ({preloaded})" if preloaded else "system (glibc)")
     try:
@@ -276,7 +272,16 @@ def run(args: argparse.Namespace) -> int:
         return 1
     names = args.served_model_name or [args.model or DEFAULT_MODEL_NAME]
     with returning_freed_memory():
-        codec = Codec(tokenizer, names, args.max_model_len, version, args.prompt_encoder)
+        # The backend configuration a seeded answer depends on: engine, model, parallel layout, context length.
+        fingerprint = system_fingerprint(
+            args.engine,
+            args.model or "",
+            version,
+            args.data_parallel_size,
+            args.context_parallel_size,
+            args.max_model_len,
+        )
+        codec = Codec(tokenizer, names, args.max_model_len, version, args.prompt_encoder, fingerprint)
     clean_stale_segments()
     ranks = Ranks(args, tokenizer)
     # SIGTERM during start-up: stop cleanly instead of leaving ranks and segments behind.

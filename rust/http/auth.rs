@@ -1,11 +1,12 @@
 //! `--api-key`: inference routes need `Authorization: Bearer <key>`; /health and /metrics stay open.
 
 use super::AppState;
+use super::drain::refuse;
 use crate::error::ApiError;
 use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use std::sync::Arc;
 
 pub async fn require_api_key(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
@@ -15,7 +16,7 @@ pub async fn require_api_key(State(st): State<Arc<AppState>>, req: Request, next
         return next.run(req).await;
     }
     st.dispatcher.metrics.rejected.with_label_values(&["invalid_api_key"]).inc();
-    ApiError::Unauthorized.into_response()
+    refuse(req.into_body(), st.config.max_body_bytes, ApiError::Unauthorized).await
 }
 
 /// Equality whose time depends only on the lengths, not on where the bytes differ.

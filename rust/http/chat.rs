@@ -77,7 +77,7 @@ async fn handle(
         let (outlet, rx) = Outlet::unary();
         (outlet, Reply::Unary(rx))
     };
-    let (top_k, ignore_eos) = (req.top_k, req.ignore_eos);
+    let (top_k, seed, ignore_eos) = (req.top_k, req.seed, req.ignore_eos);
     let dispatcher = st.dispatcher.clone();
     // Dispatch runs on the codec thread right after the conversion; the role chunk goes first in a stream.
     let ticket = st
@@ -94,7 +94,7 @@ async fn handle(
                     temperature: prepared.temperature,
                     top_p: prepared.top_p,
                     top_k,
-                    seed: prepared.seed,
+                    seed,
                     ignore_eos,
                 },
                 incremental: prepared.incremental,

@@ -2,10 +2,11 @@
 //! heads itself with a bare 431 (`listener.rs` sets its bounds well above these); between the two, the answer is ours.
 
 use super::AppState;
+use super::drain::refuse;
 use crate::error::ApiError;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use std::sync::Arc;
 
 /// Headers per request; more is refused.
@@ -21,7 +22,7 @@ pub async fn head_limits(State(st): State<Arc<AppState>>, req: Request, next: Ne
     if headers.len() > MAX_HEADERS || bytes > MAX_HEAD_BYTES {
         let refusal = ApiError::HeadersTooLarge { headers: headers.len(), bytes };
         st.dispatcher.metrics.rejected.with_label_values(&[refusal.code()]).inc();
-        return refusal.into_response();
+        return refuse(req.into_body(), st.config.max_body_bytes, refusal).await;
     }
     next.run(req).await
 }

