@@ -2,7 +2,7 @@
 //! a small pool for `Codec.prepare` and the rank_io threads for `decode_batch`. Tokio workers never do.
 
 use crate::error::ApiError;
-use crate::stream::frame_into;
+use crate::protocol::{Protocol, frame_into};
 use axum::http::StatusCode;
 use bytes::BytesMut;
 use pyo3::prelude::*;
@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 
 /// What the HTTP layer asks the codec to prepare.
 pub struct PrepareRequest {
+    pub protocol: Protocol,
     pub body: Vec<u8>,
     pub response_id: String,
     pub model: String,
@@ -49,8 +50,8 @@ pub struct Decoded {
     pub bytes: BytesMut,
 }
 
-/// A request and what to do with its preparation, run on the codec thread once the GIL is released.
-type Job = (PrepareRequest, Box<dyn FnOnce(Result<Prepared, ApiError>) + Send>);
+/// Work for a codec thread: run with the GIL, then (the closure's own business) hand on its result without it.
+type Job = Box<dyn FnOnce(&Codec) + Send>;
 
 pub struct Codec {
     codec: Py<PyAny>,
@@ -86,11 +87,8 @@ impl Codec {
                     with_thread_state(|| {
                         loop {
                             let job = rx.lock().unwrap().recv();
-                            let Ok((req, then)) = job else { return };
-                            let result = Python::attach(|py| me.prepare_blocking(py, &req));
-                            *me.preparing.lock().unwrap() -= 1;
-                            me.prepared.notify_all();
-                            then(result);
+                            let Ok(job) = job else { return };
+                            job(&me);
                         }
                     })
                 })
@@ -106,13 +104,47 @@ impl Codec {
         req: PrepareRequest,
         then: impl FnOnce(Prepared) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<T, ApiError> {
+        self.run(move |codec| {
+            let prepared = Python::attach(|py| codec.prepare_blocking(py, &req));
+            // If the client left meanwhile the result is dropped by the caller, and a ticket in it aborts the request.
+            prepared.and_then(then)
+        })
+        .await
+    }
+
+    /// Call a method of the Python `Codec` on the codec pool (counting tokens, rendering): `(body, protocol)` in,
+    /// the method's `(status, body)` answer out.
+    pub async fn call(
+        &self,
+        method: &'static str,
+        body: Vec<u8>,
+        protocol: Protocol,
+    ) -> Result<(u16, String), ApiError> {
+        self.run(move |codec| {
+            Python::attach(|py| {
+                let args = (PyBytes::new(py, &body), protocol.code());
+                let out = codec.codec.bind(py).call_method1(method, args).map_err(|e| internal(py, e))?;
+                out.extract::<(u16, String)>().map_err(|e| internal(py, e))
+            })
+        })
+        .await
+    }
+
+    /// Run `f` on a codec thread (it takes the GIL itself) and await its result; new requests' preparations go
+    /// before token batches while they wait for the pool (`yield_to_prepares`).
+    async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Codec) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError> {
         let (tx, rx) = oneshot::channel();
-        let then = Box::new(move |prepared: Result<Prepared, ApiError>| {
-            // If the client left meanwhile the result is dropped here, and a ticket in it aborts the request.
-            let _ = tx.send(prepared.and_then(then));
+        let job: Job = Box::new(move |codec| {
+            let result = f(codec);
+            *codec.preparing.lock().unwrap() -= 1;
+            codec.prepared.notify_all();
+            let _ = tx.send(result);
         });
         *self.preparing.lock().unwrap() += 1;
-        if self.jobs.lock().unwrap().send((req, then)).is_err() {
+        if self.jobs.lock().unwrap().send(job).is_err() {
             *self.preparing.lock().unwrap() -= 1;
             return Err(ApiError::Unavailable("codec stopped".into()));
         }
@@ -127,6 +159,7 @@ impl Codec {
             req.ignore_eos,
             req.include_usage,
             req.continuous_usage,
+            req.protocol.code(),
         );
         let out = self.codec.bind(py).call_method1("prepare", args).map_err(|e| internal(py, e))?;
         if let Ok(t) = out.cast::<PyTuple>() {

@@ -32,9 +32,10 @@ pub struct Inflight {
     held: Mutex<Vec<u32>>,
     /// Token timing, written by the rank_io thread only.
     timing: Mutex<Timing>,
-    /// The admission slot: free once the request leaves its rank, however it ends, even if its client is still
-    /// (slowly) reading the response, which may take forever and must not hold engine capacity.
-    _permit: Permit,
+    /// The admission slot: freed as the request leaves its rank (`RankLink::take`), however it ends, and before
+    /// its last bytes go to the client, who may send its next request the moment it has them. A client that is
+    /// still (slowly) reading must not hold engine capacity either.
+    permit: Mutex<Option<Permit>>,
 }
 
 #[derive(Default)]
@@ -157,11 +158,12 @@ impl RankLink {
         ids.map(|id| map.get(&id).cloned()).collect()
     }
 
-    /// Remove a request; `Some` means the caller now owns its ending.
+    /// Remove a request and free its admission slot; `Some` means the caller now owns its ending.
     pub fn take(&self, id: u64) -> Option<Arc<Inflight>> {
         let got = self.inflight.lock().unwrap().remove(&id);
-        if got.is_some() {
+        if let Some(entry) = &got {
             self.count.fetch_sub(1, Ordering::Relaxed);
+            entry.permit.lock().unwrap().take();
         }
         got
     }
@@ -181,6 +183,9 @@ impl RankLink {
     pub fn take_all(&self) -> Vec<Arc<Inflight>> {
         let drained: Vec<_> = self.inflight.lock().unwrap().drain().map(|(_, v)| v).collect();
         self.count.fetch_sub(drained.len(), Ordering::Relaxed);
+        for entry in &drained {
+            entry.permit.lock().unwrap().take();
+        }
         drained
     }
 }
@@ -237,7 +242,7 @@ impl Dispatcher {
             incremental: job.incremental,
             held: Mutex::default(),
             timing: Mutex::default(),
-            _permit: permit,
+            permit: Mutex::new(Some(permit)),
         });
         rank.inflight.lock().unwrap().insert(id, entry);
         rank.count.fetch_add(1, Ordering::Relaxed);

@@ -2,6 +2,7 @@
 //!
 //! The whole status table lives in `ApiError::parts`.
 
+use crate::protocol::Protocol;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
@@ -102,10 +103,12 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+impl ApiError {
+    /// The refusal as an HTTP response in `protocol`'s error envelope.
+    pub fn response_for(self, protocol: Protocol) -> Response {
         let status = self.status();
-        let mut resp = (status, [(header::CONTENT_TYPE, "application/json")], self.envelope()).into_response();
+        let body = protocol.envelope(&self);
+        let mut resp = (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
         if matches!(self, ApiError::Overloaded(_)) {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
@@ -114,6 +117,12 @@ impl IntoResponse for ApiError {
             resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        self.response_for(Protocol::Chat)
     }
 }
 

@@ -10,6 +10,7 @@ pub mod error;
 pub mod http;
 pub mod listener;
 pub mod metrics;
+pub mod protocol;
 pub mod rank_io;
 pub mod ring;
 pub mod server;

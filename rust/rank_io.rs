@@ -12,7 +12,7 @@ use crate::dispatch::{Dispatcher, Inflight, RankLink};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::ring::records::{self, FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_NONE};
-use crate::stream::{DONE, Outlet};
+use crate::stream::Outlet;
 use bytes::Bytes;
 use pyo3::prelude::*;
 use rustc_hash::FxHashMap;
@@ -251,7 +251,7 @@ fn finish_one(link: &RankLink, entry: &Inflight, state: DecodeState, bytes: Byte
             match &entry.outlet {
                 Outlet::Stream(s) => s.with_buf(true, |buf| {
                     buf.extend_from_slice(&bytes);
-                    buf.extend_from_slice(DONE);
+                    buf.extend_from_slice(s.protocol.done());
                 }),
                 unary => unary.complete(bytes),
             }

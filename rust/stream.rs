@@ -5,6 +5,7 @@
 
 use crate::dispatch::Ticket;
 use crate::error::ApiError;
+use crate::protocol::Protocol;
 use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
 use futures_util::task::AtomicWaker;
@@ -17,25 +18,6 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, Sleep};
 
-pub const DONE: &[u8] = b"data: [DONE]\n\n";
-const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
-
-/// Append one SSE event `data: <json>\n\n`.
-pub fn frame_into(buf: &mut BytesMut, json: &[u8]) {
-    buf.reserve(json.len() + 8);
-    buf.extend_from_slice(b"data: ");
-    buf.extend_from_slice(json);
-    buf.extend_from_slice(b"\n\n");
-}
-
-/// The error event a stream ends with when something fails after the 200 was sent, then `[DONE]`.
-pub fn error_tail(err: &ApiError) -> BytesMut {
-    let mut buf = BytesMut::new();
-    frame_into(&mut buf, err.envelope().as_bytes());
-    buf.extend_from_slice(DONE);
-    buf
-}
-
 #[derive(Default)]
 struct Pending {
     buf: BytesMut,
@@ -43,15 +25,21 @@ struct Pending {
 }
 
 /// Bytes produced for a streaming request and not yet taken by its HTTP body.
-#[derive(Default)]
 pub struct StreamBuf {
     pending: Mutex<Pending>,
     waker: AtomicWaker,
+    /// How the stream ends, keeps alive and fails.
+    pub protocol: Protocol,
 }
 
 impl StreamBuf {
-    pub fn new() -> Arc<Self> {
-        Arc::new(StreamBuf::default())
+    pub fn new(protocol: Protocol) -> Arc<Self> {
+        Arc::new(StreamBuf { pending: Mutex::default(), waker: AtomicWaker::new(), protocol })
+    }
+
+    /// End the stream with an error (this protocol's error event).
+    pub fn fail(&self, err: &ApiError) {
+        self.push(&self.protocol.error_tail(err), true);
     }
 
     /// Append bytes (already framed) and, with `done`, close the stream after them.
@@ -107,10 +95,10 @@ impl Outlet {
         (Outlet::Unary(Mutex::new(Some(tx))), rx)
     }
 
-    /// End the request with an error: an error event + `[DONE]` for a stream, the error itself otherwise.
+    /// End the request with an error: the protocol's error event for a stream, the error itself otherwise.
     pub fn fail(&self, err: ApiError) {
         match self {
-            Outlet::Stream(s) => s.push(&error_tail(&err), true),
+            Outlet::Stream(s) => s.fail(&err),
             Outlet::Unary(tx) => {
                 if let Some(tx) = tx.lock().unwrap().take() {
                     let _ = tx.send(Err(err));
@@ -164,7 +152,7 @@ async fn deadline(timeout: Duration, ticket: SharedTicket, buf: Arc<StreamBuf>) 
     let running = ticket.lock().unwrap().take();
     if let Some(ticket) = running {
         ticket.abort("timeout");
-        buf.push(&error_tail(&ApiError::Timeout(timeout.as_secs_f64())), true);
+        buf.fail(&ApiError::Timeout(timeout.as_secs_f64()));
     }
 }
 
@@ -199,7 +187,7 @@ impl Stream for SseBody {
         }
         if this.keep_alive.as_mut().poll(cx).is_ready() {
             this.keep_alive.as_mut().reset(Instant::now() + this.keep_alive_every);
-            return Poll::Ready(Some(Ok(Bytes::from_static(KEEP_ALIVE))));
+            return Poll::Ready(Some(Ok(Bytes::from_static(this.buf.protocol.keep_alive()))));
         }
         Poll::Pending
     }
@@ -210,19 +198,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn framing_and_error_tail() {
-        let mut b = BytesMut::new();
-        frame_into(&mut b, br#"{"a":1}"#);
-        assert_eq!(&b[..], b"data: {\"a\":1}\n\n");
-        let tail = error_tail(&ApiError::Unavailable("rank 0 died".into()));
-        let s = std::str::from_utf8(&tail).unwrap();
-        assert!(s.starts_with("data: {\"error\":"));
-        assert!(s.ends_with("data: [DONE]\n\n"));
-    }
-
-    #[test]
     fn pending_bytes_coalesce_until_taken() {
-        let s = StreamBuf::new();
+        let s = StreamBuf::new(Protocol::Chat);
         s.push(b"data: 1\n\n", false);
         s.push(b"data: 2\n\n", false);
         let waker = futures_util::task::noop_waker();

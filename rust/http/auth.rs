@@ -1,8 +1,10 @@
-//! `--api-key`: inference routes need `Authorization: Bearer <key>`; /health and /metrics stay open.
+//! `--api-key`: inference routes need `Authorization: Bearer <key>`, or Anthropic's `x-api-key: <key>`; /health and
+//! /metrics stay open.
 
 use super::AppState;
 use super::drain::refuse;
 use crate::error::ApiError;
+use crate::protocol::Protocol;
 use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
 use axum::middleware::Next;
@@ -11,12 +13,15 @@ use std::sync::Arc;
 
 pub async fn require_api_key(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let Some(key) = st.config.api_key.as_deref() else { return next.run(req).await };
-    let given = req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    if given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
+    let headers = req.headers();
+    let bearer = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+    if [bearer, x_api_key].into_iter().flatten().any(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
         return next.run(req).await;
     }
     st.dispatcher.metrics.rejected.with_label_values(&["invalid_api_key"]).inc();
-    refuse(req.into_body(), st.config.max_body_bytes, ApiError::Unauthorized).await
+    let protocol = if req.uri().path().starts_with("/v1/messages") { Protocol::Messages } else { Protocol::Chat };
+    refuse(req.into_body(), st.config.max_body_bytes, ApiError::Unauthorized, protocol).await
 }
 
 /// Equality whose time depends only on the lengths, not on where the bytes differ.

@@ -3,16 +3,17 @@
 //! `Connection: close`, and a keep-alive client's next request on it then fails.
 
 use crate::error::ApiError;
+use crate::protocol::Protocol;
 use axum::body::Body;
 use axum::http::{HeaderValue, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use futures_util::StreamExt;
 
 /// `err` as a response, after reading and dropping the request body. A body over `limit` bytes, or one that fails
 /// or stalls (the listener's body deadline), is left, and the response says the connection closes.
-pub async fn refuse(body: Body, limit: usize, err: ApiError) -> Response {
+pub async fn refuse(body: Body, limit: usize, err: ApiError, protocol: Protocol) -> Response {
     let drained = drain(body, limit).await;
-    let mut resp = err.into_response();
+    let mut resp = err.response_for(protocol);
     if !drained {
         resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
     }

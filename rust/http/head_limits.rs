@@ -4,6 +4,7 @@
 use super::AppState;
 use super::drain::refuse;
 use crate::error::ApiError;
+use crate::protocol::Protocol;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
@@ -22,7 +23,7 @@ pub async fn head_limits(State(st): State<Arc<AppState>>, req: Request, next: Ne
     if headers.len() > MAX_HEADERS || bytes > MAX_HEAD_BYTES {
         let refusal = ApiError::HeadersTooLarge { headers: headers.len(), bytes };
         st.dispatcher.metrics.rejected.with_label_values(&[refusal.code()]).inc();
-        return refuse(req.into_body(), st.config.max_body_bytes, refusal).await;
+        return refuse(req.into_body(), st.config.max_body_bytes, refusal, Protocol::Chat).await;
     }
     next.run(req).await
 }

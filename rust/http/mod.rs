@@ -1,19 +1,22 @@
 //! HTTP routes. `app(state)` builds the router; binding and serving live in `server.rs`.
 
 mod auth;
-mod chat;
+mod doors;
 mod drain;
 mod fields;
+mod generate;
 pub mod head_limits;
 mod info;
 pub mod request;
 pub mod request_id;
+mod tokens;
 
 use crate::admission::Admission;
 use crate::codec::Codec;
 use crate::config::ServerConfig;
 use crate::dispatch::Dispatcher;
 use crate::error::ApiError;
+use crate::protocol::Protocol;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::extract::{Request, State};
@@ -53,7 +56,10 @@ impl AppState {
 pub fn app(state: Arc<AppState>) -> Router {
     let limit = state.config.max_body_bytes;
     let inference = Router::new()
-        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/chat/completions", post(generate::chat_completions))
+        .route("/v1/messages", post(generate::messages))
+        .route("/v1/messages/count_tokens", post(tokens::count_messages_tokens))
+        .route("/v1/responses", post(generate::responses))
         .route("/v1/models", get(info::models))
         .route("/v1/models/{*model}", get(info::model)) // names may hold slashes (repo ids)
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
@@ -72,11 +78,11 @@ pub fn app(state: Arc<AppState>) -> Router {
 
 async fn not_found(State(st): State<Arc<AppState>>, req: Request) -> Response {
     let err = ApiError::RouteNotFound(req.uri().path().to_string());
-    drain::refuse(req.into_body(), st.config.max_body_bytes, err).await
+    drain::refuse(req.into_body(), st.config.max_body_bytes, err, Protocol::Chat).await
 }
 
 async fn method_not_allowed(State(st): State<Arc<AppState>>, req: Request) -> Response {
-    drain::refuse(req.into_body(), st.config.max_body_bytes, ApiError::MethodNotAllowed).await
+    drain::refuse(req.into_body(), st.config.max_body_bytes, ApiError::MethodNotAllowed, Protocol::Chat).await
 }
 
 #[cfg(test)]

@@ -6,9 +6,10 @@ use super::fields::{self, brief, integer};
 use crate::error::ApiError;
 use serde_json::{Map, Value};
 
-/// What the front end needs to know about a request, plus the normalized body for the codec.
+/// What the front end needs to know about a generation request, whichever door it came in by, plus the normalized
+/// body for the codec.
 #[derive(Debug)]
-pub struct ChatRequest {
+pub struct GenerateRequest {
     pub model: String,
     pub stream: bool,
     pub include_usage: bool,
@@ -22,7 +23,7 @@ pub struct ChatRequest {
 /// Upper bound deepseek-recipe accepts for max_tokens.
 const MAX_TOKENS_LIMIT: u64 = 393_216;
 
-fn opt_bool(obj: &Map<String, Value>, key: &str, param: &str) -> Result<bool, ApiError> {
+pub fn opt_bool(obj: &Map<String, Value>, key: &str, param: &str) -> Result<bool, ApiError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(false),
         Some(Value::Bool(b)) => Ok(*b),
@@ -30,7 +31,7 @@ fn opt_bool(obj: &Map<String, Value>, key: &str, param: &str) -> Result<bool, Ap
     }
 }
 
-fn opt_u64(obj: &Map<String, Value>, key: &str) -> Result<Option<u64>, ApiError> {
+pub fn opt_u64(obj: &Map<String, Value>, key: &str) -> Result<Option<u64>, ApiError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => match integer(v) {
@@ -77,11 +78,11 @@ fn refusals_as_text(msg: &mut Map<String, Value>) {
 /// Most messages one request may carry (a conversation this long is a mistake or an attack).
 pub const MAX_MESSAGES: usize = 4096;
 
-pub fn parse(raw: &[u8], served: &[String]) -> Result<ChatRequest, ApiError> {
-    let mut v: Value = serde_json::from_slice(raw)
+/// The body as a JSON object, and its `model`, which must be a served name: what every door checks first.
+pub fn body_and_model(raw: &[u8], served: &[String]) -> Result<(Value, String), ApiError> {
+    let v: Value = serde_json::from_slice(raw)
         .map_err(|e| ApiError::bad_request(format!("The request body is not valid JSON: {e}")))?;
-    let obj = v.as_object_mut().ok_or_else(|| ApiError::bad_request("The request body must be a JSON object."))?;
-
+    let obj = v.as_object().ok_or_else(|| ApiError::bad_request("The request body must be a JSON object."))?;
     let model = match obj.get("model") {
         Some(Value::String(m)) => m.clone(),
         None | Some(Value::Null) => {
@@ -92,6 +93,12 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<ChatRequest, ApiError> {
     if !served.contains(&model) {
         return Err(ApiError::ModelNotFound(model));
     }
+    Ok((v, model))
+}
+
+pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
+    let (mut v, model) = body_and_model(raw, served)?;
+    let obj = v.as_object_mut().ok_or(ApiError::Internal)?;
     fields::check(obj)?;
     let seed = fields::take_seed(obj)?;
 
@@ -207,7 +214,7 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<ChatRequest, ApiError> {
     }
 
     let body = serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?;
-    Ok(ChatRequest { model, stream, include_usage, continuous_usage, ignore_eos, top_k, seed, body })
+    Ok(GenerateRequest { model, stream, include_usage, continuous_usage, ignore_eos, top_k, seed, body })
 }
 
 #[cfg(test)]
@@ -219,7 +226,7 @@ mod tests {
         vec!["m".to_string()]
     }
 
-    fn ok(v: Value) -> ChatRequest {
+    fn ok(v: Value) -> GenerateRequest {
         parse(v.to_string().as_bytes(), &names()).unwrap()
     }
 

@@ -1,14 +1,18 @@
-//! `POST /v1/chat/completions`: validate → admit → codec → dispatch → stream or collect.
+//! The one request path of every generation door (Chat Completions, Completions, Messages, Responses):
+//! validate → admit → codec → dispatch → stream or collect. A door differs only in its request checks (`parse`)
+//! and its wire protocol (`crate::protocol`): the codec converts its body, and its errors use its envelope.
 //!
 //! Every refusal (400, 404, 413, 429, 503) is decided before the response starts, so a streaming client gets a
 //! real HTTP status, never a 200 followed by an error event.
 
 use super::AppState;
-use super::request;
+use super::doors;
+use super::request::{self, GenerateRequest};
 use super::request_id::RequestId;
 use crate::codec::PrepareRequest;
 use crate::dispatch::{Job, RequestMeta};
 use crate::error::ApiError;
+use crate::protocol::Protocol;
 use crate::ring::records::Submit;
 use crate::stream::{Outlet, SseBody, StreamBuf};
 use axum::Extension;
@@ -21,33 +25,47 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-pub async fn chat_completions(
-    State(st): State<Arc<AppState>>,
-    Extension(RequestId(request_id)): Extension<RequestId>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let arrival = Instant::now();
-    let result = handle(&st, body, arrival, request_id.clone()).await;
-    if let Err(e) = &result {
-        st.dispatcher.metrics.rejected.with_label_values(&[e.code()]).inc();
-        tracing::info!(
-            target: "deepinfer_server::request",
-            request_id = %request_id,
-            status = e.status().as_u16(),
-            reason = e.code(),
-            "request refused: {e}"
-        );
-    }
-    result
+pub async fn chat_completions(st: State<Arc<AppState>>, id: Extension<RequestId>, body: RawBody) -> Response {
+    generate(Protocol::Chat, st, id, body).await
 }
 
-async fn handle(
-    st: &Arc<AppState>,
-    body: Result<Bytes, BytesRejection>,
-    arrival: Instant,
-    request_id: String,
-) -> Result<Response, ApiError> {
-    let body = body.map_err(|e| {
+pub async fn messages(st: State<Arc<AppState>>, id: Extension<RequestId>, body: RawBody) -> Response {
+    generate(Protocol::Messages, st, id, body).await
+}
+
+pub async fn responses(st: State<Arc<AppState>>, id: Extension<RequestId>, body: RawBody) -> Response {
+    generate(Protocol::Responses, st, id, body).await
+}
+
+/// A request body, or why axum could not read it.
+pub type RawBody = Result<Bytes, BytesRejection>;
+
+async fn generate(
+    protocol: Protocol,
+    State(st): State<Arc<AppState>>,
+    Extension(RequestId(request_id)): Extension<RequestId>,
+    body: RawBody,
+) -> Response {
+    let arrival = Instant::now();
+    match handle(&st, protocol, body, arrival, request_id.clone()).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            st.dispatcher.metrics.rejected.with_label_values(&[e.code()]).inc();
+            tracing::info!(
+                target: "deepinfer_server::request",
+                request_id = %request_id,
+                status = e.status().as_u16(),
+                reason = e.code(),
+                "request refused: {e}"
+            );
+            e.response_for(protocol)
+        }
+    }
+}
+
+/// The body of a request, or why it could not be read (too large, stalled).
+pub fn read_body(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::PayloadTooLarge(st.config.max_body_bytes)
         } else if timed_out(&e) {
@@ -55,23 +73,43 @@ async fn handle(
         } else {
             ApiError::bad_request(format!("Could not read the request body: {e}"))
         }
-    })?;
-    let req = request::parse(&body, &st.config.served_model_names)?;
+    })
+}
+
+fn parse(protocol: Protocol, body: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
+    match protocol {
+        Protocol::Chat => request::parse(body, served),
+        Protocol::Messages => doors::messages(body, served),
+        Protocol::Responses => doors::responses(body, served),
+        Protocol::Completions => Err(ApiError::Internal),
+    }
+}
+
+async fn handle(
+    st: &Arc<AppState>,
+    protocol: Protocol,
+    body: Result<Bytes, BytesRejection>,
+    arrival: Instant,
+    request_id: String,
+) -> Result<Response, ApiError> {
+    let body = read_body(st, body)?;
+    let req = parse(protocol, &body, &st.config.served_model_names)?;
     if let Some(err) = st.unavailable() {
         return Err(err);
     }
     let permit = st.admission.try_admit()?;
     let id = st.dispatcher.next_id();
     let prepare = PrepareRequest {
+        protocol,
         body: req.body,
-        response_id: format!("chatcmpl-{id:x}{:08x}", rand_u32()),
+        response_id: format!("{}{id:x}{:08x}", protocol.id_prefix(), rand_u32()),
         model: req.model,
         ignore_eos: req.ignore_eos,
         include_usage: req.include_usage,
         continuous_usage: req.continuous_usage,
     };
     let (outlet, reply) = if req.stream {
-        let buf = StreamBuf::new();
+        let buf = StreamBuf::new(protocol);
         (Outlet::Stream(buf.clone()), Reply::Stream(buf))
     } else {
         let (outlet, rx) = Outlet::unary();
@@ -79,7 +117,7 @@ async fn handle(
     };
     let (top_k, seed, ignore_eos) = (req.top_k, req.seed, req.ignore_eos);
     let dispatcher = st.dispatcher.clone();
-    // Dispatch runs on the codec thread right after the conversion; the role chunk goes first in a stream.
+    // Dispatch runs on the codec thread right after the conversion; the opening events go first in a stream.
     let ticket = st
         .codec
         .prepare_then(prepare, move |prepared| {

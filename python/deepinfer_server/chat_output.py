@@ -1,0 +1,196 @@
+"""Chat Completions output: deepseek-recipe's chunks with the OpenAI wire details around them (usage chunk,
+continuous usage, `refusal`, no partial tool-call markup)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
+
+from deepseek_recipe import ChatCompletionChunk, ChatCompletionResponse, ConversationRequest, SpecialToken
+
+from deepinfer_server.decoding import BaseDecoder, Chunk, Generator, dumps
+
+if TYPE_CHECKING:
+    from deepinfer_server.codec import Codec
+
+_dumps = dumps
+
+
+class Decoder(BaseDecoder):
+    """One Chat Completions request's output."""
+
+    __slots__ = ("continuous", "final", "include_usage")
+
+    def __init__(
+        self,
+        codec: Codec,
+        conv: ConversationRequest,
+        generator: Generator,
+        response_id: str,
+        model: str,
+        n_prompt: int,
+        ignore_eos: bool,
+        include_usage: bool,
+        continuous_usage: bool,
+    ) -> None:
+        super().__init__(codec, conv, generator, n_prompt, ignore_eos)
+        self.final = None if self.stream else ChatCompletionResponse(response_id, model, int(time.time()), n_prompt, 0)
+        self.include_usage = include_usage
+        self.continuous = continuous_usage and include_usage
+
+    def _flushed(self, chunks: list[Chunk]) -> Sequence[object]:
+        # Streams: what the finish flushes is where a cut-off tool call's held-back tag would surface.
+        return [_trim_tool_arguments(ch.to_json()) for ch in chunks] if self.stream else chunks
+
+    def _emit(self, chunks: Sequence[object], last: bool) -> list[str] | str:
+        """Chunk objects (or, from a stream's finish, their JSON already) -> the wire output of this batch."""
+        if self.final is not None:  # non-stream: accumulate, answer once
+            for ch in chunks:
+                if isinstance(ch, ChatCompletionChunk):
+                    self.final.accumulate(ch)
+            if not last:
+                return []
+            body = _conform_response(self.final.to_json())
+            spliced = self._splice_usage(body)
+            if spliced is not None:
+                return spliced
+            d = json.loads(body)
+            self._fix_usage(d["usage"])
+            return _dumps(d)
+        out = [
+            ch if isinstance(ch, str) else ch.to_json() for ch in chunks if isinstance(ch, (str, ChatCompletionChunk))
+        ]
+        if last:
+            return self._finish_stream(out)
+        if self.continuous:
+            tail = self._usage_tail()
+            out = [js[:-13] + tail if js.endswith('"usage":null}') else js for js in out]
+        return out
+
+    def _usage_tail(self) -> str:
+        n = self.n_out + self.dropped_eos
+        return (
+            f'"usage":{{"prompt_tokens":{self.n_prompt},"completion_tokens":{n},"total_tokens":{self.n_prompt + n}}}}}'
+        )
+
+    def _finish_stream(self, out: list[str]) -> list[str]:
+        """OpenAI wire format: usage travels in its own final chunk with empty choices, only if asked for.
+
+        The chunk that carries the library's usage is cut and spliced as text, not parsed and re-serialized (a
+        JSON round trip of the chunk was most of the cost of a stream's last batch). `,"usage":{` and
+        `"choices":[` cannot occur inside a JSON string (its quotes are escaped), and the library serializes usage
+        last, after choices; a chunk of any other shape takes the parsing path."""
+        result = []
+        usage_chunk = None
+        for js in out:
+            k = js.rfind(',"usage":{')
+            if k < 0:
+                if self.continuous and js.endswith('"usage":null}'):
+                    js = js[:-13] + self._usage_tail()
+                result.append(js)
+                continue
+            head, usage = js[:k], js[k + 9 : -1]
+            c = head.find('"choices":[')
+            if c < 0 or not head.endswith("]") or not js.endswith("}}"):
+                chunk, usage_chunk = self._finish_parsed(js)
+                result.append(chunk)
+                continue
+            spliced = self._splice_usage(usage)
+            usage = spliced if spliced is not None else _dumps(self._fix_usage(json.loads(usage)))
+            if self.include_usage:
+                result.append(f'{head},"usage":{usage if self.continuous else "null"}}}')
+                usage_chunk = f'{head[:c]}"choices":[],"usage":{usage}}}'
+            else:
+                result.append(head + "}")
+        if usage_chunk is not None:
+            result.append(usage_chunk)
+        return result
+
+    def _splice_usage(self, js: str) -> str | None:
+        """`js` (a usage object, or a body that holds one) with `_fix_usage` applied as text, or None when only
+        parsing can apply it (kept EOS tokens change numbers). Only usage holds an unescaped
+        '"prompt_cache_hit_tokens":' (strings escape '"'): reasoning_tokens goes in just before it."""
+        if self.dropped_eos == 0 and self.reasoning is None:
+            return js
+        k = js.find('"prompt_cache_hit_tokens":') if self.dropped_eos == 0 else -1
+        if k < 0 or '"completion_tokens_details"' in js:
+            return None
+        return f'{js[:k]}"completion_tokens_details":{{"reasoning_tokens":{self.reasoning}}},{js[k:]}'
+
+    def _finish_parsed(self, js: str) -> tuple[str, str | None]:
+        """The parsing path for a chunk that carries usage: (that chunk, the usage-only chunk if asked for)."""
+        d = json.loads(js)
+        usage = self._fix_usage(d.pop("usage"))
+        usage_chunk = None
+        if self.include_usage:
+            d["usage"] = usage if self.continuous else None
+            usage_chunk = _dumps({**d, "choices": [], "usage": usage})
+        return _dumps(d), usage_chunk
+
+    def _fix_usage(self, usage: dict[str, object]) -> dict[str, object]:
+        """Add the EOS tokens that ignore_eos kept out of the text, and the counted reasoning tokens."""
+        if self.dropped_eos:
+            for key in ("completion_tokens", "total_tokens"):
+                usage[key] = int(usage[key]) + self.dropped_eos  # type: ignore[call-overload]
+        if self.reasoning is not None:
+            tail = {k: usage.pop(k) for k in list(usage) if k.startswith("prompt_cache_")}
+            usage["completion_tokens_details"] = {"reasoning_tokens": self.reasoning}
+            usage.update(tail)
+        return usage
+
+
+_MESSAGE_START = '"message":{"role":"assistant",'
+# What a DSML tag starts with: a tool call cut off inside one leaves its start held back by deepseek-recipe, which
+# flushes it into the arguments at the finish.
+_DSML_TAGS = ("<" + SpecialToken.Dsml.default_str(), "</" + SpecialToken.Dsml.default_str())
+
+
+def _conform_response(body: str) -> str:
+    """A non-streamed response as OpenAI's schema wants it: `message.refusal` present (null), and no partial DSML
+    tag in a cut-off tool call's arguments. The refusal goes in as text: an unescaped `"message":{` cannot occur
+    inside a JSON string, and the library writes the role first."""
+    if '"tool_calls"' in body:
+        return _dumps(_with_refusal(_trim_tool_arguments_in(json.loads(body))))
+    k = body.find(_MESSAGE_START)
+    if k < 0:
+        return _dumps(_with_refusal(json.loads(body)))
+    k += len(_MESSAGE_START)
+    return f'{body[:k]}"refusal":null,{body[k:]}'
+
+
+def _with_refusal(d: dict[str, object]) -> dict[str, object]:
+    """`refusal` in each message; a message's tool calls carry no `index` (that is a stream delta's field)."""
+    for choice in cast(list[dict[str, dict[str, object]]], d.get("choices") or []):
+        message = choice.get("message", {})
+        message.setdefault("refusal", None)
+        for call in cast(list[dict[str, object]], message.get("tool_calls") or []):
+            call.pop("index", None)
+    return d
+
+
+def _trim_tool_arguments(js: str) -> str:
+    """A chunk's JSON with any partial DSML tag cut from the end of its tool calls' arguments."""
+    return _dumps(_trim_tool_arguments_in(json.loads(js))) if '"tool_calls"' in js else js
+
+
+def _trim_tool_arguments_in(d: dict[str, object]) -> dict[str, object]:
+    for choice in cast(list[dict[str, dict[str, object]]], d.get("choices") or []):
+        part = choice.get("message") or choice.get("delta") or {}
+        for call in cast(list[dict[str, dict[str, str]]], part.get("tool_calls") or []):
+            function = call.get("function") or {}
+            if isinstance(function.get("arguments"), str):
+                function["arguments"] = _cut_partial_tag(function["arguments"])
+    return d
+
+
+def _cut_partial_tag(text: str) -> str:
+    """`text` without a trailing, unfinished DSML tag (`</｜DSML｜param`, `</`, `<`): model markup, not arguments."""
+    k = text.rfind("<")
+    tail = text[k:]
+    if k < 0 or ">" in tail:
+        return text
+    if any(tag.startswith(tail) or tail.startswith(tag) for tag in _DSML_TAGS):
+        return text[:k]
+    return text

@@ -1,0 +1,248 @@
+"""The output side shared by every protocol: engine token IDs -> text (by byte table or `tokenizers`) -> the
+deepseek-recipe StreamProcessor, with the engine's EOS, `ignore_eos` and reasoning-token counting around it.
+
+Output tokens are detokenized here and fed to the StreamProcessor as text with their token counts. With a tokenizer
+attached, the processor re-tokenizes the whole reasoning text at the finish to report `reasoning_tokens` (about
+0.8 us per output token, in one call that stalls the rank's other streams); counting the engine's reasoning token
+IDs gives the true figure for free. A byte-level BPE tokenizer (DeepSeek's) detokenizes by table: each token is a
+fixed byte string, so a batch is one join and an incremental UTF-8 decode. Any other tokenizer goes through
+`tokenizers.DecodeStream`, one Rust call per batch.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Union, cast
+
+from deepseek_recipe import (
+    ChatCompletionChunk,
+    ChatCompletionChunkGenerator,
+    ConversationRequest,
+    InferenceChunk,
+    InferenceFinishReason,
+    MessagesChunkGenerator,
+    MessagesStreamEvent,
+    PromptUsage,
+    ResponsesChunkGenerator,
+    ResponsesStreamEvent,
+    StreamProcessor,
+)
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.decoders import DecodeStream
+
+from deepinfer_server import _native
+
+if TYPE_CHECKING:
+    from deepinfer_server.codec import Codec
+
+# Decode results, read by Rust (rust/codec.rs).
+RUNNING, FINISHED, STOPPED_EARLY = 0, 1, 2
+
+_ENGINE_FINISH = {
+    _native.FINISH_STOP: InferenceFinishReason.Stop,
+    _native.FINISH_LENGTH: InferenceFinishReason.Length,
+}
+
+Generator = Union[ChatCompletionChunkGenerator, MessagesChunkGenerator, ResponsesChunkGenerator]  # noqa: UP007
+Chunk = Union[ChatCompletionChunk, MessagesStreamEvent, ResponsesStreamEvent]  # noqa: UP007
+
+
+def byte_level_table(tokenizer_json: dict[str, object]) -> list[bytes] | None:
+    """Each token ID's bytes when the tokenizer's decoder is plain ByteLevel, else None.
+
+    Mirrors the ByteLevel decoder: a token whose characters all map to bytes (the GPT-2 byte alphabet) becomes
+    those bytes; any other token (a special token such as <｜end▁of▁sentence｜>) stays its UTF-8 text. An added
+    token's spelling wins over a model token with the same ID, as in the tokenizer's own decoding.
+    """
+    decoder, model = tokenizer_json.get("decoder"), tokenizer_json.get("model")
+    if not isinstance(decoder, dict) or decoder.get("type") != "ByteLevel" or not isinstance(model, dict):
+        return None
+    added = tokenizer_json.get("added_tokens") or []
+    vocab = model.get("vocab") or {}
+    if not isinstance(vocab, dict) or not isinstance(added, list):
+        return None
+    entries = [*vocab.items(), *((str(t["content"]), int(t["id"])) for t in added)]
+    char_to_byte = {c: b for b, c in enumerate(_byte_alphabet())}
+    table = [b""] * (max((i for _, i in entries), default=-1) + 1)
+    for token, i in entries:
+        try:
+            table[i] = bytes([char_to_byte[c] for c in token])
+        except KeyError:
+            table[i] = token.encode("utf-8")
+    return table
+
+
+def _byte_alphabet() -> list[str]:
+    """The character GPT-2's byte-level BPE uses for each byte 0..255."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
+
+
+class _TableText:
+    """Byte-level detokenizing: join the tokens' bytes, decode UTF-8 holding back an unfinished character."""
+
+    __slots__ = ("table", "utf8")
+
+    def __init__(self, table: list[bytes]) -> None:
+        self.table = table
+        self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def feed(self, tokens: list[int]) -> str:
+        table = self.table
+        try:
+            data = b"".join([table[t] for t in tokens])
+        except IndexError:  # an ID past the vocabulary (a padded output layer): no text, as tokenizer.decode does
+            data = b"".join([table[t] for t in tokens if t < len(table)])
+        return str(self.utf8.decode(data))
+
+    def flush(self) -> str:
+        return str(self.utf8.decode(b"", True))  # an unfinished character becomes U+FFFD
+
+
+class _StreamText:
+    """Any other tokenizer: `tokenizers.DecodeStream`, which holds a whole batch that ends inside a character."""
+
+    __slots__ = ("held", "stream", "tokenizer")
+
+    def __init__(self, tokenizer: HFTokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.stream = DecodeStream(skip_special_tokens=False)
+        self.held: list[int] = []
+
+    def feed(self, tokens: list[int]) -> str:
+        text = self.stream.step(self.tokenizer, tokens[0] if len(tokens) == 1 else tokens)  # an int is 2x faster
+        if text is None:
+            self.held += tokens
+            return ""
+        self.held = []
+        return text
+
+    def flush(self) -> str:
+        text, self.held = self.tokenizer.decode(self.held, False) if self.held else "", []
+        return text
+
+
+class BaseDecoder:
+    """One request's output side, whatever its protocol: engine tokens -> text -> a deepseek-recipe StreamProcessor.
+    A subclass turns the processor's chunks into its protocol's wire output (`_emit`)."""
+
+    __slots__ = (
+        "done",
+        "dropped_eos",
+        "eos_id",
+        "fingerprint",
+        "ignore_eos",
+        "n_out",
+        "n_prompt",
+        "proc",
+        "reasoning",
+        "stream",
+        "text",
+        "text_ids",
+        "think_end_id",
+    )
+
+    def __init__(
+        self, codec: Codec, conv: ConversationRequest, generator: Generator, n_prompt: int, ignore_eos: bool
+    ) -> None:
+        options = conv.parsing_options
+        self.proc = StreamProcessor(generator, options)  # text in: see the module docstring
+        table, detokenizer = codec.token_bytes, codec.detokenizer
+        self.text = _TableText(table) if table is not None else _StreamText(cast(HFTokenizer, detokenizer))
+        self.text_ids = 0  # token IDs fed since the last text went out: that text's token count
+        stage = options.thinking_initial_stage
+        # Reasoning tokens: None outside thinking mode; counted until the engine's </think> when it starts in one.
+        self.reasoning: int | None = None if stage is None else 0
+        in_reasoning = stage is not None and stage.starts_in_reasoning()
+        self.think_end_id: int | None = codec.think_end_id if in_reasoning else None
+        self.stream: bool = conv.stream
+        self.n_prompt = n_prompt
+        self.n_out = 0
+        self.dropped_eos = 0
+        self.eos_id = codec.eos_id
+        self.fingerprint = codec.fingerprint
+        self.ignore_eos = ignore_eos
+        self.done = False
+
+    def start(self) -> list[str]:
+        """Events to send before any token (streams only): the role delta, `message_start`, `response.created`."""
+        usage = PromptUsage(prompt_tokens=self.n_prompt, prompt_cache_hit_tokens=0)
+        ready = InferenceChunk.ready(prompt_usage=usage, system_fingerprint=self.fingerprint)
+        out = self._emit(self.proc.push(ready), last=False)
+        return out if isinstance(out, list) else []
+
+    def push(self, tokens: list[int], finish: int) -> tuple[int, list[str] | str]:
+        """Feed one batch of engine tokens (and the engine's finish code) and return (state, output).
+
+        Output is a list of events for a stream (JSON text, or `event: <name>\ndata: <JSON>` for named events), or
+        the whole response JSON once a non-stream finishes.
+        """
+        if self.done:
+            return FINISHED, []
+        if self.ignore_eos:
+            if self.eos_id in tokens:
+                kept = [t for t in tokens if t != self.eos_id]
+                self.dropped_eos += len(tokens) - len(kept)
+                tokens = kept
+        elif finish == _native.FINISH_STOP and tokens and tokens[-1] == self.eos_id:
+            tokens = tokens[:-1]  # the engine's EOS is never text
+        proc = self.proc
+        chunks: list[object] = []
+        if tokens:
+            self.n_out += len(tokens)
+            self._count_reasoning(tokens)
+            chunks.extend(self._push_text(tokens))
+        state = RUNNING
+        if proc.finished:  # a stop sequence matched: the rank must be told to abort
+            chunks += proc.finish()
+            state = FINISHED if finish in _ENGINE_FINISH else STOPPED_EARLY
+        elif finish in _ENGINE_FINISH:
+            rest = self.text.flush()  # the output ends inside a character: its bytes become U+FFFD
+            if rest or self.text_ids:
+                chunks += proc.push(InferenceChunk.text(rest, self.text_ids))
+            chunks += self._flushed(proc.push(InferenceChunk.finish(_ENGINE_FINISH[finish])) + proc.finish())
+            state = FINISHED
+        if state != RUNNING:
+            self.done = True
+            proc.close()
+        return state, self._emit(chunks, last=state != RUNNING)
+
+    def _push_text(self, tokens: list[int]) -> Sequence[object]:
+        """Detokenize one batch and push the text that is complete, with the token IDs it came from."""
+        text = self.text.feed(tokens)
+        self.text_ids += len(tokens)
+        if not text:
+            return []
+        n, self.text_ids = self.text_ids, 0
+        return self.proc.push(InferenceChunk.text(text, n))
+
+    def _count_reasoning(self, tokens: list[int]) -> None:
+        end_id = self.think_end_id
+        if end_id is None:
+            return
+        if end_id in tokens:
+            self.reasoning = (self.reasoning or 0) + tokens.index(end_id)
+            self.think_end_id = None
+        else:
+            self.reasoning = (self.reasoning or 0) + len(tokens)
+
+    def _flushed(self, chunks: list[Chunk]) -> Sequence[object]:
+        """What the finish flushed, as `_emit` takes it (a protocol may mend it first)."""
+        return chunks
+
+    def _emit(self, chunks: Sequence[object], last: bool) -> list[str] | str:
+        raise NotImplementedError
+
+
+def dumps(d: object) -> str:
+    """Compact JSON, as deepseek-recipe writes it."""
+    return json.dumps(d, ensure_ascii=False, separators=(",", ":"))
