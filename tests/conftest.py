@@ -256,7 +256,7 @@ def _record(module: Any) -> Callable[[], None]:
     sync_send, async_send = sync_cls.handle_request, async_cls.handle_async_request
 
     def watch(request: Any, response: Any) -> Any:
-        if request.url.host in WIRE_HOSTS and wire_schema.response_schemas(request.url.path) is not None:
+        if request.url.host in WIRE_HOSTS and wire_schema.watched(request.url.path):
             response.request = request
             response.stream = recorder(response.stream, response)
         return response

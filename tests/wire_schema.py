@@ -31,13 +31,15 @@ SPEC_SHA256 = "a203971a0bc0cd3b903b9488e3ac40eaa161a274dfaf172c1da73eee029147a8"
 SPEC_VERSION = "OpenAI API 2.3.0 (openapi.documented.yml, synced 2026-05-31)"
 
 # The operations served, as the spec names their paths (the server mounts them under /v1).
-SERVED = {"/chat/completions": "post", "/models": "get", "/models/{model}": "get"}
+SERVED = {"/chat/completions": "post", "/responses": "post", "/models": "get", "/models/{model}": "get"}
 
 # Response bodies and SSE events by our path: (schema for JSON bodies, schema for each SSE event).
 RESPONSES: dict[str, tuple[str, str | None]] = {
     "/v1/chat/completions": ("CreateChatCompletionResponse", "CreateChatCompletionStreamResponse"),
+    "/v1/responses": ("Response", "ResponseStreamEvent"),
     "/v1/models": ("ListModelsResponse", None),
 }
+ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 MODEL_PATH = re.compile(r"^/v1/models/.+")
 
 # Keys the server adds beyond OpenAI's schema, by where they sit (`*` is any array index). Each is documented
@@ -192,8 +194,17 @@ def response_schemas(path: str) -> tuple[str, str | None] | None:
     return None
 
 
+def watched(path: str) -> bool:
+    """Whether responses from `path` are checked."""
+    return path in ANTHROPIC_PATHS or response_schemas(path) is not None
+
+
 def check_response(path: str, status: int, content_type: str, body: bytes, complete: bool) -> list[str]:
     """Violations in one response from the server. `complete`: the client read the whole body."""
+    if path in ANTHROPIC_PATHS:
+        import anthropic_wire
+
+        return [f"{status} from {path}: {v}" for v in anthropic_wire.check(path, status, content_type, body, complete)]
     schemas = response_schemas(path)
     if schemas is None or not body:
         return []
@@ -210,36 +221,52 @@ def check_response(path: str, status: int, content_type: str, body: bytes, compl
     return [f"{where}: {v}" for v in violations(name, doc)]
 
 
-def check_sse(body: bytes, event_schema: str | None, complete: bool) -> list[str]:
-    """Each complete `data:` event against the stream schema (an error event against ErrorResponse)."""
+def sse_events(body: bytes, complete: bool) -> tuple[list[tuple[str | None, str]], list[str]]:
+    """The complete events of an SSE body as (event name or None, data), and any line that is not SSE."""
     text = body.decode("utf-8", "replace")
-    events = text.split("\n\n")
+    blocks = text.split("\n\n")
     if not complete or not text.endswith("\n\n"):
-        events = events[:-1]  # the last one may be cut
-    found: list[str] = []
-    done = False
-    for event in events:
-        for line in event.split("\n"):
+        blocks = blocks[:-1]  # the last one may be cut
+    events: list[tuple[str | None, str]] = []
+    bad: list[str] = []
+    for block in blocks:
+        name: str | None = None
+        for line in block.split("\n"):
             if not line or line.startswith(":"):
                 continue
-            if not line.startswith("data: "):
-                found.append(f"not an SSE data line: {line[:100]!r}")
-                continue
-            data = line[len("data: ") :]
-            if done:
-                found.append(f"an event after [DONE]: {data[:100]!r}")
-            if data == "[DONE]":
-                done = True
-                continue
-            try:
-                doc = json.loads(data)
-            except ValueError:
-                found.append(f"event is not JSON: {data[:100]!r}")
-                continue
-            name = "ErrorResponse" if isinstance(doc, dict) and "error" in doc else event_schema
-            if name is not None:
-                found += violations(name, doc)
-    if complete and text.strip() and not done:
+            if line.startswith("event: "):
+                name = line[len("event: ") :]
+            elif line.startswith("data: "):
+                events.append((name, line[len("data: ") :]))
+            else:
+                bad.append(f"not an SSE line: {line[:100]!r}")
+    return events, bad
+
+
+def check_sse(body: bytes, event_schema: str | None, complete: bool) -> list[str]:
+    """Each complete event against the stream schema (an error event against ErrorResponse). Chat streams end with
+    `data: [DONE]`; named (Responses) events carry their `type` as the event name and need no [DONE]."""
+    events, found = sse_events(body, complete)
+    done = False
+    named = any(name is not None for name, _ in events)
+    for name, data in events:
+        if done:
+            found.append(f"an event after [DONE]: {data[:100]!r}")
+        if data == "[DONE]":
+            done = True
+            continue
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            found.append(f"event is not JSON: {data[:100]!r}")
+            continue
+        if name is not None and isinstance(doc, dict) and doc.get("type") != name:
+            found.append(f"event {name!r} carries type {doc.get('type')!r}")
+        if isinstance(doc, dict) and "error" in doc and name is None:
+            found += violations("ErrorResponse", doc)
+        elif event_schema is not None:
+            found += violations(event_schema, doc)
+    if complete and events and not done and not named:
         found.append("the stream ended without data: [DONE]")
     return found
 
