@@ -284,6 +284,12 @@ def bounded_request_spec(model: str, max_tokens: int) -> dict[str, Any]:
                 props[key] = {"type": "integer", "minimum": 1, "maximum": max_tokens}
         if "messages" in props:
             part["required"] = sorted({*part.get("required", []), "max_completion_tokens"})
+    schemas = doc["components"]["schemas"]
+    schemas["ResponseProperties"]["properties"]["model"] = {"type": "string", "enum": [model]}
+    create = next(p for p in schemas["CreateResponse"]["allOf"] if "properties" in p)
+    create["properties"]["max_output_tokens"] = {"type": "integer", "minimum": 1, "maximum": max_tokens}
+    # OpenAI can take the model and input from a stored prompt template; a server without templates needs both.
+    create["required"] = sorted({*create.get("required", []), "max_output_tokens", "model", "input"})
     for param in doc["paths"]["/models/{model}"]["get"]["parameters"]:
         if param["name"] == "model":  # the served name as often as any other
             param["schema"] = {"anyOf": [{"type": "string", "enum": [model]}, {"type": "string"}]}

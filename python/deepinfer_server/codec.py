@@ -52,18 +52,23 @@ def error_body(
     return json.dumps({"error": {"message": message, "type": etype, "param": param, "code": code or etype}})
 
 
-# deepseek-recipe leaves `param` null; its messages name the field in one of these ways: (pattern, the param, or
-# None for the pattern's first group).
+# deepseek-recipe leaves `param` null; its messages name the field in one of these ways: (pattern, the param as a
+# template of the pattern's groups, or None for its first group).
 _PARAM_IN_MESSAGE = (
     (re.compile(r"^Invalid '([\w.\[\]]+)'"), None),  # Invalid 'stop[0]': empty string...
     (re.compile(r"^Invalid (\w+) value"), None),  # Invalid temperature value, the valid range ...
-    (re.compile(r"^\.?(messages\[\d+\](?:\.[\w\[\]]+)*)"), None),  # .messages[0].content: ...
+    (re.compile(r"^\.?((?:messages|input)\[\d+\](?:\.[\w\[\]]+)*)"), None),  # .messages[0].content: ...
     (re.compile(r"^Stop string array too long"), "stop"),
     # The conversation's structure: which message is at fault depends on the others.
     (
         re.compile(r"^(An assistant message with 'tool_calls'|Messages with role 'tool'|Invalid assistant message)"),
         "messages",
     ),
+    (
+        re.compile(r"^(Duplicate 'call_id'|No tool call found for tool output|No tool output found for tool call)"),
+        "input",
+    ),
+    (re.compile(r"^Duplicate value for '\w+' .* in message\[(\d+)\]", re.S), "messages[{0}]"),
 )
 
 
@@ -80,7 +85,7 @@ def with_param(body: str) -> str:
     for pattern, param in _PARAM_IN_MESSAGE:
         m = pattern.match(message)
         if m:
-            err["param"] = param or m.group(1)
+            err["param"] = param.format(*m.groups()) if param else m.group(1)
             return json.dumps(d)
     return body
 

@@ -2,7 +2,7 @@
 //! JSON shape, the model, what the front end itself needs (stream, top_k), and what the server cannot do, refused
 //! in words. deepseek-recipe converts and validates the rest, as it does for chat (`request.rs`).
 
-use super::fields::integer;
+use super::fields::{self, integer};
 use super::request::{GenerateRequest, body_and_model, opt_bool};
 use crate::error::ApiError;
 use serde_json::{Map, Value};
@@ -24,9 +24,19 @@ fn set(obj: &Map<String, Value>, key: &str) -> bool {
     !matches!(obj.get(key), None | Some(Value::Null))
 }
 
+/// Integer fields as integers: JSON Schema counts `1.0` as one, deepseek-recipe would not.
+fn integers(obj: &mut Map<String, Value>, keys: &[&str]) {
+    for key in keys {
+        if let Some(i) = obj.get(*key).filter(|v| v.is_f64()).and_then(integer) {
+            obj.insert((*key).into(), Value::from(i));
+        }
+    }
+}
+
 /// `POST /v1/messages`.
 pub fn messages(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
-    let (v, model) = body_and_model(raw, served)?;
+    let (mut v, model) = body_and_model(raw, served)?;
+    integers(v.as_object_mut().ok_or(ApiError::Internal)?, &["max_tokens", "top_k"]);
     let obj = v.as_object().ok_or(ApiError::Internal)?;
     // deepseek-recipe ignores top_k; the rank takes it. Anthropic's 0 means no top-k filtering.
     let top_k = match obj.get("top_k") {
@@ -55,9 +65,70 @@ pub fn messages(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiErr
 /// Responses tools the server can run: function tools (and deepseek-recipe's `apply_patch` custom tool).
 const CLIENT_TOOLS: &[&str] = &["function", "custom"];
 
+/// Input items deepseek-recipe converts; anything else (hosted tools' calls, references to stored items) is not
+/// served.
+const INPUT_ITEMS: &[&str] = &[
+    "message",
+    "function_call",
+    "function_call_output",
+    "reasoning",
+    "custom_tool_call",
+    "custom_tool_call_output",
+    "tool_search_call",
+    "tool_search_output",
+];
+/// Items that answer or make a tool call: they need the call's id.
+const CALL_ITEMS: &[&str] = &[
+    "function_call",
+    "function_call_output",
+    "custom_tool_call",
+    "custom_tool_call_output",
+    "tool_search_call",
+    "tool_search_output",
+];
+
+/// Check the input items; an assistant turn's `refusal` parts are what it said: its text.
+fn check_input(input: &mut Value) -> Result<(), ApiError> {
+    let Value::Array(items) = input else { return Ok(()) };
+    if items.is_empty() {
+        return Err(ApiError::bad_param("input", "'input' must not be an empty array."));
+    }
+    for (i, item) in items.iter_mut().enumerate() {
+        // An item with neither a type nor a role is a reference to a stored item.
+        let default = if item.get("role").is_some() { "message" } else { "item_reference" };
+        let kind = item.get("type").and_then(Value::as_str).unwrap_or(default).to_string();
+        let kind = kind.as_str();
+        if !INPUT_ITEMS.contains(&kind) {
+            let param = format!("input[{i}].type");
+            return Err(ApiError::bad_param(&param, format!("Input items of type '{kind}' are not supported.")));
+        }
+        if CALL_ITEMS.contains(&kind) && !item.get("call_id").is_some_and(Value::is_string) {
+            let param = format!("input[{i}].call_id");
+            return Err(ApiError::bad_param(&param, format!("A '{kind}' input item needs a string 'call_id'.")));
+        }
+        if let Some(Value::Array(parts)) = item.get_mut("content") {
+            for part in parts.iter_mut() {
+                if part.get("type").and_then(Value::as_str) == Some("refusal")
+                    && let Some(text) = part.get("refusal").filter(|r| r.is_string()).cloned()
+                {
+                    *part = serde_json::json!({"type": "output_text", "text": text});
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `POST /v1/responses`.
 pub fn responses(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
-    let (v, model) = body_and_model(raw, served)?;
+    let (mut v, model) = body_and_model(raw, served)?;
+    let obj = v.as_object_mut().ok_or(ApiError::Internal)?;
+    integers(obj, &["max_output_tokens", "top_logprobs", "max_tool_calls"]);
+    fields::check(obj)?; // the sampling and bookkeeping fields it shares with chat
+    let top_k = if fields::take_greedy_top_p(obj) { 1 } else { -1 };
+    if let Some(input) = obj.get_mut("input") {
+        check_input(input)?;
+    }
     let obj = v.as_object().ok_or(ApiError::Internal)?;
     // There is no response store: deepseek-recipe would drop these silently, and the client would think them kept.
     for key in ["previous_response_id", "conversation"] {
@@ -67,6 +138,9 @@ pub fn responses(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiEr
                 format!("'{key}' is not supported: the server keeps no responses; send the whole input instead."),
             ));
         }
+    }
+    if set(obj, "prompt") {
+        return Err(ApiError::bad_param("prompt", "Stored prompt templates are not supported; send 'input'."));
     }
     for key in ["store", "background"] {
         if obj.get(key) == Some(&Value::Bool(true)) {
@@ -79,6 +153,13 @@ pub fn responses(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiEr
     if let Some(Value::Array(tools)) = obj.get("tools") {
         for (i, tool) in tools.iter().enumerate() {
             let kind = tool.get("type").and_then(Value::as_str).unwrap_or("");
+            if kind == "custom" && tool.get("name").and_then(Value::as_str) != Some("apply_patch") {
+                let param = format!("tools[{i}].type");
+                return Err(ApiError::bad_param(
+                    &param,
+                    "Custom tools are not supported, but for 'apply_patch'; send function tools.",
+                ));
+            }
             if !CLIENT_TOOLS.contains(&kind) {
                 let param = format!("tools[{i}].type");
                 return Err(ApiError::bad_param(
@@ -88,6 +169,16 @@ pub fn responses(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiEr
                     ),
                 ));
             }
+        }
+    }
+    match obj.get("tool_choice") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(c)) if c == "auto" || c == "none" => {}
+        Some(_) => {
+            return Err(ApiError::bad_param(
+                "tool_choice",
+                "Only tool_choice \"auto\" and \"none\" are supported; forcing a tool call is not yet.",
+            ));
         }
     }
     if obj.get("top_logprobs").and_then(integer).is_some_and(|n| n > 0) {
@@ -102,7 +193,7 @@ pub fn responses(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiEr
             format!("Structured output ('{kind}') is not supported yet; only \"text\" is."),
         ));
     }
-    generate(obj, model, -1, &v)
+    generate(obj, model, top_k, &v)
 }
 
 #[cfg(test)]
@@ -155,7 +246,19 @@ mod tests {
             (json!({"tools": [{"type": "web_search"}]}), "tools[0].type"),
             (json!({"tools": [{"type": "function", "name": "f"}, {"type": "file_search"}]}), "tools[1].type"),
             (json!({"top_logprobs": 3}), "top_logprobs"),
+            (json!({"tools": [{"type": "custom", "name": "sql"}]}), "tools[0].type"),
             (json!({"text": {"format": {"type": "json_object"}}}), "text.format"),
+            (json!({"input": []}), "input"),
+            (json!({"input": [{"type": "web_search_call", "id": "x"}]}), "input[0].type"),
+            (
+                json!({"input": [{"role": "user", "content": "x"}, {"type": "function_call_output"}]}),
+                "input[1].call_id",
+            ),
+            (json!({"temperature": 3}), "temperature"),
+            (json!({"input": [{"id": "msg_1"}]}), "input[0].type"),
+            (json!({"tool_choice": "required"}), "tool_choice"),
+            (json!({"prompt": {"id": "pmpt_1"}}), "prompt"),
+            (json!({"tool_choice": {"type": "computer"}}), "tool_choice"),
         ] {
             let mut b = base.clone();
             b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
@@ -163,6 +266,10 @@ mod tests {
         }
         let mut b = base.clone();
         b["store"] = json!(false);
-        assert!(responses(b.to_string().as_bytes(), &names()).is_ok());
+        b["top_p"] = json!(0);
+        b["max_output_tokens"] = json!(5.0);
+        let r = responses(b.to_string().as_bytes(), &names()).unwrap();
+        let body: Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!((r.top_k, body.get("top_p"), &body["max_output_tokens"]), (1, None, &json!(5)));
     }
 }

@@ -87,9 +87,6 @@ pub fn check(obj: &mut Map<String, Value>) -> Result<(), ApiError> {
     {
         return Err(ApiError::bad_param("modalities", "Only the \"text\" modality is supported."));
     }
-    if let Some(tools) = obj.get("tools").filter(|t| !t.is_null()) {
-        check_tools(tools)?;
-    }
     if let Some(Value::Object(t)) = obj.get("thinking") {
         match t.get("type").and_then(Value::as_str) {
             Some("enabled" | "disabled" | "adaptive") => {}
@@ -104,8 +101,9 @@ pub fn check(obj: &mut Map<String, Value>) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Function tools only; each a `function` with a name (deepseek-recipe's own errors would not name the field).
-fn check_tools(tools: &Value) -> Result<(), ApiError> {
+/// Chat's tools: function tools only, each a `function` with a name (deepseek-recipe's own errors would not name
+/// the field).
+pub fn check_tools(tools: &Value) -> Result<(), ApiError> {
     let Some(tools) = tools.as_array() else {
         return Err(ApiError::bad_param("tools", "Invalid 'tools': expected an array of tools."));
     };
@@ -235,6 +233,16 @@ fn range(min: f64, max: f64, open_min: bool) -> String {
     if max == f64::MAX { format!("a number > {min}") } else { format!("a number in {open}{min}, {max}]") }
 }
 
+/// `top_p` 0 keeps only the most likely token; OpenAI allows it and deepseek-recipe wants (0, 1], so it becomes
+/// top_k 1. So does a top_p too small for the engine's f32, which would round to 0. True if it was.
+pub fn take_greedy_top_p(obj: &mut Map<String, Value>) -> bool {
+    let greedy = obj.get("top_p").and_then(Value::as_f64).is_some_and(|p| p < f32::MIN_POSITIVE as f64);
+    if greedy {
+        obj.remove("top_p");
+    }
+    greedy
+}
+
 /// A short rendering of a client's value for an error message (never the whole of a huge value).
 pub fn brief(v: &Value) -> String {
     let s = v.to_string();
@@ -310,8 +318,6 @@ mod tests {
             (json!({"temperature": 2.5}), "temperature"),
             (json!({"temperature": "1"}), "temperature"),
             (json!({"top_p": -0.1}), "top_p"),
-            (json!({"tools": [{"type": "custom", "custom": {"name": "x"}}]}), "tools[0].type"),
-            (json!({"tools": [{"type": "function", "function": {}}]}), "tools[0].function.name"),
             (json!({"presence_penalty": -3}), "presence_penalty"),
             (json!({"frequency_penalty": true}), "frequency_penalty"),
             (json!({"stop": 5}), "stop"),
@@ -330,6 +336,17 @@ mod tests {
         ] {
             assert_eq!(param(body), field);
         }
+    }
+
+    #[test]
+    fn chat_tools_are_function_tools() {
+        let param = |t: Value| {
+            let env: Value = serde_json::from_str(&check_tools(&t).unwrap_err().envelope()).unwrap();
+            env["error"]["param"].as_str().unwrap().to_string()
+        };
+        assert_eq!(param(json!([{"type": "custom", "custom": {"name": "x"}}])), "tools[0].type");
+        assert_eq!(param(json!([{"type": "function", "function": {}}])), "tools[0].function.name");
+        check_tools(&json!([{"type": "function", "function": {"name": "f"}}])).unwrap();
     }
 
     #[test]

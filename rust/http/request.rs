@@ -100,6 +100,9 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>
     let (mut v, model) = body_and_model(raw, served)?;
     let obj = v.as_object_mut().ok_or(ApiError::Internal)?;
     fields::check(obj)?;
+    if let Some(tools) = obj.get("tools").filter(|t| !t.is_null()) {
+        fields::check_tools(tools)?;
+    }
     let seed = fields::take_seed(obj)?;
 
     match obj.get_mut("messages") {
@@ -207,9 +210,7 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>
         },
     };
 
-    // top_p 0 keeps only the most likely token (OpenAI allows it; deepseek-recipe wants (0, 1]): that is top_k 1.
-    if obj.get("top_p").and_then(Value::as_f64) == Some(0.0) {
-        obj.remove("top_p");
+    if fields::take_greedy_top_p(obj) {
         top_k = 1;
     }
 
