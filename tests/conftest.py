@@ -56,7 +56,11 @@ class Server:
         return self.proc.returncode
 
 
-def start_server(*args: str, timeout: float = 60.0, env: dict[str, str] | None = None) -> Server:
+def start_server(
+    *args: str, timeout: float = 60.0, env: dict[str, str] | None = None, new_session: bool = False
+) -> Server:
+    """`new_session`: the server leads its own process group, so a test can signal the whole group
+    (`os.killpg(srv.proc.pid, ...)`) as systemd, dumb-init or `kill -- -PGID` do."""
     cmd = [sys.executable, "-m", "deepinfer_server", "--host", "127.0.0.1", "--port", "0", *args]
     proc = subprocess.Popen(
         cmd,
@@ -64,6 +68,7 @@ def start_server(*args: str, timeout: float = 60.0, env: dict[str, str] | None =
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, **(env or {})},
+        start_new_session=new_session,
     )
     srv = Server(proc)
     found = threading.Event()

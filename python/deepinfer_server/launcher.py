@@ -200,7 +200,12 @@ class Ranks:
                 conf["engine_config"]["engine_rank"] = rank
                 env.update(dist_envs[rank])
             cmd = [sys.executable, "-m", "deepinfer_server.engine.rank", "--config", json.dumps(conf)]
-            self.procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL))
+            # Each rank leads its own process group (and session), which its engine's children join: a signal to
+            # the server's group (`kill -- -PGID`, `tini -g`, dumb-init, a terminal's Ctrl-C) reaches only the
+            # server, which drains and then stops the ranks over the ring (rank.py ignores SIGTERM for the
+            # signals that reach every process of a control group).
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.procs.append(proc)
             log.info("started rank %d (pid %d)", rank, self.procs[-1].pid)
 
     def rank_env(self, rank: int) -> dict[str, str]:
@@ -250,6 +255,9 @@ class Ranks:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+            # Whatever the rank's engine started and left behind (its group ignores SIGTERM, see rank.py).
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
         self.unlink()
 
 
