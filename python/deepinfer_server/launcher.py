@@ -72,8 +72,9 @@ def locate_model(model: str) -> Path:
 def resolve_model(args: argparse.Namespace) -> tuple[Path, str]:
     """(tokenizer.json path, prompt encoding "v4" or "v4.1") for MODEL, or the bundled tokenizer without one.
 
-    Sets `args.model_dir` to the local checkpoint directory the engine loads."""
-    args.model_dir = None
+    Sets `args.model_dir` to the local checkpoint directory the engine loads, and `args.model_type` to its
+    config.json's `model_type` (None without one), which /model_info reports."""
+    args.model_dir = args.model_type = None
     if not args.model:
         return BUNDLED_TOKENIZER, "v4.1"
     model = locate_model(args.model)
@@ -85,6 +86,7 @@ def resolve_model(args: argparse.Namespace) -> tuple[Path, str]:
     config = model / "config.json"
     if config.is_file():
         model_type = str(json.loads(config.read_text()).get("model_type", ""))
+        args.model_type = model_type or None
         if model_type in ("deepseek_v4", "deepseek_v4_pro"):
             version = "v4"
     return tokenizer, version
@@ -312,6 +314,11 @@ def run(args: argparse.Namespace) -> int:
             "sse_keep_alive_s": args.sse_keep_alive,
             "client_timeout_s": args.client_timeout,
             "stream_interval_ms": args.stream_interval_ms,
+            "model_path": args.model or None,
+            "model_type": args.model_type,
+            "engine": args.engine,
+            "expert_parallel_size": args.expert_parallel_size,
+            "context_parallel_size": args.context_parallel_size,
         }
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the Rust server handles SIGTERM/SIGINT from here on
         # The codec threads (request conversion) and the rank output threads (decoding) share the GIL. Python's

@@ -47,15 +47,7 @@ async fn handle(
     arrival: Instant,
     request_id: String,
 ) -> Result<Response, ApiError> {
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge(st.config.max_body_bytes)
-        } else if timed_out(&e) {
-            ApiError::BodyTimeout(st.config.client_timeout_s)
-        } else {
-            ApiError::bad_request(format!("Could not read the request body: {e}"))
-        }
-    })?;
+    let body = read_body(st, body)?;
     let req = request::parse(&body, &st.config.served_model_names)?;
     if let Some(err) = st.unavailable() {
         return Err(err);
@@ -124,6 +116,19 @@ async fn handle(
     drop(ticket);
     let json = result.map_err(|_| ApiError::Internal)??;
     Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
+}
+
+/// The body, or why it could not be read (413 past the limit, 408 when it stopped arriving, else 400).
+pub(super) fn read_body(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge(st.config.max_body_bytes)
+        } else if timed_out(&e) {
+            ApiError::BodyTimeout(st.config.client_timeout_s)
+        } else {
+            ApiError::bad_request(format!("Could not read the request body: {e}"))
+        }
+    })
 }
 
 /// Where the handler gets the answer: a stream's buffer, or a non-stream's whole body once.

@@ -77,6 +77,7 @@ class Status:
 
     def __init__(self, engine: Engine, outputs: _native.Ring) -> None:
         self.engine, self.set_aux, self.due = engine, outputs.set_aux, 0.0
+        self.set_aux(_native.AUX_KV_CAPACITY_TOKENS, max(0, engine.kv_capacity_tokens()))
 
     def update(self, force: bool = False) -> None:
         now = time.monotonic()
