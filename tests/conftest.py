@@ -57,11 +57,17 @@ class Server:
 
 
 def start_server(
-    *args: str, timeout: float = 60.0, env: dict[str, str] | None = None, new_session: bool = False
+    *args: str,
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+    new_session: bool = False,
+    launcher: list[str] | None = None,
 ) -> Server:
     """`new_session`: the server leads its own process group, so a test can signal the whole group
-    (`os.killpg(srv.proc.pid, ...)`) as systemd, dumb-init or `kill -- -PGID` do."""
-    cmd = [sys.executable, "-m", "deepinfer_server", "--host", "127.0.0.1", "--port", "0", *args]
+    (`os.killpg(srv.proc.pid, ...)`) as systemd, dumb-init or `kill -- -PGID` do. `launcher`: the command that
+    starts it (default `python -m deepinfer_server`), e.g. the container entrypoint."""
+    launch = launcher or [sys.executable, "-m", "deepinfer_server"]
+    cmd = [*launch, "--host", "127.0.0.1", "--port", "0", *args]
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,

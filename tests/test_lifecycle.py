@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -232,6 +233,20 @@ def test_group_sigterm_drains_a_running_stream_and_exits_zero(make_server) -> No
     for pid in ranks:  # the ranks are gone too (told over the ring once the drain was over)
         stat = Path(f"/proc/{pid}/stat")
         assert not stat.exists() or stat.read_text().split()[2] == "Z"
+
+
+def test_group_sigterm_through_the_container_entrypoint_drains(make_server, tmp_path: Path) -> None:
+    """The image's entrypoint execs the server (PID 1 in a container): `docker stop`, `tini -g` or dumb-init
+    signalling its group leave the running stream whole."""
+    entrypoint = Path(__file__).resolve().parents[1] / "docker" / "entrypoint.sh"
+    server_bin = Path(sys.executable).with_name("deepinfer-server")
+    env = {"DEEPINFER_SERVER_BIN": str(server_bin), "DEEPINFER_CACHE_ROOT": str(tmp_path)}
+    srv = make_server("--sim-decode-step-ms", "5", new_session=True, launcher=[str(entrypoint)], env=env)
+    cmdline = Path(f"/proc/{srv.proc.pid}/cmdline").read_bytes().split(b"\0")
+    assert b"entrypoint" not in b" ".join(cmdline), "the entrypoint execs the server: no shell stays in between"
+    events, _ = stream_through_group_sigterm(srv, 100)
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["usage"]["completion_tokens"] == 100
+    assert srv.proc.returncode == 0, srv.log()[-2000:]
 
 
 def test_group_sigterm_past_the_drain_timeout_cuts_the_stream_and_exits_non_zero(make_server) -> None:
