@@ -149,10 +149,11 @@ def test_models_json_and_streamed_chat_and_request_id_through_smg(gateway: Gatew
         assert set(routed) == set(gateway.replicas), routed  # round robin reached both replicas
         worker, failure = streamed_chat(c, 12, request_id="gw-stream-1")
         assert failure == "", failure
-    # the id reached the replica that ran the request, in its request log line
-    assert "request_id=gw-stream-1" in gateway.replicas[worker].log()
+    # the id reached the replica that ran the request, in its request log line (logs arrive asynchronously)
+    wait_for("the stream's log line", lambda: "request_id=gw-stream-1 " in gateway.replicas[worker].log(), 5)
     for i in range(6):
-        assert any(f"request_id=gw-{i} " in srv.log() for srv in gateway.replicas.values()), i
+        logged = lambda i=i: any(f"request_id=gw-{i} " in srv.log() for srv in gateway.replicas.values())  # noqa: E731
+        wait_for(f"gw-{i}'s log line", logged, 5)
 
 
 def test_smg_reads_our_loads_for_each_replica(gateway: Gateway) -> None:
