@@ -9,9 +9,11 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 from conftest import MODEL, Server, idle_wakeups_per_s, requests_across_idle_gaps, shm_segments, sse_events
 
 LONG = {
@@ -191,10 +193,22 @@ def test_an_idle_lockstep_group_sleeps_until_a_request_rings_its_doorbell(make_s
     assert srv.stop() == 0  # the shutdown rings the bell: no 60 s wait
 
 
-def stream_through_group_sigterm(srv: Server, max_tokens: int) -> tuple[list[str], float]:
-    """Stream `max_tokens` tokens and SIGTERM the server's whole process group once the first token is in, as
-    systemd's KillMode=control-group, `tini -g`, dumb-init or `kill -- -PGID` do. Returns the stream's data
-    payloads and how long the server took to exit after the signal."""
+def sigterm_group(srv: Server) -> None:
+    """As `kill -- -PGID`, `tini -g` or dumb-init do (the server leads its group: `new_session`)."""
+    os.killpg(srv.proc.pid, signal.SIGTERM)
+
+
+def sigterm_every_process(srv: Server) -> None:
+    """As systemd's KillMode=control-group does: each process of the unit, whatever its group."""
+    for pid in [srv.proc.pid, *srv.rank_pids()]:
+        os.kill(pid, signal.SIGTERM)
+
+
+def stream_through_group_sigterm(
+    srv: Server, max_tokens: int, send: Callable[[Server], None] = sigterm_group
+) -> tuple[list[str], float]:
+    """Stream `max_tokens` tokens and SIGTERM the server and its ranks (`send`) once the first token is in.
+    Returns the stream's data payloads and how long the server took to exit after the signal."""
     body = {**LONG, "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}
     events: list[str] = []
     with (
@@ -208,7 +222,7 @@ def stream_through_group_sigterm(srv: Server, max_tokens: int) -> tuple[list[str
                 events.append(line[len("data: ") :])
                 if '"content":"' in line and '"content":""' not in line:
                     break
-        os.killpg(srv.proc.pid, signal.SIGTERM)  # the server leads its group (new_session)
+        send(srv)
         t0 = time.monotonic()
         for line in lines:
             if line.startswith("data: "):
@@ -217,11 +231,12 @@ def stream_through_group_sigterm(srv: Server, max_tokens: int) -> tuple[list[str
     return events, time.monotonic() - t0
 
 
-def test_group_sigterm_drains_a_running_stream_and_exits_zero(make_server) -> None:
+@pytest.mark.parametrize("send", [sigterm_group, sigterm_every_process], ids=["process-group", "control-group"])
+def test_group_sigterm_drains_a_running_stream_and_exits_zero(make_server, send: Callable[[Server], None]) -> None:
     srv = make_server("--dp", "2", "--sim-decode-step-ms", "10", new_session=True)
     ranks = srv.rank_pids()
     assert len(ranks) == 2
-    events, _ = stream_through_group_sigterm(srv, 200)
+    events, _ = stream_through_group_sigterm(srv, 200, send)
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert not [c for c in chunks if "error" in c], chunks[-3:]
