@@ -9,6 +9,7 @@ circuit-breaker timeout (the defaults, 60 s and 60 s, keep a restarted replica o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -43,10 +44,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_replica(port: int) -> Server:
+def start_replica(port: int, *args: str) -> Server:
     """A replica that leads its own process group, on a fixed port (the gateway knows it by URL)."""
     return start_server(
-        "--served-model-name", MODEL, "--port", str(port), "--api-key", KEY, "--sim-decode-step-ms", "5",
+        "--served-model-name", MODEL, "--port", str(port), "--api-key", KEY, "--sim-decode-step-ms", "5", *args,
         new_session=True,
     )  # fmt: skip
 
@@ -77,10 +78,11 @@ class Gateway:
         return {str(w["url"]) for w in self.workers() if w.get("is_healthy")}
 
 
-@pytest.fixture
-def gateway(tmp_path: Path) -> Iterator[Gateway]:
+@contextlib.contextmanager
+def smg(tmp_path: Path, *flags: str, replica_args: tuple[str, ...] = ()) -> Iterator[Gateway]:
+    """Two replicas and `smg launch` in front of them (round robin unless `flags` pick another policy)."""
     ports = [free_port(), free_port()]
-    replicas = {f"http://127.0.0.1:{p}": start_replica(p) for p in ports}
+    replicas = {f"http://127.0.0.1:{p}": start_replica(p, *replica_args) for p in ports}
     port = free_port()
     log = tmp_path / "smg.log"
     cmd = [
@@ -88,7 +90,7 @@ def gateway(tmp_path: Path) -> Iterator[Gateway]:
         "--policy", "round_robin", "--api-key", KEY,
         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
         "--health-check-interval-secs", "2", "--health-success-threshold", "1", "--health-failure-threshold", "1",
-        "--cb-timeout-duration-secs", "5", "--log-level", "info",
+        "--cb-timeout-duration-secs", "5", "--log-level", "info", *flags,
     ]  # fmt: skip
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -107,8 +109,17 @@ def gateway(tmp_path: Path) -> Iterator[Gateway]:
             srv.stop()
 
 
-def streamed_chat(client: httpx.Client, max_tokens: int, request_id: str | None = None) -> tuple[str, str]:
-    """One streamed chat through the gateway; returns (routed worker, failure or "")."""
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[Gateway]:
+    with smg(tmp_path) as gw:
+        yield gw
+
+
+def streamed_chat(
+    client: httpx.Client, max_tokens: int, request_id: str | None = None, last: list[str] | None = None
+) -> tuple[str, str]:
+    """One streamed chat through the gateway; returns (routed worker, failure or ""). `last` gets its final
+    data payloads."""
     headers = {**AUTH, **({"x-request-id": request_id} if request_id else {})}
     body = {**CHAT, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
@@ -120,6 +131,8 @@ def streamed_chat(client: httpx.Client, max_tokens: int, request_id: str | None 
             events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     except httpx.HTTPError as e:
         return "?", f"{type(e).__name__}: {e}"
+    if last is not None:
+        last.extend(events[-2:])
     if not events or events[-1] != "[DONE]":
         return worker, f"no [DONE]: {events[-2:]}"
     chunks = [json.loads(e) for e in events[:-1]]
@@ -205,3 +218,82 @@ def test_rolling_restart_with_group_sigterm_loses_no_request(gateway: Gateway) -
     assert not failures, failures[:5]
     per_worker = Counter(w for _, w in done)
     assert set(per_worker) == set(gateway.replicas) and len(done) > 40, per_worker
+
+
+def test_sigkill_of_one_replica_ends_only_its_streams_with_the_gateways_error_event(gateway: Gateway) -> None:
+    victim, survivor = list(gateway.replicas)
+    results: dict[int, tuple[str, str, list[str]]] = {}
+
+    def one(i: int) -> None:
+        tail: list[str] = []
+        with httpx.Client(base_url=gateway.url, timeout=30) as c:
+            worker, failure = streamed_chat(c, 400, last=tail)
+        results[i] = (worker, failure, tail)
+
+    streams = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    for t in streams:
+        t.start()
+    running = lambda u: httpx.get(f"{u}/get_load").json()["load"]  # noqa: E731
+    wait_for("streams on both replicas", lambda: running(victim) == running(survivor) == 3)
+    os.killpg(gateway.replicas[victim].proc.pid, signal.SIGKILL)  # the server and its ranks, no drain
+    for t in streams:
+        t.join(timeout=30)
+        assert not t.is_alive(), "a stream hangs after the SIGKILL"
+    on_victim = [r for r in results.values() if r[0] == victim]
+    on_survivor = [r for r in results.values() if r[0] == survivor]
+    assert len(on_victim) + len(on_survivor) == 6 and on_victim and on_survivor, results
+    assert all(failure == "" for _, failure, _ in on_survivor), on_survivor
+    for _, failure, tail in on_victim:  # cut: the gateway's error event, then [DONE]
+        assert failure.startswith("error event") and tail[-1] == "[DONE]", (failure, tail)
+        assert json.loads(tail[-2])["error"]["type"] == "stream_error"
+    with httpx.Client(base_url=gateway.url, timeout=30) as c:  # new requests go to the survivor
+        for _ in range(4):
+            worker, failure = streamed_chat(c, 5)
+            assert (worker, failure) == (survivor, "")
+
+
+def test_power_of_two_sends_fewer_requests_to_the_replica_reporting_more_load(tmp_path: Path) -> None:
+    """smg's power_of_two (its default metric, expected wait) on what /v1/loads reports, polled every second here.
+    smg 1.13.0 weighs a replica's reported requests against what it has sent each replica since the last poll: with
+    12 of 16 slots running on one replica, sequential requests go 4 : 16 (10 : 10 when neither reports load)."""
+    flags = ["--policy", "power_of_two", "--load-monitor-interval", "1"]
+    with smg(tmp_path, *flags) as gw:
+        busy, idle = list(gw.replicas)
+        stop = threading.Event()
+
+        def hold() -> None:  # long streams straight to `busy`
+            body = {**CHAT, "max_tokens": 3000, "ignore_eos": True, "stream": True}
+            with (
+                httpx.Client(timeout=60) as c,
+                c.stream("POST", f"{busy}/v1/chat/completions", json=body, headers=AUTH) as r,
+            ):
+                assert r.status_code == 200
+                lines = r.iter_lines()
+                next(lines)
+                stop.wait(30)
+
+        holders = [threading.Thread(target=hold) for _ in range(12)]
+        for t in holders:
+            t.start()
+        try:
+
+            def running() -> dict[str, int]:
+                got = httpx.get(f"{gw.url}/get_loads", headers=AUTH, timeout=5).json()["loads"]
+                return {str(e["worker"]): int(e["num_running_reqs"]) for e in got}
+
+            wait_for("smg to see busy's running requests", lambda: running() == {busy: 12, idle: 0})
+            with httpx.Client(base_url=gw.url, timeout=30) as c:
+                for i in range(20):
+                    headers = {**AUTH, "x-request-id": f"p2-{i}"}
+                    r = c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 2}, headers=headers)
+                    assert r.status_code == 200, r.text
+
+            def seen() -> dict[str, int]:
+                return {u: sum(f"request_id=p2-{i} " in r.log() for i in range(20)) for u, r in gw.replicas.items()}
+
+            wait_for("every request's log line", lambda: sum(seen().values()) == 20, 5)  # logs arrive async
+            assert seen()[busy] <= 6, seen()
+        finally:
+            stop.set()
+            for t in holders:
+                t.join(timeout=30)

@@ -212,6 +212,8 @@ mod tests {
         assert_eq!((v["dp_rank_count"].as_u64(), v["loads"].as_array().map(Vec::len)), (Some(0), Some(0)));
         let (s, _, v) = send(&st, get("/v1/loads?model=other", true)).await;
         assert_eq!((s, code(&v)), (StatusCode::NOT_FOUND, "model_not_found"));
+        let (s, _, v) = send(&st, get("/v1/loads?model=a&model=b", true)).await;
+        assert_eq!((s, code(&v)), (StatusCode::BAD_REQUEST, "invalid_request_error"), "a bad query is an envelope");
         let render = Request::post("/v1/chat/completions/render").header("authorization", "Bearer k");
         let (s, _, v) = send(&st, render.body(Body::from("{oops")).unwrap()).await;
         assert_eq!((s, code(&v)), (StatusCode::BAD_REQUEST, "invalid_request_error"));

@@ -14,13 +14,12 @@ use crate::codec::PrepareRequest;
 use crate::error::ApiError;
 use crate::ring::status::{AUX_KV_CAPACITY_TOKENS, AUX_KV_USAGE_PPM, AUX_QUEUED_TOKENS};
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use std::collections::HashMap;
 use std::sync::Arc;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -36,7 +35,11 @@ pub struct LoadsQuery {
 
 /// One entry per data-parallel rank. Requests in flight on a rank beyond `--max-num-seqs` wait in its engine,
 /// as `vllm:num_requests_running`/`_waiting` count them; KV figures come from the rank's status words.
-pub async fn loads(State(st): State<Arc<AppState>>, Query(q): Query<LoadsQuery>) -> Response {
+pub async fn loads(State(st): State<Arc<AppState>>, q: Result<Query<LoadsQuery>, QueryRejection>) -> Response {
+    let q = match q {
+        Ok(Query(q)) => q,
+        Err(e) => return ApiError::bad_request(format!("Invalid query string: {}", e.body_text())).into_response(),
+    };
     if let Some(model) = q.model.filter(|m| !st.config.served_model_names.contains(m)) {
         return ApiError::ModelNotFound(model).into_response();
     }
@@ -145,19 +148,14 @@ pub async fn render_chat(
     // Only plain values leave the codec thread; the request's decoder is dropped there.
     let (token_ids, max_tokens, temperature, top_p, seed) =
         st.codec.prepare_then(prepare, |p| Ok((p.prompt, p.max_tokens, p.temperature, p.top_p, p.seed))).await?;
-    let sampling: HashMap<&str, Value> = HashMap::from([
-        ("max_tokens", json!(max_tokens)),
-        ("temperature", json!(temperature)),
-        ("top_p", json!(top_p)),
-        ("top_k", json!(req.top_k)),
-        ("seed", json!(seed)),
-        ("ignore_eos", json!(req.ignore_eos)),
-    ]);
     Ok(Json(json!({
         "request_id": request_id,
         "token_ids": token_ids,
         "features": null,
-        "sampling_params": sampling,
+        "sampling_params": {
+            "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": req.top_k, "seed": seed,
+            "ignore_eos": req.ignore_eos,
+        },
         "model": req.model,
         "stream": req.stream,
         "stream_options": null,
