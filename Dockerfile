@@ -150,4 +150,10 @@ RUN chmod 0755 /usr/local/bin/deepinfer-entrypoint.sh
 
 WORKDIR /
 EXPOSE 8000
+# The entrypoint execs the server, so it is PID 1 and takes `docker stop`'s SIGTERM itself: it stops admitting,
+# drains for up to --drain-timeout (30 s) and exits 0, or 1 if the drain cut requests. Rank processes ignore SIGTERM
+# and sit in their own process groups, so `docker run --init` (tini -g) or dumb-init signalling the group drains the
+# same way. Give the container longer than the drain to stop (`docker stop -t 35`, `docker run --stop-timeout 35`,
+# Kubernetes terminationGracePeriodSeconds: 35); Docker's default of 10 s SIGKILLs a longer drain.
+STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/local/bin/deepinfer-entrypoint.sh"]

@@ -6,7 +6,8 @@
 #    requested) print a warning to stderr and go on: the server may still work, e.g. without RDMA.
 # 2. Create the JIT and Hugging Face cache directories under the cache root (/cache) when it is writable,
 #    plus $DEEPINFER_JIT_CACHE_DIR / $HF_HOME if they point elsewhere (GPUStack sets its own JIT path).
-# 3. exec the server with the arguments unchanged.
+# 3. exec the server with the arguments unchanged. No shell stays in between: the server is the container's
+#    PID 1 and gets `docker stop`'s SIGTERM itself (it drains, then stops its ranks; see Dockerfile STOPSIGNAL).
 #
 # Overrides (mainly for tests):
 #   DEEPINFER_SERVER_BIN   command to exec (default: deepinfer-server)

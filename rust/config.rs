@@ -40,6 +40,18 @@ pub struct ServerConfig {
     /// The OpenAPI document served at /openapi.json (read at start-up).
     #[pyo3(default)]
     pub openapi: Option<String>,
+    /// What the worker metadata routes (`/server_info`, `/model_info`) report: MODEL as given, the checkpoint's
+    /// `model_type`, the engine and its parallel sizes.
+    #[pyo3(default)]
+    pub model_path: Option<String>,
+    #[pyo3(default)]
+    pub model_type: Option<String>,
+    #[pyo3(default = "sim".to_string())]
+    pub engine: String,
+    #[pyo3(default = 1)]
+    pub expert_parallel_size: u32,
+    #[pyo3(default = 1)]
+    pub context_parallel_size: u32,
 }
 
 impl ServerConfig {
@@ -77,6 +89,11 @@ impl ServerConfig {
             sse_keep_alive_s: 15.0,
             stream_interval_ms: 0.0,
             client_timeout_s: 30.0,
+            model_path: None,
+            model_type: None,
+            engine: "sim".into(),
+            expert_parallel_size: 1,
+            context_parallel_size: 1,
         }
     }
 }

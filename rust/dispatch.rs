@@ -194,6 +194,9 @@ pub struct Dispatcher {
     pub ranks: Vec<RankLink>,
     pub metrics: Arc<Metrics>,
     next_id: AtomicU64,
+    /// Requests the server ended itself before their rank finished them (a rank failure, a drain that timed
+    /// out): the exit status reports them.
+    lost: AtomicUsize,
 }
 
 /// What the codec prepared, ready to go to a rank.
@@ -206,7 +209,15 @@ pub struct Job<'a> {
 
 impl Dispatcher {
     pub fn new(ranks: Vec<RankLink>, metrics: Arc<Metrics>) -> Arc<Self> {
-        Arc::new(Dispatcher { ranks, metrics, next_id: AtomicU64::new(1) })
+        Arc::new(Dispatcher { ranks, metrics, next_id: AtomicU64::new(1), lost: AtomicUsize::new(0) })
+    }
+
+    pub fn count_lost(&self, n: usize) {
+        self.lost.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn lost(&self) -> usize {
+        self.lost.load(Ordering::Relaxed)
     }
 
     pub fn next_id(&self) -> u64 {

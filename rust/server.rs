@@ -22,8 +22,9 @@ use tokio::sync::mpsc;
 /// How long connections may take to close after the last response was ended.
 const CLOSE_GRACE: Duration = Duration::from_millis(500);
 
-/// Run the HTTP front end over already-started, ready ranks. Returns the process exit code:
-/// 0 after a signal-initiated drain, 1 after a rank failure.
+/// Run the HTTP front end over already-started, ready ranks. Returns the process exit code: 0 after a
+/// signal-initiated drain that finished every request, 1 after a rank failure or when any request in flight was
+/// cut (the drain timed out, or a rank died meanwhile).
 #[pyfunction]
 #[pyo3(signature = (config, codec, decode_batch, rings, pids, bell=None))]
 pub fn serve(
@@ -107,9 +108,18 @@ async fn run(state: Arc<AppState>, pids: Vec<i32>) -> std::io::Result<i32> {
             }
         };
         // Whatever is still running now will not finish: end it cleanly (error event + [DONE], or a 503).
+        // Admitted requests not yet on a rank (still being encoded) are cut as well, when their connection closes.
+        let not_dispatched = shutdown_state.admission.in_flight().saturating_sub(in_flight_on_ranks(&shutdown_state));
         for rank in 0..shutdown_state.dispatcher.ranks.len() {
             fail_in_flight(&shutdown_state.dispatcher, rank, "The server is shutting down.");
         }
+        let lost = shutdown_state.dispatcher.lost() + not_dispatched;
+        let code = if lost > 0 && code == 0 {
+            tracing::warn!(lost, "requests in flight were lost (cut before they finished): exiting with status 1");
+            1
+        } else {
+            code
+        };
         let _ = code_tx.send(code);
         stop_signal.notify_one();
     };
@@ -137,7 +147,8 @@ async fn run(state: Arc<AppState>, pids: Vec<i32>) -> std::io::Result<i32> {
     Ok(code)
 }
 
-/// Stop admitting (503), wait for in-flight requests up to the drain timeout, then let axum close up.
+/// Stop admitting (503), wait for in-flight requests up to the drain timeout, then let axum close up. The caller
+/// turns the 0 into 1 if anything was cut.
 async fn drain(state: &AppState, why: &str) -> i32 {
     state.draining.store(true, Ordering::Release);
     let limit = Duration::from_secs_f64(state.config.drain_timeout_s);
@@ -146,7 +157,15 @@ async fn drain(state: &AppState, why: &str) -> i32 {
     while state.admission.in_flight() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    match state.admission.in_flight() {
+        0 => tracing::info!("drained: every in-flight request finished"),
+        n => tracing::warn!("drain timeout ({limit:?}) reached with {n} requests still in flight; cutting them"),
+    }
     0
+}
+
+fn in_flight_on_ranks(state: &AppState) -> usize {
+    state.dispatcher.ranks.iter().map(|r| r.in_flight()).sum()
 }
 
 fn init_logging(level: &str, json: bool) {

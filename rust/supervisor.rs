@@ -94,7 +94,9 @@ pub fn rank_failed(dispatcher: &Dispatcher, rank: usize) {
 
 /// End every request still on `rank` with a 503 (an error event + `[DONE]` for streams).
 pub fn fail_in_flight(dispatcher: &Dispatcher, rank: usize, why: &str) {
-    for entry in dispatcher.ranks[rank].take_all() {
+    let entries = dispatcher.ranks[rank].take_all();
+    dispatcher.count_lost(entries.len());
+    for entry in entries {
         entry.log_end(503, "unavailable");
         entry.outlet.fail(ApiError::Unavailable(why.to_string()));
     }

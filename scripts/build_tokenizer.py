@@ -43,6 +43,10 @@ SPECIALS = [
     "<｜/point｜>",
     "<｜polygon｜>",
     "<｜/polygon｜>",
+    # Fill-in-the-middle, for /v1/completions' `suffix` (DeepSeek's spellings).
+    "<｜fim▁begin｜>",
+    "<｜fim▁hole｜>",
+    "<｜fim▁end｜>",
 ]
 TEMPLATE_TEXT = [
     "Reasoning Effort: 75 (range 1-100, the higher the value, the more thorough the reasoning)",

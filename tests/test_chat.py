@@ -327,6 +327,40 @@ def test_reasoning_effort_and_thinking_flag(server: Server) -> None:
     assert not r.choices[0].message.model_extra.get("reasoning_content")
 
 
+def _reasoning(server: Server, extra: dict[str, object], stream: bool = False) -> str:
+    """The reasoning_content the server sends for a request with `extra_body=extra` (JSON or streamed)."""
+    kw = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 300, "seed": 5}
+    if not stream:
+        r = server.client().chat.completions.create(**kw, extra_body=extra)  # type: ignore[call-overload]
+        return str(r.choices[0].message.model_extra.get("reasoning_content") or "")
+    parts = []
+    for chunk in server.client().chat.completions.create(**kw, stream=True, extra_body=extra):  # type: ignore[call-overload]
+        for choice in chunk.choices:
+            parts.append((choice.delta.model_extra or {}).get("reasoning_content") or "")
+    return "".join(parts)
+
+
+@pytest.mark.parametrize("key", ["thinking", "enable_thinking"])
+def test_chat_template_kwargs_switch_thinking(server: Server, key: str) -> None:
+    """vLLM/Qwen clients and gateways that rewrite bodies (smg) switch thinking through chat_template_kwargs."""
+    assert _reasoning(server, {}), "thinking is on by default"
+    for stream in (False, True):
+        assert not _reasoning(server, {"chat_template_kwargs": {key: False}}, stream), (key, stream)
+        assert _reasoning(server, {"chat_template_kwargs": {key: True}}, stream), (key, stream)
+
+
+def test_top_level_thinking_wins_over_chat_template_kwargs(server: Server) -> None:
+    off, on = {"type": "disabled"}, {"type": "enabled"}
+    assert not _reasoning(server, {"thinking": off, "chat_template_kwargs": {"thinking": True}})
+    assert not _reasoning(server, {"thinking": off, "chat_template_kwargs": {"enable_thinking": True}})
+    assert _reasoning(server, {"thinking": on, "chat_template_kwargs": {"enable_thinking": False}})
+    # `thinking` wins over `enable_thinking` inside the kwargs too
+    assert not _reasoning(server, {"chat_template_kwargs": {"thinking": False, "enable_thinking": True}})
+    with pytest.raises(openai.BadRequestError) as e:
+        _reasoning(server, {"chat_template_kwargs": {"enable_thinking": "yes"}})
+    assert e.value.body["param"] == "chat_template_kwargs.enable_thinking"  # type: ignore[index]
+
+
 def test_models_retrieve_finds_each_served_name_even_with_a_slash(make_server) -> None:
     srv = make_server("--served-model-name", "deepseek-ai/DeepSeek-V4.1-Flash", "flash", "--max-model-len", "8192")
     client = srv.client()

@@ -178,7 +178,7 @@ def test_the_adapter_source_yields_a_non_trivial_list_of_names() -> None:
     assert {"get_request_id", "get_token_id", "get_finished", "get_finish_reason"} <= u.output_accessors
     assert {"temperature", "top_p", "top_k", "max_tokens", "ignore_eos", "seq_seed"} <= u.sampling_kw
     assert u.pg_methods == {"cpu_data_parallel_group"}
-    assert u.cache_config_attrs == {"num_gpu_blocks"} and "get_num_free_gpu_blocks" in u.scheduler_methods
+    assert u.cache_config_attrs == {"num_gpu_blocks", "block_size"} and "get_num_free_gpu_blocks" in u.scheduler_methods
     assert {"DEEPINFER_USE_NEXTN_DECODE", "DEEPINFER_PREFILL_ATTEMPT_INTERVAL"} <= u.env_vars
 
 

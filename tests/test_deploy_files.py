@@ -151,6 +151,12 @@ def _can_raise_limits(prefix: list[str]) -> bool:
     return r.returncode == 0
 
 
+def test_dockerfile_stops_with_sigterm(dockerfile: str) -> None:
+    """SIGTERM drains (tests/test_lifecycle.py); another stop signal would skip the drain."""
+    assert re.search(r"^STOPSIGNAL SIGTERM$", dockerfile, re.M)
+    assert dockerfile.rstrip().endswith('ENTRYPOINT ["/usr/local/bin/deepinfer-entrypoint.sh"]')
+
+
 def test_entrypoint_is_executable_and_strict() -> None:
     text = ENTRYPOINT.read_text()
     assert os.access(ENTRYPOINT, os.X_OK)

@@ -15,7 +15,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from conftest import MODEL, Server
+from conftest import MODEL, Server, start_server
 
 from test_load_faults import metric
 
@@ -65,7 +65,8 @@ def test_messages_stream_text_and_final_message(server: Server) -> None:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert text and final.content[0].text == text  # type: ignore[union-attr]
-    assert final.usage.output_tokens == 30 and final.stop_reason == "max_tokens"
+    assert final.stop_reason in ("max_tokens", "end_turn") and 0 < final.usage.output_tokens <= 30
+    assert final.stop_reason == "end_turn" or final.usage.output_tokens == 30
 
 
 def test_messages_tool_use_round_trip(server: Server) -> None:
@@ -243,6 +244,7 @@ def slow(make_server: Any) -> Iterator[Server]:
 
 
 DOORS = {
+    "completions": ("/v1/completions", {"max_tokens": 2000, "prompt": "x", "ignore_eos": True}),
     "messages": ("/v1/messages", {"max_tokens": 2000, "messages": [{"role": "user", "content": "x"}]}),
     "responses": ("/v1/responses", {"max_output_tokens": 2000, "input": "x"}),
 }
@@ -275,4 +277,124 @@ def test_429_before_any_byte_and_disconnect_aborts(slow: Server, door: str) -> N
 
 
 def _short(door: str) -> dict[str, int]:
-    return {"max_tokens": 3} if door == "messages" else {"max_output_tokens": 3}
+    return {"max_output_tokens": 3} if door == "responses" else {"max_tokens": 3}
+
+
+# ------------------------------------------------------------------------------------------------- Completions
+
+
+def tokenize(srv: Server, **body: Any) -> list[int]:
+    r = httpx.post(f"{srv.url}/tokenize", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["count"] == len(doc["tokens"]) and doc["max_model_len"] > 0
+    return list(doc["tokens"])
+
+
+def test_completions_create_streamed_and_not(server: Server) -> None:
+    c = server.client()
+    r = c.completions.create(model=MODEL, prompt="def add(a, b):", max_tokens=12, extra_body={"ignore_eos": True})
+    assert r.object == "text_completion" and r.id.startswith("cmpl-") and r.choices[0].text
+    assert r.usage is not None and r.usage.completion_tokens == 12 and r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == len(tokenize(server, prompt="def add(a, b):"))
+    chunks = list(
+        c.completions.create(
+            model=MODEL,
+            prompt=["def add(a, b):"],
+            max_tokens=12,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
+    text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    assert text and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    ids = c.completions.create(model=MODEL, prompt=[0, 5, 6, 7], max_tokens=3, echo=True)
+    assert ids.usage is not None and ids.usage.prompt_tokens == 4
+    assert ids.choices[0].text.startswith("<｜begin▁of▁sentence｜>"), "echo gives the prompt back first"
+
+
+def test_completions_fill_in_the_middle(server: Server) -> None:
+    c = server.client()
+    prefix, suffix = "def add(a, b):\n    ", "\n    return total"
+    for stream in (False, True):
+        body: dict[str, Any] = {"model": MODEL, "prompt": prefix, "suffix": suffix, "max_tokens": 6}
+        if stream:
+            chunks = list(c.completions.create(**body, stream=True, stream_options={"include_usage": True}))
+            usage = chunks[-1].usage
+        else:
+            usage = c.completions.create(**body).usage
+        want = len(tokenize(server, prompt=prefix)) + len(tokenize(server, prompt=suffix, add_special_tokens=False)) + 3
+        assert usage is not None and usage.prompt_tokens == want, "BOS, fim begin, prefix, fim hole, suffix, fim end"
+
+
+def test_completions_stop_special_text_and_refusals(server: Server) -> None:
+    c = server.client()
+    body: dict[str, Any] = {"model": MODEL, "prompt": "Once", "max_tokens": 40, "temperature": 0}
+    full = c.completions.create(**body).choices[0].text
+    word = full.split()[2]
+    cut = c.completions.create(**body, stop=[word])
+    assert cut.choices[0].finish_reason == "stop" and cut.choices[0].text == full[: full.index(word)]
+    special = c.completions.create(model=MODEL, prompt="<｜User｜>", max_tokens=1)
+    assert special.usage is not None and special.usage.prompt_tokens == len(tokenize(server, prompt="<｜User｜>")) > 2
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL, prompt="x", max_tokens=3, logprobs=2)
+    assert e.value.body["param"] == "logprobs"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL, prompt=["a", "b"], max_tokens=3)
+    assert e.value.body["param"] == "prompt"  # type: ignore[index]
+
+
+def test_completions_without_fim_tokens_refuse_a_suffix(tmp_path: Any) -> None:
+    from deepinfer_server.launcher import BUNDLED_TOKENIZER
+
+    doc = json.loads(BUNDLED_TOKENIZER.read_text(encoding="utf-8"))
+    doc["added_tokens"] = [t for t in doc["added_tokens"] if "fim" not in t["content"]]
+    (tmp_path / "tokenizer.json").write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
+    srv = start_server(str(tmp_path), "--served-model-name", MODEL, "--dp", "1")  # MODEL first: the name takes 1+
+    try:
+        with pytest.raises(openai.BadRequestError) as e:
+            srv.client().completions.create(model=MODEL, prompt="a", suffix="b", max_tokens=3)
+        assert e.value.body["param"] == "suffix" and "FIM" in e.value.body["message"]  # type: ignore[index]
+        assert srv.client().completions.create(model=MODEL, prompt="a", max_tokens=3).usage is not None
+    finally:
+        srv.stop()
+
+
+def test_tokenize_counts_what_the_request_reports(server: Server) -> None:
+    messages = [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "Hello there"}]
+    r = server.client().chat.completions.create(model=MODEL, messages=messages, max_tokens=1)  # type: ignore[arg-type]
+    assert r.usage is not None and len(tokenize(server, messages=messages)) == r.usage.prompt_tokens
+    ids = tokenize(server, prompt="hello world")
+    back = httpx.post(f"{server.url}/detokenize", json={"tokens": ids}, timeout=30).json()["prompt"]
+    assert back == "<｜begin▁of▁sentence｜>hello world"
+    bad = httpx.post(f"{server.url}/detokenize", json={"tokens": [10**9]}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+# ------------------------------------------------------------------------------------------------- every door
+
+GENERATE = {
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 3}),
+    "completions": ("/v1/completions", {"prompt": "x", "max_tokens": 3}),
+    "messages": ("/v1/messages", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 3}),
+    "responses": ("/v1/responses", {"input": "x", "max_output_tokens": 3}),
+}
+
+
+@pytest.mark.parametrize("door", sorted(GENERATE))
+def test_401_and_404_per_door(make_server: Any, door: str) -> None:
+    srv = make_server("--api-key", "k", "--dp", "1")
+    path, body = GENERATE[door]
+    anthropic_door = door == "messages"
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        r = c.post(path, json={"model": MODEL, **body})
+        assert r.status_code == 401
+        err = r.json()["error"]
+        assert err["type"] == ("authentication_error" if anthropic_door else "invalid_request_error")
+        auth = {"x-api-key": "k"} if anthropic_door else {"Authorization": "Bearer k"}
+        r = c.post(path, json={"model": "nope", **body}, headers=auth)
+        assert r.status_code == 404
+        assert r.json()["error"]["type"] == ("not_found_error" if anthropic_door else "invalid_request_error")
+        assert c.post(path, json={"model": MODEL, **body}, headers=auth).status_code == 200

@@ -116,6 +116,12 @@ OPERATIONS = [
     ("/v1/models", "GET", "positive"),
     ("/health", "GET", "positive"),
     ("/metrics", "GET", "positive"),
+    ("/v1/chat/completions/render", "POST", "positive"),
+    ("/version", "GET", "positive"),
+    ("/get_load", "GET", "positive"),
+    ("/v1/loads", "GET", "positive"),
+    ("/server_info", "GET", "positive"),
+    ("/model_info", "GET", "positive"),
 ]
 
 

@@ -6,10 +6,14 @@ import json
 import os
 import signal
 import socket
+import sys
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import httpx
+import pytest
 from conftest import MODEL, Server, idle_wakeups_per_s, requests_across_idle_gaps, shm_segments, sse_events
 
 LONG = {
@@ -187,3 +191,85 @@ def test_an_idle_lockstep_group_sleeps_until_a_request_rings_its_doorbell(make_s
     wakeups = idle_wakeups_per_s(srv)
     assert all(w < 50 for w in wakeups), wakeups  # the 2 ms poll it replaced made ~700 a second
     assert srv.stop() == 0  # the shutdown rings the bell: no 60 s wait
+
+
+def sigterm_group(srv: Server) -> None:
+    """As `kill -- -PGID`, `tini -g` or dumb-init do (the server leads its group: `new_session`)."""
+    os.killpg(srv.proc.pid, signal.SIGTERM)
+
+
+def sigterm_every_process(srv: Server) -> None:
+    """As systemd's KillMode=control-group does: each process of the unit, whatever its group."""
+    for pid in [srv.proc.pid, *srv.rank_pids()]:
+        os.kill(pid, signal.SIGTERM)
+
+
+def stream_through_group_sigterm(
+    srv: Server, max_tokens: int, send: Callable[[Server], None] = sigterm_group
+) -> tuple[list[str], float]:
+    """Stream `max_tokens` tokens and SIGTERM the server and its ranks (`send`) once the first token is in.
+    Returns the stream's data payloads and how long the server took to exit after the signal."""
+    body = {**LONG, "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True}}
+    events: list[str] = []
+    with (
+        httpx.Client(base_url=srv.url, timeout=30) as c,
+        c.stream("POST", "/v1/chat/completions", json=body) as r,
+    ):
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        for line in lines:
+            if line.startswith("data: "):
+                events.append(line[len("data: ") :])
+                if '"content":"' in line and '"content":""' not in line:
+                    break
+        send(srv)
+        t0 = time.monotonic()
+        for line in lines:
+            if line.startswith("data: "):
+                events.append(line[len("data: ") :])
+    srv.proc.wait(timeout=30)
+    return events, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("send", [sigterm_group, sigterm_every_process], ids=["process-group", "control-group"])
+def test_group_sigterm_drains_a_running_stream_and_exits_zero(make_server, send: Callable[[Server], None]) -> None:
+    srv = make_server("--dp", "2", "--sim-decode-step-ms", "10", new_session=True)
+    ranks = srv.rank_pids()
+    assert len(ranks) == 2
+    events, _ = stream_through_group_sigterm(srv, 200, send)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert not [c for c in chunks if "error" in c], chunks[-3:]
+    assert chunks[-1]["usage"]["completion_tokens"] == 200
+    assert sum(1 for c in chunks for ch in c["choices"] if ch["delta"].get("content")) >= 1
+    assert [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]] == ["length"]
+    assert srv.proc.returncode == 0, srv.log()[-2000:]
+    assert "failed while running the request" not in srv.log()
+    for pid in ranks:  # the ranks are gone too (told over the ring once the drain was over)
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().split()[2] == "Z"
+
+
+def test_group_sigterm_through_the_container_entrypoint_drains(make_server, tmp_path: Path) -> None:
+    """The image's entrypoint execs the server (PID 1 in a container): `docker stop`, `tini -g` or dumb-init
+    signalling its group leave the running stream whole."""
+    entrypoint = Path(__file__).resolve().parents[1] / "docker" / "entrypoint.sh"
+    server_bin = Path(sys.executable).with_name("deepinfer-server")
+    env = {"DEEPINFER_SERVER_BIN": str(server_bin), "DEEPINFER_CACHE_ROOT": str(tmp_path)}
+    srv = make_server("--sim-decode-step-ms", "5", new_session=True, launcher=[str(entrypoint)], env=env)
+    cmdline = Path(f"/proc/{srv.proc.pid}/cmdline").read_bytes().split(b"\0")
+    assert b"entrypoint" not in b" ".join(cmdline), "the entrypoint execs the server: no shell stays in between"
+    events, _ = stream_through_group_sigterm(srv, 100)
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["usage"]["completion_tokens"] == 100
+    assert srv.proc.returncode == 0, srv.log()[-2000:]
+
+
+def test_group_sigterm_past_the_drain_timeout_cuts_the_stream_and_exits_non_zero(make_server) -> None:
+    srv = make_server("--sim-decode-step-ms", "10", "--drain-timeout", "0.5", new_session=True)
+    events, took = stream_through_group_sigterm(srv, 30000)
+    assert events[-1] == "[DONE]"
+    last = json.loads(events[-2])
+    assert last["error"]["code"] == "service_unavailable" and "shutting down" in last["error"]["message"]
+    assert srv.proc.returncode == 1, srv.log()[-2000:]
+    assert took < 10
+    assert "lost" in srv.log()

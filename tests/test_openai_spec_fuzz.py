@@ -44,7 +44,7 @@ def _says(pattern: str) -> Callable[[Body, Error], bool]:
 
 # (reason, test on the error object). First match wins.
 BY_DESIGN: list[tuple[str, Callable[[Body, Error], bool]]] = [
-    ("n > 1: one choice per request", _param("n")),
+    ("n > 1, best_of > 1: one choice per request", _param("n|best_of")),
     ("logprobs: not served yet (generation-controls issue)", _param("logprobs|top_logprobs")),
     ("forced tool choice: not served yet (generation-controls issue)", _param("tool_choice")),
     ("structured output: not served yet (generation-controls issue)", _param(r"response_format|text\.format")),
@@ -77,7 +77,11 @@ BY_DESIGN: list[tuple[str, Callable[[Body, Error], bool]]] = [
         "duplicate call ids",
         _param("input"),
     ),
-    ("Responses: stored prompt templates", _param("prompt")),
+    ("Responses: stored prompt templates", lambda body, err: err.get("param") == "prompt" and "input" in body),
+    (
+        "Completions: one prompt per request (no batches), token IDs within the vocabulary",
+        lambda body, err: err.get("param") == "prompt" and "input" not in body,
+    ),
     (
         "tool names must match ^[a-zA-Z0-9_-]+$, as OpenAI's API checks too",
         _param(r"(input\[\d+\]\.)?tools\[\d+\](\.function)?\.name"),
@@ -111,7 +115,13 @@ def spec_server() -> Iterator[Server]:
 FUZZ = settings(deadline=None, database=None, suppress_health_check=list(HealthCheck), max_examples=200)
 
 
-OPERATIONS = [("/chat/completions", "POST"), ("/responses", "POST"), ("/models", "GET"), ("/models/{model}", "GET")]
+OPERATIONS = [
+    ("/chat/completions", "POST"),
+    ("/completions", "POST"),
+    ("/responses", "POST"),
+    ("/models", "GET"),
+    ("/models/{model}", "GET"),
+]
 
 
 @pytest.mark.parametrize(("path", "method"), OPERATIONS)

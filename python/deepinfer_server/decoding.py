@@ -87,6 +87,13 @@ def _byte_alphabet() -> list[str]:
     return chars
 
 
+def detokenizer(codec: Codec) -> _TableText | _StreamText:
+    """An incremental detokenizer for one request: by byte table where the tokenizer has one."""
+    if codec.token_bytes is not None:
+        return _TableText(codec.token_bytes)
+    return _StreamText(cast(HFTokenizer, codec.detokenizer))
+
+
 class _TableText:
     """Byte-level detokenizing: join the tokens' bytes, decode UTF-8 holding back an unfinished character."""
 
@@ -156,8 +163,7 @@ class BaseDecoder:
     ) -> None:
         options = conv.parsing_options
         self.proc = StreamProcessor(generator, options)  # text in: see the module docstring
-        table, detokenizer = codec.token_bytes, codec.detokenizer
-        self.text = _TableText(table) if table is not None else _StreamText(cast(HFTokenizer, detokenizer))
+        self.text = detokenizer(codec)
         self.text_ids = 0  # token IDs fed since the last text went out: that text's token count
         stage = options.thinking_initial_stage
         # Reasoning tokens: None outside thinking mode; counted until the engine's </think> when it starts in one.

@@ -72,8 +72,9 @@ def locate_model(model: str) -> Path:
 def resolve_model(args: argparse.Namespace) -> tuple[Path, str]:
     """(tokenizer.json path, prompt encoding "v4" or "v4.1") for MODEL, or the bundled tokenizer without one.
 
-    Sets `args.model_dir` to the local checkpoint directory the engine loads."""
-    args.model_dir = None
+    Sets `args.model_dir` to the local checkpoint directory the engine loads, and `args.model_type` to its
+    config.json's `model_type` (None without one), which /model_info reports."""
+    args.model_dir = args.model_type = None
     if not args.model:
         return BUNDLED_TOKENIZER, "v4.1"
     model = locate_model(args.model)
@@ -85,6 +86,7 @@ def resolve_model(args: argparse.Namespace) -> tuple[Path, str]:
     config = model / "config.json"
     if config.is_file():
         model_type = str(json.loads(config.read_text()).get("model_type", ""))
+        args.model_type = model_type or None
         if model_type in ("deepseek_v4", "deepseek_v4_pro"):
             version = "v4"
     return tokenizer, version
@@ -201,7 +203,12 @@ class Ranks:
                 conf["engine_config"]["engine_rank"] = rank
                 env.update(dist_envs[rank])
             cmd = [sys.executable, "-m", "deepinfer_server.engine.rank", "--config", json.dumps(conf)]
-            self.procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL))
+            # Each rank leads its own process group (and session), which its engine's children join: a signal to
+            # the server's group (`kill -- -PGID`, `tini -g`, dumb-init, a terminal's Ctrl-C) reaches only the
+            # server, which drains and then stops the ranks over the ring (rank.py ignores SIGTERM for the
+            # signals that reach every process of a control group).
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.procs.append(proc)
             log.info("started rank %d (pid %d)", rank, self.procs[-1].pid)
 
     def rank_env(self, rank: int) -> dict[str, str]:
@@ -251,6 +258,9 @@ class Ranks:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+            # Whatever the rank's engine started and left behind (its group ignores SIGTERM, see rank.py).
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
         self.unlink()
 
 
@@ -309,6 +319,11 @@ def run(args: argparse.Namespace) -> int:
             "sse_keep_alive_s": args.sse_keep_alive,
             "client_timeout_s": args.client_timeout,
             "stream_interval_ms": args.stream_interval_ms,
+            "model_path": args.model or None,
+            "model_type": args.model_type,
+            "engine": args.engine,
+            "expert_parallel_size": args.expert_parallel_size,
+            "context_parallel_size": args.context_parallel_size,
         }
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the Rust server handles SIGTERM/SIGINT from here on
         # The codec threads (request conversion) and the rank output threads (decoding) share the GIL. Python's

@@ -87,6 +87,14 @@ class PromptEncoder(Protocol):
     def encode(self, conversation: Conversation) -> list[int]: ...
 
 
+class Encoder(PromptEncoder, Protocol):
+    """What serves requests: conversations, and raw text (completion prompts)."""
+
+    def encode_text(self, text: str) -> list[int]:
+        """Plain text without the added vocabulary: a special-token spelling stays text."""
+        ...
+
+
 class Rendered(Protocol):
     """deepseek-recipe's RenderedPrompt: the prompt text and the (start, end) character spans of special tokens."""
 
@@ -129,10 +137,16 @@ def plain_bpe_json(tokenizer_json: dict[str, object]) -> str:
 
 
 class RecipeEncoder:
-    """deepseek-recipe renders and encodes; the guard sees the rendered text first."""
+    """deepseek-recipe renders and encodes; the guard sees the rendered text first. Plain text goes through a
+    deepseek-recipe tokenizer without the added vocabulary (`plain_bpe_json`)."""
 
-    def __init__(self, encoding: Encoding, guard: LengthGuard | None) -> None:
-        self.encoding, self.guard = encoding, guard
+    def __init__(self, encoding: Encoding, guard: LengthGuard | None, plain: Tokenizer) -> None:
+        self.encoding, self.guard, self.plain = encoding, guard, plain
+
+    def encode_text(self, text: str) -> list[int]:
+        if self.guard is not None:
+            self.guard.check(text)
+        return self.plain.encode(text)
 
     def encode(self, conversation: Conversation) -> list[int]:
         if self.guard is not None:
@@ -155,6 +169,11 @@ class FastEncoder:
 
     def encode_text(self, text: str) -> list[int]:
         """BPE of plain text (the GIL is released while fastokens works)."""
+        if self.guard is not None:
+            self.guard.check(text)
+        return self._bpe(text)
+
+    def _bpe(self, text: str) -> list[int]:
         ids: list[int] = self.bpe.encode(text).ids
         return ids
 
@@ -167,7 +186,7 @@ class FastEncoder:
         pos = 0
         for start, end in rendered.special_ranges:
             if start > pos:
-                ids += self.encode_text(text[pos:start])
+                ids += self._bpe(text[pos:start])
             piece = text[start:end]
             special = self.special.get(piece)
             if special is None:  # not an added token: the model vocabulary, as deepseek-recipe looks it up
@@ -177,7 +196,7 @@ class FastEncoder:
             ids.append(special)
             pos = end
         if pos < len(text):
-            ids += self.encode_text(text[pos:])
+            ids += self._bpe(text[pos:])
         return ids
 
 
@@ -189,14 +208,14 @@ def build(
     options: ConversionOptions,
     model: str,
     guard: LengthGuard | None = None,
-) -> PromptEncoder:
+) -> Encoder:
     """The prompt encoder for `choice` (auto, fastokens, recipe). `tokenizer` is deepseek-recipe's, loaded from the
     same `tokenizer.json`, which only the deepseek-recipe encoder keeps; the probe conversations are converted as
     requests for `model` are, with `options`."""
     encoding = renderer.with_tokenizer(tokenizer)
     if choice == "recipe":
         log.info("prompt encoder: deepseek-recipe")
-        return RecipeEncoder(encoding, guard)
+        return RecipeEncoder(encoding, guard, Tokenizer.from_str(plain_bpe_json(tokenizer_json)))
     try:
         fast = FastEncoder(renderer, tokenizer_json, guard)
         problem = verify(fast, encoding, tokenizer, options, model)
@@ -208,7 +227,7 @@ def build(
     if choice == "fastokens":
         raise SystemExit(f"--prompt-encoder fastokens: {problem}")
     log.warning("prompt encoder: deepseek-recipe (fastokens not used: %s)", problem)
-    return RecipeEncoder(encoding, guard)
+    return RecipeEncoder(encoding, guard, Tokenizer.from_str(plain_bpe_json(tokenizer_json)))
 
 
 # Text that exercises every branch of DeepSeek's and GPT-2's pre-tokenizers: scripts, digits, whitespace runs and

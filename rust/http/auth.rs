@@ -1,5 +1,5 @@
-//! `--api-key`: inference routes need `Authorization: Bearer <key>`, or Anthropic's `x-api-key: <key>`; /health and
-//! /metrics stay open.
+//! `--api-key`: the routes `http::app` puts behind it need `Authorization: Bearer <key>`, or Anthropic's
+//! `x-api-key: <key>`; /health, /metrics, /openapi.json, /version and /get_load stay open.
 
 use super::AppState;
 use super::drain::refuse;

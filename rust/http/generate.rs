@@ -29,6 +29,10 @@ pub async fn chat_completions(st: State<Arc<AppState>>, id: Extension<RequestId>
     generate(Protocol::Chat, st, id, body).await
 }
 
+pub async fn completions(st: State<Arc<AppState>>, id: Extension<RequestId>, body: RawBody) -> Response {
+    generate(Protocol::Completions, st, id, body).await
+}
+
 pub async fn messages(st: State<Arc<AppState>>, id: Extension<RequestId>, body: RawBody) -> Response {
     generate(Protocol::Messages, st, id, body).await
 }
@@ -81,7 +85,7 @@ fn parse(protocol: Protocol, body: &[u8], served: &[String]) -> Result<GenerateR
         Protocol::Chat => request::parse(body, served),
         Protocol::Messages => doors::messages(body, served),
         Protocol::Responses => doors::responses(body, served),
-        Protocol::Completions => Err(ApiError::Internal),
+        Protocol::Completions => doors::completions(body, served),
     }
 }
 

@@ -10,6 +10,7 @@ mod info;
 pub mod request;
 pub mod request_id;
 mod tokens;
+mod worker;
 
 use crate::admission::Admission;
 use crate::codec::Codec;
@@ -55,19 +56,35 @@ impl AppState {
 
 pub fn app(state: Arc<AppState>) -> Router {
     let limit = state.config.max_body_bytes;
-    let inference = Router::new()
+    // Behind --api-key: everything under /v1 (as vLLM guards it), and the worker metadata that names the model's
+    // path and its load in detail (as SGLang guards it; smg sends the key to these when it has one).
+    let keyed = Router::new()
         .route("/v1/chat/completions", post(generate::chat_completions))
+        .route("/v1/chat/completions/render", post(worker::render_chat))
+        .route("/v1/completions", post(generate::completions))
         .route("/v1/messages", post(generate::messages))
         .route("/v1/messages/count_tokens", post(tokens::count_messages_tokens))
         .route("/v1/responses", post(generate::responses))
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize))
         .route("/v1/models", get(info::models))
         .route("/v1/models/{*model}", get(info::model)) // names may hold slashes (repo ids)
+        .route("/v1/loads", get(worker::loads))
+        .route("/loads", get(worker::loads))
+        .route("/server_info", get(worker::server_info))
+        .route("/get_server_info", get(worker::server_info))
+        .route("/model_info", get(worker::model_info))
+        .route("/get_model_info", get(worker::model_info))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
+    // Open, like /health and /metrics: vllm-router polls /get_load without a key, and neither says more than
+    // /metrics does.
     Router::new()
-        .merge(inference)
+        .merge(keyed)
         .route("/health", get(info::health))
         .route("/metrics", get(info::metrics))
         .route("/openapi.json", get(info::openapi))
+        .route("/version", get(worker::version))
+        .route("/get_load", get(worker::get_load))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
@@ -175,6 +192,44 @@ mod tests {
         let under = health().header("x-big", "a".repeat(head_limits::MAX_HEAD_BYTES - 100));
         let (s, _, _) = send(&st, under.body(Body::empty()).unwrap()).await;
         assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "under the limits: /health answers (no rank here)");
+    }
+
+    #[tokio::test]
+    async fn worker_metadata_routes_and_their_key() {
+        let st = state(Some("k"));
+        let get = |path: &str, key: bool| {
+            let r = Request::get(path);
+            let r = if key { r.header("authorization", "Bearer k") } else { r };
+            r.body(Body::empty()).unwrap()
+        };
+        for open in ["/version", "/get_load"] {
+            assert_eq!(send(&st, get(open, false)).await.0, StatusCode::OK, "{open} is open");
+        }
+        let keyed = ["/v1/loads", "/loads", "/server_info", "/get_server_info", "/model_info", "/get_model_info"];
+        for path in keyed {
+            let (s, _, v) = send(&st, get(path, false)).await;
+            assert_eq!((s, code(&v)), (StatusCode::UNAUTHORIZED, "invalid_api_key"), "{path}");
+            assert_eq!(send(&st, get(path, true)).await.0, StatusCode::OK, "{path}");
+        }
+        let (_, _, v) = send(&st, get("/version", false)).await;
+        assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+        let (_, _, v) = send(&st, get("/get_load", false)).await;
+        assert_eq!(v, serde_json::json!({"load": 0}));
+        let (_, _, v) = send(&st, get("/server_info", true)).await;
+        assert_eq!(
+            (v["served_model_name"].as_str(), v["max_running_requests"].as_u64()),
+            (Some("test-model"), Some(4))
+        );
+        assert_eq!((v["context_length"].as_u64(), v["dp_size"].as_u64()), (Some(4096), Some(0)));
+        let (_, _, v) = send(&st, get("/loads?model=test-model&include=core", true)).await;
+        assert_eq!((v["dp_rank_count"].as_u64(), v["loads"].as_array().map(Vec::len)), (Some(0), Some(0)));
+        let (s, _, v) = send(&st, get("/v1/loads?model=other", true)).await;
+        assert_eq!((s, code(&v)), (StatusCode::NOT_FOUND, "model_not_found"));
+        let (s, _, v) = send(&st, get("/v1/loads?model=a&model=b", true)).await;
+        assert_eq!((s, code(&v)), (StatusCode::BAD_REQUEST, "invalid_request_error"), "a bad query is an envelope");
+        let render = Request::post("/v1/chat/completions/render").header("authorization", "Bearer k");
+        let (s, _, v) = send(&st, render.body(Body::from("{oops")).unwrap()).await;
+        assert_eq!((s, code(&v)), (StatusCode::BAD_REQUEST, "invalid_request_error"));
     }
 
     #[tokio::test]

@@ -136,6 +136,7 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>
         }
     }
 
+    thinking_from_template_kwargs(obj)?;
     let stream = opt_bool(obj, "stream", "stream")?;
     let (mut include_usage, mut continuous_usage) = (false, false);
     match obj.get("stream_options") {
@@ -218,6 +219,27 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>
     Ok(GenerateRequest { model, stream, include_usage, continuous_usage, ignore_eos, top_k, seed, body })
 }
 
+/// The thinking switch clients written for vLLM or Qwen send, and gateways (smg) write into rewritten bodies:
+/// `chat_template_kwargs: {"thinking": bool}` or `{"enable_thinking": bool}`, turned into the top-level
+/// `thinking` deepseek-recipe reads. A top-level `thinking` wins; `thinking` wins over `enable_thinking`.
+fn thinking_from_template_kwargs(obj: &mut Map<String, Value>) -> Result<(), ApiError> {
+    let Some(Value::Object(kwargs)) = obj.get("chat_template_kwargs") else { return Ok(()) };
+    let Some((key, value)) =
+        ["thinking", "enable_thinking"].iter().find_map(|k| kwargs.get(*k).filter(|v| !v.is_null()).map(|v| (*k, v)))
+    else {
+        return Ok(());
+    };
+    let Some(on) = value.as_bool() else {
+        let param = format!("chat_template_kwargs.{key}");
+        return Err(ApiError::bad_param(&param, format!("'{param}' must be a boolean")));
+    };
+    if matches!(obj.get("thinking"), None | Some(Value::Null)) {
+        let kind = if on { "enabled" } else { "disabled" };
+        obj.insert("thinking".into(), serde_json::json!({"type": kind}));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,6 +312,24 @@ mod tests {
             {"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]});
         let e = err(with(img));
         assert!(e.envelope().contains("messages[0].content[1].type"));
+    }
+
+    #[test]
+    fn thinking_through_chat_template_kwargs() {
+        let thinking = |extra: Value| {
+            let body: Value = serde_json::from_slice(&ok(with(extra)).body).unwrap();
+            body.get("thinking").cloned()
+        };
+        let (on, off) = (Some(json!({"type": "enabled"})), Some(json!({"type": "disabled"})));
+        assert_eq!(thinking(json!({"chat_template_kwargs": {"thinking": false}})), off);
+        assert_eq!(thinking(json!({"chat_template_kwargs": {"enable_thinking": true}})), on);
+        assert_eq!(thinking(json!({"chat_template_kwargs": {"thinking": true, "enable_thinking": false}})), on);
+        let top = json!({"thinking": {"type": "disabled"}, "chat_template_kwargs": {"thinking": true}});
+        assert_eq!(thinking(top), off, "the top-level field wins");
+        assert_eq!(thinking(json!({"chat_template_kwargs": {"other": 1}})), None);
+        assert_eq!(thinking(json!({"chat_template_kwargs": null})), None);
+        let e = err(with(json!({"chat_template_kwargs": {"enable_thinking": "yes"}})));
+        assert!(e.status() == 400 && e.envelope().contains("chat_template_kwargs.enable_thinking"));
     }
 
     #[test]

@@ -1,9 +1,10 @@
-//! Token counting: `POST /v1/messages/count_tokens` (Anthropic's shape), from the encoder that serves requests, so
-//! the count equals the `usage.input_tokens` of the same request.
+//! Token counting, from the encoder that serves requests, so a count equals the prompt tokens the same request
+//! reports: `POST /v1/messages/count_tokens` (Anthropic's shape), and vLLM's `POST /tokenize` and `/detokenize`.
 
 use super::AppState;
 use super::doors;
 use super::generate::{RawBody, read_body};
+use super::request;
 use crate::error::ApiError;
 use crate::protocol::Protocol;
 use axum::extract::State;
@@ -19,6 +20,41 @@ async fn count(st: &AppState, protocol: Protocol, body: RawBody) -> Result<Respo
     let body = read_body(st, body)?;
     let req = doors::messages(&body, &st.config.served_model_names)?;
     let (status, out) = st.codec.call("count_tokens", req.body, protocol).await?;
+    if status != 200 {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+        return Err(ApiError::Codec { status, body: out });
+    }
+    Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
+}
+
+/// `POST /tokenize`: `{"prompt": text}` or a chat body's `{"messages": [...]}`; `model` may be left out.
+pub async fn tokenize(State(st): State<Arc<AppState>>, body: RawBody) -> Response {
+    tokens_call(&st, "tokenize", body).await.unwrap_or_else(|e| e.response_for(Protocol::Chat))
+}
+
+/// `POST /detokenize`: `{"tokens": [...]}` → `{"prompt": text}`.
+pub async fn detokenize(State(st): State<Arc<AppState>>, body: RawBody) -> Response {
+    tokens_call(&st, "detokenize", body).await.unwrap_or_else(|e| e.response_for(Protocol::Chat))
+}
+
+async fn tokens_call(st: &AppState, method: &'static str, body: RawBody) -> Result<Response, ApiError> {
+    let body = read_body(st, body)?;
+    let mut v: serde_json::Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("The request body is not valid JSON: {e}")))?;
+    let obj = v.as_object_mut().ok_or_else(|| ApiError::bad_request("The request body must be a JSON object."))?;
+    let served = &st.config.served_model_names;
+    if obj.get("model").is_none_or(serde_json::Value::is_null) {
+        obj.insert("model".into(), served.first().cloned().unwrap_or_default().into());
+    }
+    let raw = serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?;
+    // A chat body goes through chat's own checks and normalizations, so its count is the request's prompt_tokens.
+    let body = if method == "tokenize" && v.get("messages").is_some() {
+        request::parse(&raw, served)?.body
+    } else {
+        request::body_and_model(&raw, served)?;
+        raw
+    };
+    let (status, out) = st.codec.call(method, body, Protocol::Chat).await?;
     if status != 200 {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
         return Err(ApiError::Codec { status, body: out });

@@ -10,6 +10,8 @@ pub const AUX_QUEUED_TOKENS: usize = 2;
 pub const AUX_HEARTBEAT_MS: usize = 3;
 /// KV-cache usage in parts per million (0..=1_000_000).
 pub const AUX_KV_USAGE_PPM: usize = 4;
+/// KV-cache capacity in tokens (0 when the engine does not say), written once the engine is built.
+pub const AUX_KV_CAPACITY_TOKENS: usize = 5;
 
 /// Values of `aux[AUX_STATE]`.
 pub const STATE_STARTING: u64 = 0;
@@ -25,6 +27,7 @@ pub const EXPORTS: &[(&str, u64)] = &[
     ("AUX_QUEUED_TOKENS", AUX_QUEUED_TOKENS as u64),
     ("AUX_HEARTBEAT_MS", AUX_HEARTBEAT_MS as u64),
     ("AUX_KV_USAGE_PPM", AUX_KV_USAGE_PPM as u64),
+    ("AUX_KV_CAPACITY_TOKENS", AUX_KV_CAPACITY_TOKENS as u64),
     ("STATE_STARTING", STATE_STARTING),
     ("STATE_LOADING", STATE_LOADING),
     ("STATE_READY", STATE_READY),

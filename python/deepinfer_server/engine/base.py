@@ -49,5 +49,8 @@ class Engine(Protocol):
     def kv_usage(self) -> float:
         """Fraction of the KV cache in use (0-1)."""
 
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the KV cache holds in all (0 if unknown); reported to gateways in /v1/loads."""
+
     def close(self) -> None:
         """Release the engine."""

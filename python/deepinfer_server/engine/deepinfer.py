@@ -349,6 +349,10 @@ class DeepInferEngine:
         free = self.engine.scheduler.get_num_free_gpu_blocks()
         return float(min(1.0, max(0.0, 1.0 - free / total)))
 
+    def kv_capacity_tokens(self) -> int:
+        """The profiled KV blocks times the block size."""
+        return int(self.engine.cache_config.num_gpu_blocks or 0) * int(self.engine.cache_config.block_size)
+
     def sync(self, busy: bool, stop: bool) -> tuple[bool, bool]:
         """THE collective of a loop iteration: MAX of (busy, stop) over the DP group. Same answer on every rank."""
         if self.group_size <= 1:

@@ -77,6 +77,7 @@ class Status:
 
     def __init__(self, engine: Engine, outputs: _native.Ring) -> None:
         self.engine, self.set_aux, self.due = engine, outputs.set_aux, 0.0
+        self.set_aux(_native.AUX_KV_CAPACITY_TOKENS, max(0, engine.kv_capacity_tokens()))
 
     def update(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -227,7 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     rank = conf["rank"]
     logs.configure(conf.get("log_level", "INFO"), conf.get("log_format", "text"), f"%(asctime)s rank{rank} %(message)s")
     _die_with_parent(conf["parent_pid"])
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server stops ranks through the ring (or SIGTERM/SIGKILL)
+    # A rank leaves only when the server says so over the ring, or dies with it (PR_SET_PDEATHSIG above). A
+    # SIGTERM or SIGINT meant for the service (a whole process group or control group is signalled by systemd,
+    # dumb-init, `tini -g`, `kill -- -PGID`) must not end it mid-drain: the server drains first, then sends the
+    # shutdown record. Ignored rather than handled, so no syscall in the engine sees EINTR; the engine's own
+    # children (DeepInfer's CP workers) inherit it across fork and exec, and they must outlive the drain too.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Every shared file is mapped before this rank reports READY: once all ranks are ready the launcher unlinks them.
     requests = _native.Ring.open(conf["request_ring"])
     outputs = _native.Ring.open(conf["output_ring"])

@@ -125,7 +125,10 @@ class SimEngine:
     def kv_usage(self) -> float:
         """Share of the KV cache (max_num_seqs x max_model_len token slots) the running requests hold."""
         held = sum(s.prompt_len - s.prompt_left + s.generated for s in (*self.decoding, *self.prefilling))
-        return min(1.0, held / (self.cfg.max_num_seqs * self.cfg.max_model_len))
+        return min(1.0, held / self.kv_capacity_tokens())
+
+    def kv_capacity_tokens(self) -> int:
+        return self.cfg.max_num_seqs * self.cfg.max_model_len
 
     def close(self) -> None:
         self.waiting.clear()
