@@ -110,6 +110,29 @@ def test_messages_claude_code_shaped_request(server: Server) -> None:
     assert kinds[0] == "thinking" and "tool_use" in kinds and final.stop_reason == "tool_use", kinds
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_ignore_eos_gives_exact_lengths_on_every_door(server: Server, stream: bool) -> None:
+    """vLLM's ignore_eos on Messages and Responses too: benchmark clients need answers of an exact length, and the
+    usage counts every generated token (the EOS ones kept out of the text included)."""
+    c = claude(server)
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 300}
+    if stream:
+        with c.messages.stream(**body, extra_body={"ignore_eos": True}) as s:
+            m = s.get_final_message()
+    else:
+        m = c.messages.create(**body, extra_body={"ignore_eos": True})
+    assert m.usage.output_tokens == 300 and m.stop_reason == "max_tokens"
+    oa = server.client()
+    ask: dict[str, Any] = {"model": MODEL, "input": "x", "max_output_tokens": 300, "extra_body": {"ignore_eos": True}}
+    if stream:
+        with oa.responses.stream(**ask) as s:
+            events = list(s)
+        usage = events[-1].response.usage  # type: ignore[union-attr]
+    else:
+        usage = oa.responses.create(**ask).usage
+    assert usage is not None and usage.output_tokens == 300 and usage.total_tokens == usage.input_tokens + 300
+
+
 def test_messages_stop_sequences(server: Server) -> None:
     c = claude(server)
     body: dict[str, Any] = {"model": MODEL, "thinking": {"type": "disabled"}, "extra_body": {"temperature": 0}}

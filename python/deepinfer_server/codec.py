@@ -212,7 +212,7 @@ class Codec:
             )
         else:
             kind = MessagesResponse if protocol == MESSAGES else ResponsesResponse
-            decoder = EventDecoder(self, conv, generator, kind, response_id, model, n_prompt)
+            decoder = EventDecoder(self, conv, generator, kind, response_id, model, n_prompt, ignore_eos)
         return Prepared(
             prompt_ids=ids,
             max_tokens=max_tokens,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
@@ -18,6 +19,9 @@ if TYPE_CHECKING:
 Accumulator = type[MessagesResponse] | type[ResponsesResponse]
 # Only a Responses usage object has this key; deepseek-recipe leaves it 0 without a tokenizer attached.
 _NO_REASONING = '"output_tokens_details":{"reasoning_tokens":0}'
+_USAGE_EVENTS = ("event: message_delta\n", "event: response.completed\n", "event: response.incomplete\n")
+# Only usage objects have these keys unescaped (a JSON string escapes its quotes).
+_OUTPUT_TOKENS = re.compile(r'("(?:output_tokens|total_tokens)":)(\d+)')
 # deepseek-recipe puts the message's service tier in `message_delta`'s usage too, where Anthropic's type has none.
 _DELTA_TIER = ',"service_tier":"standard"'
 
@@ -36,8 +40,9 @@ class EventDecoder(BaseDecoder):
         response_id: str,
         model: str,
         n_prompt: int,
+        ignore_eos: bool,
     ) -> None:
-        super().__init__(codec, conv, generator, n_prompt, ignore_eos=False)
+        super().__init__(codec, conv, generator, n_prompt, ignore_eos)
         self.name = kind.sse_event_name
         self.final = None if self.stream else kind(response_id, model, int(time.time()), n_prompt, 0)
         self.mend: Callable[[str], str] = _mend_response_event if kind is ResponsesResponse else _mend_delta
@@ -50,18 +55,23 @@ class EventDecoder(BaseDecoder):
             if not last:
                 return []
             body = self.final.to_json()
-            return self._with_reasoning(_mend_response(body) if isinstance(self.final, ResponsesResponse) else body)
+            body = _mend_response(body) if isinstance(self.final, ResponsesResponse) else body
+            return self._usage(body)
         name, mend = self.name, self.mend
         out = [mend(f"event: {name(ev)}\ndata: {ev.to_json()}") for ev in events]  # type: ignore[arg-type]
-        if last and out:  # the last event carries the usage: message_delta, response.completed / incomplete
-            out[-1] = self._with_reasoning(out[-1])
+        if last:  # the events that carry the final usage: message_delta, response.completed / incomplete
+            out = [self._usage(e) if e.startswith(_USAGE_EVENTS) else e for e in out]
         return out
 
-    def _with_reasoning(self, js: str) -> str:
-        """Responses usage with the reasoning tokens counted from the engine's IDs."""
-        if not self.reasoning or _NO_REASONING not in js:
-            return js
-        return js.replace(_NO_REASONING, f'"output_tokens_details":{{"reasoning_tokens":{self.reasoning}}}', 1)
+    def _usage(self, js: str) -> str:
+        """The final usage as the engine counted it: reasoning tokens from its IDs (Responses), and the EOS tokens
+        that `ignore_eos` kept out of the text."""
+        if self.reasoning and _NO_REASONING in js:
+            js = js.replace(_NO_REASONING, f'"output_tokens_details":{{"reasoning_tokens":{self.reasoning}}}', 1)
+        if self.dropped_eos:
+            add = self.dropped_eos
+            js = _OUTPUT_TOKENS.sub(lambda m: f"{m.group(1)}{int(m.group(2)) + add}", js)
+        return js
 
 
 def _mend_delta(event: str) -> str:

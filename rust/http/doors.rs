@@ -13,7 +13,8 @@ fn generate(obj: &Map<String, Value>, model: String, top_k: i32, body: &Value) -
         stream: opt_bool(obj, "stream", "stream")?,
         include_usage: false,
         continuous_usage: false,
-        ignore_eos: false,
+        // vLLM's extension, on every door: benchmark clients need outputs of an exact length.
+        ignore_eos: opt_bool(obj, "ignore_eos", "ignore_eos")?,
         top_k,
         seed: None,
         body: serde_json::to_vec(body).map_err(|_| ApiError::Internal)?,

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Server CPU per streamed token on each door (Chat Completions, Completions, Anthropic Messages, OpenAI Responses),
+on the same load: one server on the zero-cost sim, wrk streaming the same 256-token answers (`ignore_eos`) at 64
+connections, the doors in turn, several alternating rounds. Prints each door's figure and its ratio to chat's.
+
+    python bench/doors.py [--rounds 3] [--seconds 8] [--conns 64]
+
+Needs `wrk` (Debian package). CPU is the server's and its ranks' (utime + stime from /proc) over the timed run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+MODEL = "deepseek-v4.1-flash"
+TOKENS = 256
+PROMPT = " ".join(["the", "of", "and", "to", "in", "weather", "Paris"] * 36)
+DOORS: dict[str, tuple[str, dict[str, Any]]] = {
+    "chat": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": TOKENS, "thinking": {"type": "disabled"}},
+    ),
+    "completions": ("/v1/completions", {"prompt": PROMPT, "max_tokens": TOKENS}),
+    "messages": (
+        "/v1/messages",
+        {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": TOKENS, "thinking": {"type": "disabled"}},
+    ),
+    "responses": ("/v1/responses", {"input": PROMPT, "max_output_tokens": TOKENS, "reasoning": {"effort": "none"}}),
+}
+
+
+def body(door: str) -> dict[str, Any]:
+    extra = DOORS[door][1]
+    return {"model": MODEL, "stream": True, "ignore_eos": True, **extra}
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def wrk(url: str, door: str, seconds: int, conns: int, pids: list[int]) -> dict[str, float]:
+    path, _ = DOORS[door]
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        lua_body = json.dumps(json.dumps(body(door)))
+        f.write(f'wrk.method = "POST"\nwrk.body = {lua_body}\nwrk.headers["Content-Type"] = "application/json"\n')
+        script = f.name
+    try:
+        target = f"{url}{path}"
+        subprocess.run(["wrk", "-t1", f"-c{conns}", "-d2s", "-s", script, target], capture_output=True, check=True)
+        cpu0 = cpu_seconds(pids)
+        cmd = ["wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "-s", script, target]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        cpu = cpu_seconds(pids) - cpu0
+    finally:
+        os.unlink(script)
+    reqs = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return {
+        "requests": reqs,
+        "non_2xx": int(bad.group(1)) if bad else 0,
+        "tokens_per_s": round(reqs * TOKENS / seconds),
+        "cpu_us_per_token": round(1e6 * cpu / max(1, reqs * TOKENS), 3),
+    }
+
+
+def check_lengths(url: str) -> None:
+    """Each door streams exactly TOKENS tokens for the benchmark's body, or the figures would not compare."""
+    for door in DOORS:
+        path, _ = DOORS[door]
+        r = httpx.post(f"{url}{path}", json={**body(door), "stream": False}, timeout=60)
+        r.raise_for_status()
+        usage = r.json()["usage"]
+        n = usage.get("completion_tokens", usage.get("output_tokens"))
+        if n != TOKENS:
+            raise SystemExit(f"{door}: {n} output tokens, not {TOKENS}: {usage}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=int, default=8)
+    ap.add_argument("--conns", type=int, default=64)
+    ap.add_argument("--port", type=int, default=18790)
+    args = ap.parse_args()
+    cmd = [sys.executable, "-m", "deepinfer_server", "--host", "127.0.0.1", "--port", str(args.port)]
+    cmd += ["--served-model-name", MODEL, "--log-level", "warning", "--dp", "2", "--max-num-seqs", "128"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{args.port}"
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        out = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout
+        pids = [proc.pid, *map(int, out.split())]
+        check_lengths(url)
+        runs: dict[str, list[dict[str, float]]] = {door: [] for door in DOORS}
+        for i in range(args.rounds):
+            for door in DOORS:
+                runs[door].append(wrk(url, door, args.seconds, args.conns, pids))
+                print(f"round {i + 1} {door}: {runs[door][-1]}", file=sys.stderr, flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    chat = [r["cpu_us_per_token"] for r in runs["chat"]]
+    summary = {}
+    for door, rs in runs.items():
+        cpu = [r["cpu_us_per_token"] for r in rs]
+        summary[door] = {
+            "cpu_us_per_token_median": statistics.median(cpu),
+            "cpu_us_per_token_rounds": cpu,
+            "ratio_to_chat_rounds": [round(c / h, 3) for c, h in zip(cpu, chat, strict=True)],
+            "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in rs),
+            "non_2xx": sum(r["non_2xx"] for r in rs),
+        }
+    print(json.dumps(summary, indent=1))
+    print("\n| door | CPU µs/token (median) | / chat (rounds) | tok/s | non-2xx |\n|---|---|---|---|---|")
+    for door, s in summary.items():
+        ratios = ", ".join(f"{r:.2f}" for r in s["ratio_to_chat_rounds"])
+        print(f"| {door} | {s['cpu_us_per_token_median']} | {ratios} | {s['tokens_per_s_median']} | {s['non_2xx']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
