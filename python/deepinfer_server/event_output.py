@@ -29,7 +29,7 @@ _DELTA_TIER = ',"service_tier":"standard"'
 class EventDecoder(BaseDecoder):
     """One Messages or Responses request's output."""
 
-    __slots__ = ("final", "mend", "name")
+    __slots__ = ("final", "mend", "name", "opened")
 
     def __init__(
         self,
@@ -46,6 +46,7 @@ class EventDecoder(BaseDecoder):
         self.name = kind.sse_event_name
         self.final = None if self.stream else kind(response_id, model, int(time.time()), n_prompt, 0)
         self.mend: Callable[[str], str] = _mend_response_event if kind is ResponsesResponse else _mend_delta
+        self.opened = False  # whether the opening events (message_start, response.created ...) went out
 
     def _emit(self, chunks: Sequence[object], last: bool) -> list[str] | str:
         events = cast(Sequence[MessagesStreamEvent], chunks)
@@ -57,10 +58,16 @@ class EventDecoder(BaseDecoder):
             body = self.final.to_json()
             body = _mend_response(body) if isinstance(self.final, ResponsesResponse) else body
             return self._usage(body)
-        name, mend = self.name, self.mend
-        out = [mend(f"event: {name(ev)}\ndata: {ev.to_json()}") for ev in events]  # type: ignore[arg-type]
-        if last:  # the events that carry the final usage: message_delta, response.completed / incomplete
-            out = [self._usage(e) if e.startswith(_USAGE_EVENTS) else e for e in out]
+        name = self.name
+        out = [f"event: {name(ev)}\ndata: {ev.to_json()}" for ev in events]  # type: ignore[arg-type]
+        # Only the opening and the closing events carry what needs mending (the whole response, the final usage);
+        # the deltas between them go out as they are.
+        if last or not self.opened:
+            self.opened = True
+            mend = self.mend
+            out = [mend(e) for e in out]
+            if last:
+                out = [self._usage(e) if e.startswith(_USAGE_EVENTS) else e for e in out]
         return out
 
     def _usage(self, js: str) -> str:
