@@ -421,3 +421,19 @@ def test_401_and_404_per_door(make_server: Any, door: str) -> None:
         assert r.status_code == 404
         assert r.json()["error"]["type"] == ("not_found_error" if anthropic_door else "invalid_request_error")
         assert c.post(path, json={"model": MODEL, **body}, headers=auth).status_code == 200
+
+
+def test_responses_cut_off_function_call_holds_no_markup(server: Server) -> None:
+    """As on chat: a call cut off by max_output_tokens has only model-generated text in its arguments."""
+    c = server.client()
+    ask: dict[str, Any] = {"model": MODEL, "input": ASK, "tools": [WEATHER_R], "reasoning": {"effort": "none"}}
+    whole = next(i for i in c.responses.create(**ask, max_output_tokens=200).output if i.type == "function_call")
+    for n in range(24, 40):
+        r = c.responses.create(**ask, max_output_tokens=n)
+        args = next((i.arguments for i in r.output if i.type == "function_call"), "")
+        assert whole.arguments.startswith(args), f"max_output_tokens {n}: {args!r}"
+        with c.responses.stream(**ask, max_output_tokens=n) as stream:
+            events = list(stream)
+        deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+        done = [e.arguments for e in events if e.type == "response.function_call_arguments.done"]
+        assert deltas == args and done in ([], [args]), f"max_output_tokens {n}: {deltas!r} {done!r} {args!r}"

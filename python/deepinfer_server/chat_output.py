@@ -8,9 +8,9 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
-from deepseek_recipe import ChatCompletionChunk, ChatCompletionResponse, ConversationRequest, SpecialToken
+from deepseek_recipe import ChatCompletionChunk, ChatCompletionResponse, ConversationRequest
 
-from deepinfer_server.decoding import BaseDecoder, Chunk, Generator, dumps
+from deepinfer_server.decoding import BaseDecoder, Chunk, Generator, cut_partial_tag, dumps
 
 if TYPE_CHECKING:
     from deepinfer_server.codec import Codec
@@ -142,9 +142,6 @@ class Decoder(BaseDecoder):
 
 
 _MESSAGE_START = '"message":{"role":"assistant",'
-# What a DSML tag starts with: a tool call cut off inside one leaves its start held back by deepseek-recipe, which
-# flushes it into the arguments at the finish.
-_DSML_TAGS = ("<" + SpecialToken.Dsml.default_str(), "</" + SpecialToken.Dsml.default_str())
 
 
 def _conform_response(body: str) -> str:
@@ -181,16 +178,5 @@ def _trim_tool_arguments_in(d: dict[str, object]) -> dict[str, object]:
         for call in cast(list[dict[str, dict[str, str]]], part.get("tool_calls") or []):
             function = call.get("function") or {}
             if isinstance(function.get("arguments"), str):
-                function["arguments"] = _cut_partial_tag(function["arguments"])
+                function["arguments"] = cut_partial_tag(function["arguments"])
     return d
-
-
-def _cut_partial_tag(text: str) -> str:
-    """`text` without a trailing, unfinished DSML tag (`</｜DSML｜param`, `</`, `<`): model markup, not arguments."""
-    k = text.rfind("<")
-    tail = text[k:]
-    if k < 0 or ">" in tail:
-        return text
-    if any(tag.startswith(tail) or tail.startswith(tag) for tag in _DSML_TAGS):
-        return text[:k]
-    return text

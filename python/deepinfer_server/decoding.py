@@ -27,6 +27,7 @@ from deepseek_recipe import (
     PromptUsage,
     ResponsesChunkGenerator,
     ResponsesStreamEvent,
+    SpecialToken,
     StreamProcessor,
 )
 from tokenizers import Tokenizer as HFTokenizer
@@ -247,6 +248,22 @@ class BaseDecoder:
 
     def _emit(self, chunks: Sequence[object], last: bool) -> list[str] | str:
         raise NotImplementedError
+
+
+# What a DSML tag starts with: a tool call cut off inside one leaves its start held back by deepseek-recipe, which
+# flushes it into the arguments at the finish.
+_DSML_TAGS = ("<" + SpecialToken.Dsml.default_str(), "</" + SpecialToken.Dsml.default_str())
+
+
+def cut_partial_tag(text: str) -> str:
+    """`text` without a trailing, unfinished DSML tag (`</｜DSML｜param`, `</`, `<`): model markup, not arguments."""
+    k = text.rfind("<")
+    tail = text[k:]
+    if k < 0 or ">" in tail:
+        return text
+    if any(tag.startswith(tail) or tail.startswith(tag) for tag in _DSML_TAGS):
+        return text[:k]
+    return text
 
 
 def dumps(d: object) -> str:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, cast
 
 from deepseek_recipe import ConversationRequest, MessagesResponse, MessagesStreamEvent, ResponsesResponse
 
-from deepinfer_server.decoding import BaseDecoder, Generator, dumps
+from deepinfer_server.decoding import BaseDecoder, Chunk, Generator, cut_partial_tag, dumps
 
 if TYPE_CHECKING:
     from deepinfer_server.codec import Codec
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 Accumulator = type[MessagesResponse] | type[ResponsesResponse]
 # Only a Responses usage object has this key; deepseek-recipe leaves it 0 without a tokenizer attached.
 _NO_REASONING = '"output_tokens_details":{"reasoning_tokens":0}'
+_CALL_EVENTS = ("event: response.output_item.added\n", "event: response.function_call_arguments.done\n")
 _USAGE_EVENTS = ("event: message_delta\n", "event: response.completed\n", "event: response.incomplete\n")
 # Only usage objects have these keys unescaped (a JSON string escapes its quotes).
 _OUTPUT_TOKENS = re.compile(r'("(?:output_tokens|total_tokens)":)(\d+)')
@@ -29,7 +30,7 @@ _DELTA_TIER = ',"service_tier":"standard"'
 class EventDecoder(BaseDecoder):
     """One Messages or Responses request's output."""
 
-    __slots__ = ("final", "mend", "name", "opened")
+    __slots__ = ("calls", "final", "mend", "name", "opened")
 
     def __init__(
         self,
@@ -47,6 +48,14 @@ class EventDecoder(BaseDecoder):
         self.final = None if self.stream else kind(response_id, model, int(time.time()), n_prompt, 0)
         self.mend: Callable[[str], str] = _mend_response_event if kind is ResponsesResponse else _mend_delta
         self.opened = False  # whether the opening events (message_start, response.created ...) went out
+        self.calls: dict[str, str] | None = {} if kind is ResponsesResponse else None  # function call id -> name
+
+    def _flushed(self, chunks: list[Chunk]) -> Sequence[object]:
+        # A Responses stream: what the finish flushes is where a cut-off call's held-back tag would surface.
+        if not self.stream or self.mend is not _mend_response_event:
+            return chunks
+        name = self.name
+        return [_trim_event(f"event: {name(ev)}\ndata: {ev.to_json()}") for ev in chunks]  # type: ignore[arg-type]
 
     def _emit(self, chunks: Sequence[object], last: bool) -> list[str] | str:
         events = cast(Sequence[MessagesStreamEvent], chunks)
@@ -59,7 +68,9 @@ class EventDecoder(BaseDecoder):
             body = _mend_response(body) if isinstance(self.final, ResponsesResponse) else body
             return self._usage(body)
         name = self.name
-        out = [f"event: {name(ev)}\ndata: {ev.to_json()}" for ev in events]  # type: ignore[arg-type]
+        out = [ev if isinstance(ev, str) else f"event: {name(ev)}\ndata: {ev.to_json()}" for ev in events]  # type: ignore[arg-type]
+        if self.calls is not None:
+            out = [self._named(e) if e.startswith(_CALL_EVENTS) else e for e in out]
         # Only the opening and the closing events carry what needs mending (the whole response, the final usage);
         # the deltas between them go out as they are.
         if last or not self.opened:
@@ -69,6 +80,22 @@ class EventDecoder(BaseDecoder):
             if last:
                 out = [self._usage(e) if e.startswith(_USAGE_EVENTS) else e for e in out]
         return out
+
+    def _named(self, event: str) -> str:
+        """deepseek-recipe leaves out the function's name that OpenAI's `function_call_arguments.done` event
+        carries: take it from the call's `output_item.added`."""
+        head, _, data = event.partition("\ndata: ")
+        d = json.loads(data)
+        calls = cast(dict[str, str], self.calls)
+        if head == "event: response.output_item.added":
+            item = d.get("item") or {}
+            if item.get("type") == "function_call":
+                calls[str(item.get("id"))] = str(item.get("name"))
+            return event
+        if "name" in d or str(d.get("item_id")) not in calls:
+            return event
+        d["name"] = calls[str(d["item_id"])]
+        return f"{head}\ndata: {dumps(d)}"
 
     def _usage(self, js: str) -> str:
         """The final usage as the engine counted it: reasoning tokens from its IDs (Responses), and the EOS tokens
@@ -115,3 +142,26 @@ def _mend(response: dict[str, object]) -> None:
     for key in _NOT_NULL:
         if response.get(key, "") is None:
             del response[key]
+    for item in cast(list[dict[str, object]], response.get("output") or []):
+        _trim_arguments(item)
+
+
+def _trim_arguments(item: dict[str, object]) -> None:
+    if isinstance(item.get("arguments"), str):
+        item["arguments"] = cut_partial_tag(cast(str, item["arguments"]))
+
+
+def _trim_event(event: str) -> str:
+    """A flushed Responses event without a partial DSML tag at the end of a function call's arguments."""
+    if '"arguments"' not in event and not event.startswith("event: response.function_call_arguments.delta\n"):
+        return event
+    head, _, data = event.partition("\ndata: ")
+    d = json.loads(data)
+    if isinstance(d.get("delta"), str):
+        d["delta"] = cut_partial_tag(d["delta"])
+    _trim_arguments(d)
+    if isinstance(d.get("item"), dict):
+        _trim_arguments(d["item"])
+    if isinstance(d.get("response"), dict):
+        _mend(d["response"])
+    return f"{head}\ndata: {dumps(d)}"
