@@ -59,6 +59,12 @@ class EventDecoder(BaseDecoder):
 
     def _emit(self, chunks: Sequence[object], last: bool) -> list[str] | str:
         events = cast(Sequence[MessagesStreamEvent], chunks)
+        if self.opened and not last and self.final is None:  # a stream's deltas: the hot path, nothing to mend
+            name = self.name
+            out = [f"event: {name(ev)}\ndata: {ev.to_json()}" for ev in events]  # type: ignore[arg-type]
+            if self.calls is None:
+                return out
+            return [self._named(e) if e.startswith(_CALL_EVENTS) else e for e in out]
         if self.final is not None:  # non-stream: accumulate, answer once
             for ev in events:
                 self.final.accumulate(ev)  # type: ignore[arg-type]
