@@ -159,6 +159,19 @@ def ring_path() -> Iterator[Callable[[], str]]:
             Ring.unlink(p)
 
 
+def wait_for(what: str, pred: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Poll `pred` (an HTTP error counts as not yet) until it holds, failing after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if pred():
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
 def shm_segments() -> set[str]:
     return {p.name for p in Path("/dev/shm").glob("deepinfer-*")}
 

@@ -20,13 +20,13 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
-from conftest import MODEL, Server, start_server
+from conftest import MODEL, Server, start_server, wait_for
 
 SMG = shutil.which("smg", path=str(Path(sys.executable).parent)) or shutil.which("smg")
 pytestmark = pytest.mark.skipif(
@@ -50,18 +50,6 @@ def start_replica(port: int, *args: str) -> Server:
         "--served-model-name", MODEL, "--port", str(port), "--api-key", KEY, "--sim-decode-step-ms", "5", *args,
         new_session=True,
     )  # fmt: skip
-
-
-def wait_for(what: str, pred: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if pred():
-                return
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 @dataclass

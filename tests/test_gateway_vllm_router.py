@@ -9,13 +9,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-from conftest import MODEL, Server, start_server
+from conftest import MODEL, Server, start_server, wait_for
 
 from test_gateway_smg import free_port
 
@@ -32,18 +32,6 @@ class Router:
     proc: subprocess.Popen[bytes]
     url: str
     replicas: list[Server]
-
-
-def wait_for(what: str, pred: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if pred():
-                return
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 @pytest.fixture

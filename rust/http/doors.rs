@@ -172,16 +172,7 @@ pub fn responses(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiEr
             }
         }
     }
-    match obj.get("tool_choice") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(c)) if c == "auto" || c == "none" => {}
-        Some(_) => {
-            return Err(ApiError::bad_param(
-                "tool_choice",
-                "Only tool_choice \"auto\" and \"none\" are supported; forcing a tool call is not yet.",
-            ));
-        }
-    }
+    fields::check_tool_choice(obj)?;
     if obj.get("top_logprobs").and_then(integer).is_some_and(|n| n > 0) {
         return Err(ApiError::bad_param("top_logprobs", "logprobs are not supported yet."));
     }

@@ -101,6 +101,18 @@ pub fn check(obj: &mut Map<String, Value>) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// `tool_choice` "auto" or "none": forcing a tool call needs the engine's constraint, which is not wired yet.
+pub fn check_tool_choice(obj: &Map<String, Value>) -> Result<(), ApiError> {
+    match obj.get("tool_choice") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(c)) if c == "auto" || c == "none" => Ok(()),
+        Some(_) => Err(ApiError::bad_param(
+            "tool_choice",
+            "Only tool_choice \"auto\" and \"none\" are supported; forcing a tool call is not yet.",
+        )),
+    }
+}
+
 /// Chat's tools: function tools only, each a `function` with a name (deepseek-recipe's own errors would not name
 /// the field).
 pub fn check_tools(tools: &Value) -> Result<(), ApiError> {

@@ -168,16 +168,7 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>
     if opt_bool(obj, "logprobs", "logprobs")? || !matches!(obj.get("top_logprobs"), None | Some(Value::Null)) {
         return Err(ApiError::bad_param("logprobs", "logprobs are not supported."));
     }
-    match obj.get("tool_choice") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s == "auto" || s == "none" => {}
-        Some(_) => {
-            return Err(ApiError::bad_param(
-                "tool_choice",
-                "Only tool_choice \"auto\" and \"none\" are supported; forcing a tool call is not.",
-            ));
-        }
-    }
+    fields::check_tool_choice(obj)?;
     match obj.get("response_format") {
         None | Some(Value::Null) => {}
         Some(rf) if rf.get("type").and_then(Value::as_str) == Some("text") => {}
