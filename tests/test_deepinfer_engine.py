@@ -17,9 +17,17 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
-from conftest import MODEL, Server, idle_wakeups_per_s, requests_across_idle_gaps, shm_segments
+from conftest import (
+    MODEL,
+    Server,
+    idle_wakeups_per_s,
+    requests_across_idle_gaps,
+    shm_segments,
+    wait_until_gone,
+)
 
 HERE = Path(__file__).resolve().parent
 FAKE = HERE / "fake_deepinfer"
@@ -380,3 +388,37 @@ def test_launcher_helpers_pick_and_check_ports() -> None:
         dist_env_for_ranks(1, 1, 29600, {"MASTER_PORT": "29650"})
     with pytest.raises(ConfigError, match="lists 2 GPU"):
         dist_env_for_ranks(3, 1, 8000, {"CUDA_VISIBLE_DEVICES": "0,1"})
+
+
+# -- failures: nothing hangs, nothing is left behind -----------------------------------------------------------------
+
+
+def test_add_request_exception_fails_that_request_only(deepinfer_server) -> None:
+    # The fake's add_request raises RuntimeError for prompts over 100 tokens (not a ValueError/TypeError).
+    srv = deepinfer_server("--dp", "2", FAKE_DEEPINFER_ADD_RAISES_OVER="100")
+    client = srv.client(timeout=30)
+    big = "lorem ipsum dolor sit amet " * 40
+    with pytest.raises(openai.InternalServerError, match="refused the request"):
+        chat(client, big, max_tokens=5)
+    with pytest.raises(openai.APIError, match="refused the request"):
+        stream_text(client, content=big, max_tokens=5)
+    for i in range(6):  # both ranks still serve, in lockstep
+        r = chat(client, f"short {i}", max_tokens=5, extra={"ignore_eos": True})
+        assert r.usage.completion_tokens == 5
+    assert httpx.get(f"{srv.url}/health").status_code == 200
+    log = stop_cleanly(srv)
+    assert len(re.findall(r"rank \d closed: .*lockstep=ok", log)) == 2, log
+
+
+def test_error_outside_step_exits_the_rank_at_once_without_a_collective(deepinfer_server) -> None:
+    # The fake's abort_request raises: a stop sequence makes the server abort, the rank's loop fails outside
+    # step/sync. It must exit at once, not enter the collective close() while its peer waits in an all-reduce.
+    srv = deepinfer_server("--dp", "2", "--exit-on-rank-failure", "1", FAKE_DEEPINFER_ABORT_RAISES="1")
+    ranks = srv.rank_pids()
+    text, finish, _ = stream_text(srv.client(timeout=30), content="x", stop=["e"], max_tokens=2000)
+    assert finish == "stop" and "e" not in text
+    assert srv.proc.wait(timeout=20) == 1, srv.log()
+    log = srv.log()
+    assert "exiting without closing the engine" in log, log
+    assert "lockstep violation" not in log and "closed: steps=" not in log, log
+    assert not wait_until_gone(srv.proc.pid, set(ranks))

@@ -15,7 +15,8 @@ What the adapter handles (see the reference notes on deepinfer 0.1.0, section 1.
   terminal event without a token and becomes FINISH_ERROR with the reason.
 * Aborting a running request emits nothing; an abort can be lost (a request not yet in the scheduler runs anyway):
   any later output for an id the server no longer waits for is dropped and the id is aborted again.
-* `add_request` returns None for out-of-range token ids: that is published as an error finish.
+* `add_request` returns None for out-of-range token ids: that is published as an error finish. Any exception
+  from it fails that request only, except `ENGINE_FAULTS`, which end the rank (engine/rank.py `die`).
 * `max_tokens` is clamped to the context (the engine reserves prompt + max_tokens per sequence).
 
 Nothing here imports numpy, torch or deepinfer at module level: the launcher imports the helpers
@@ -59,6 +60,8 @@ _USER_ID = "deepinfer-server"
 _REAL_TOKEN_REASONS = ("", "stop", "length")
 _MAX_REMEMBERED_ABORTS = 1 << 16
 _INT32_MAX = (1 << 31) - 1
+# Errors from `add_request` that say the engine, not the request, is broken. Anything else fails that request only.
+ENGINE_FAULTS: tuple[type[BaseException], ...] = (MemoryError, SystemError, OSError)
 
 
 class ConfigError(ValueError):
@@ -310,8 +313,14 @@ class DeepInferEngine:
                 prompt_token_ids=ids,
                 multi_modal_data=dict(_TEXT_ONLY),
             )
-        except (ValueError, TypeError, OverflowError) as e:
-            return [(rid, [], _native.FINISH_ERROR, f"invalid request: {e}")]
+        except ENGINE_FAULTS:
+            raise  # the engine (its memory, its worker processes or shared memory) is at fault: the rank exits
+        except Exception as e:
+            # This request only: the engine refused it (bad parameters, a check of its own). Abort the id in case
+            # it got half-way in, so nothing runs unseen; if even that fails, the engine's state is at fault.
+            log.warning("request %d: add_request failed: %r", rid, e)
+            self.engine.abort_request([str(rid)])
+            return [(rid, [], _native.FINISH_ERROR, f"the engine refused the request: {type(e).__name__}: {e}")]
         if seq is None:  # dropped by the engine: token ids outside [0, vocab_size)
             return [(rid, [], _native.FINISH_ERROR, "prompt contains a token id outside the vocabulary")]
         self.live.add(rid)

@@ -7,6 +7,7 @@ on the request ring's futex when idle (no busy-spinning) and blocks on the outpu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import logging
@@ -14,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from deepinfer_server import _native
 from deepinfer_server.engine.base import Engine, Output, Submit
@@ -39,6 +40,7 @@ RUN_AHEAD_STEPS = int(os.environ.get("DEEPINFER_SIM_RUN_AHEAD_STEPS", "4"))
 # this often (never less often than the interval), and before the rank waits for it to catch up. A zero-cost rank
 # would otherwise wake it every step.
 WAKE_EVERY_S = 0.001
+EXIT_FATAL = 3  # the rank hit an error outside any one request (see `die`)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -50,6 +52,19 @@ def _die_with_parent(parent_pid: int) -> None:
         pass
     if os.getppid() != parent_pid:  # the parent died before the prctl took effect
         os._exit(1)
+
+
+def die(rank: int, outputs: _native.Ring, what: str) -> NoReturn:
+    """Exit at once after an error the rank cannot contain (the server turns the exit into 503 and exits).
+
+    Never through `engine.close()` or anything else collective: the peers may be inside a step's all-reduce, and
+    a rank that enters a different collective (or waits for one they will never join) hangs the whole group."""
+    log.critical("rank %d: %s; exiting without closing the engine", rank, what, exc_info=True)
+    with contextlib.suppress(Exception):
+        outputs.set_aux(_native.AUX_STATE, _native.STATE_FAILED)
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(EXIT_FATAL)
 
 
 def build_engine(kind: str, cfg: dict[str, Any]) -> Engine:
@@ -258,9 +273,10 @@ def main(argv: list[str] | None = None) -> int:
             serve_rank(engine, requests, outputs, conf.get("stream_interval_ms", 0.0))
     except _native.RingClosed:
         pass  # the server is gone or shutting down
-    finally:
-        outputs.set_aux(_native.AUX_STATE, _native.STATE_STOPPED)
-        engine.close()
+    except BaseException:
+        die(rank, outputs, "the rank loop failed")
+    outputs.set_aux(_native.AUX_STATE, _native.STATE_STOPPED)
+    engine.close()  # collective for DeepInfer: reached only when every rank left the loop at the same iteration
     return 0
 
 

@@ -119,6 +119,9 @@ class LLMEngine:
         self.zos = envs.DEEPINFER_ZERO_OVERHEAD_SCHEDULING
         self.step_s = float(os.environ.get("FAKE_DEEPINFER_STEP_MS", "0")) / 1000.0
         self.admission_steps = int(os.environ.get("FAKE_DEEPINFER_ADMISSION_STEPS", "0"))
+        # Failure injection: add_request raises for prompts longer than this; abort_request raises.
+        self.add_raises_over = int(os.environ.get("FAKE_DEEPINFER_ADD_RAISES_OVER", "0"))
+        self.abort_raises = os.environ.get("FAKE_DEEPINFER_ABORT_RAISES", "") == "1"
         kv = int(os.environ.get("FAKE_DEEPINFER_KV_TOKENS", str(1 << 24)))
         self.kv_tokens = int(kv * cache_config.gpu_memory_utilization)
         pc = parallel_config
@@ -194,6 +197,8 @@ class LLMEngine:
         if a.min() < 0 or a.max() >= max_valid:
             _say(f"Drop request {request_id} from {user_id=} due to invalid token")
             return None
+        if self.add_raises_over and a.size > self.add_raises_over:
+            raise RuntimeError(f"fake: the scheduler cannot take a {a.size}-token prompt")
         prompt = a.tolist()
         rng = random.Random(zlib.crc32(a.tobytes()) * 1_000_003 + sampling_params.seq_seed)
         plan = [] if not self.corpus else self._text(rng, rng.randint(8, 60))
@@ -212,6 +217,8 @@ class LLMEngine:
     def abort_request(self, request_id: str | Iterable[str]) -> tuple[int, int]:
         assert isinstance(request_id, (str, dict, set, list, tuple)), f"invalid request_id type: {type(request_id)}"
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        if self.abort_raises:
+            raise RuntimeError("fake: abort_request failed (scheduler state corrupt)")
         for rid in ids:
             if rid in self._lost:
                 self.reaborted += 1
