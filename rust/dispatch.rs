@@ -7,7 +7,7 @@ use crate::admission::Permit;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::ring::records::{self, Abort, Submit};
-use crate::ring::status::AUX_QUEUED_TOKENS;
+use crate::ring::status::{AUX_QUEUED_TOKENS, monotonic_ms};
 use crate::ring::{Doorbell, Ring, Sender};
 use crate::stream::Outlet;
 use pyo3::prelude::*;
@@ -119,6 +119,9 @@ pub struct RankLink {
     inflight: Mutex<FxHashMap<u64, Arc<Inflight>>>,
     count: AtomicUsize,
     alive: AtomicBool,
+    /// When the rank last went from no requests to some (`monotonic_ms`): a rank asleep on its doorbell stamps
+    /// no heartbeat, so the watchdog measures a stall from the later of this and its last heartbeat.
+    busy_since_ms: AtomicU64,
 }
 
 impl RankLink {
@@ -140,6 +143,7 @@ impl RankLink {
             inflight: Mutex::new(FxHashMap::default()),
             count: AtomicUsize::new(0),
             alive: AtomicBool::new(true),
+            busy_since_ms: AtomicU64::new(0),
         }
     }
 
@@ -148,7 +152,12 @@ impl RankLink {
     }
 
     pub fn in_flight(&self) -> usize {
-        self.count.load(Ordering::Relaxed)
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// See `busy_since_ms`.
+    pub fn busy_since_ms(&self) -> u64 {
+        self.busy_since_ms.load(Ordering::Relaxed)
     }
 
     /// Look up the requests of a batch under one lock.
@@ -240,7 +249,11 @@ impl Dispatcher {
             _permit: permit,
         });
         rank.inflight.lock().unwrap().insert(id, entry);
-        rank.count.fetch_add(1, Ordering::Relaxed);
+        // Stored before the count rises, so a watchdog that sees the new count sees the new time too.
+        if rank.count.load(Ordering::Relaxed) == 0 {
+            rank.busy_since_ms.store(monotonic_ms(), Ordering::Relaxed);
+        }
+        rank.count.fetch_add(1, Ordering::Release);
         if let Err(e) = rank.requests.send(records::SUBMIT, Submit { request_id: id, ..job.submit }.encode()) {
             rank.take(id);
             tracing::error!(rank = rank.index, "cannot send request to rank: {e}");

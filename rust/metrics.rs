@@ -3,7 +3,7 @@
 //! time, so nothing here takes the GIL or a rank lock.
 
 use crate::dispatch::Dispatcher;
-use crate::ring::status::{AUX_HEARTBEAT_MS, AUX_KV_USAGE_PPM, AUX_QUEUED_TOKENS, AUX_REQUESTS};
+use crate::ring::status::{AUX_HEARTBEAT_MS, AUX_KV_USAGE_PPM, AUX_QUEUED_TOKENS, AUX_REQUESTS, monotonic_ms};
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -176,9 +176,7 @@ impl Metrics {
     /// The text exposition, with the rank-state gauges refreshed first.
     pub fn render(&self, dispatcher: &Dispatcher, max_num_seqs: usize) -> String {
         let (mut running, mut waiting, mut kv) = (0usize, 0usize, 0f64);
-        // The ranks stamp their heartbeat with Python's time.monotonic(), i.e. CLOCK_MONOTONIC.
-        let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-        let now_ms = t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000;
+        let now_ms = monotonic_ms();
         for link in &dispatcher.ranks {
             let n = link.in_flight();
             let rank = link.index.to_string();

@@ -11,6 +11,7 @@ use crate::metrics::Metrics;
 use crate::rank_io;
 use crate::ring::py::{PyDoorbell, PyRing};
 use crate::supervisor::{Supervisor, fail_in_flight};
+use crate::watchdog;
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use std::sync::Arc;
@@ -74,6 +75,13 @@ async fn run(state: Arc<AppState>, pids: Vec<i32>) -> std::io::Result<i32> {
         .map(|r| rank_io::spawn(dispatcher.clone(), state.codec.clone(), r, state.config.stream_interval()))
         .collect();
     let (failed_tx, mut failed_rx) = mpsc::unbounded_channel();
+    if let Some(timeout) = state.config.watchdog_timeout() {
+        let (dispatcher, failed, pids) = (dispatcher.clone(), failed_tx.clone(), pids.clone());
+        tokio::spawn(async move {
+            let rank = watchdog::run(dispatcher, timeout, pids).await;
+            let _ = failed.send(rank);
+        });
+    }
     let mut supervisor = Supervisor::start(dispatcher.clone(), &pids, move |rank| {
         let _ = failed_tx.send(rank);
     })?;

@@ -70,6 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--drain-timeout", type=float, default=30.0, help="Seconds to finish in-flight requests on SIGTERM.")
     p.add_argument(
+        "--watchdog-timeout",
+        type=float,
+        default=300.0,
+        help="Seconds a rank with requests in flight may go without a heartbeat (one per engine step) before the "
+        "server declares it hung, kills every rank and exits with status 1; 0 disables it. The default allows a "
+        "first-step JIT compile and a 1M-token prefill.",
+    )
+    p.add_argument(
         "--engine",
         choices=("sim", "deepinfer"),
         default=os.environ.get("DEEPINFER_SERVER_ENGINE", "sim"),
@@ -169,6 +177,7 @@ def check_args(args: argparse.Namespace) -> str | None:
         "request_timeout",
         "exit_on_rank_failure",
         "drain_timeout",
+        "watchdog_timeout",
         "stream_interval_ms",
         "sim_prefill_ms_per_1k_tokens",
         "sim_decode_step_ms",

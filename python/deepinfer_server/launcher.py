@@ -296,6 +296,7 @@ def run(args: argparse.Namespace) -> int:
             "log_level": args.log_level,
             "exit_on_rank_failure_s": args.exit_on_rank_failure,
             "drain_timeout_s": args.drain_timeout,
+            "watchdog_timeout_s": args.watchdog_timeout,
             "api_key": args.api_key or None,
             "openapi": OPENAPI.read_text(encoding="utf-8") if OPENAPI.is_file() else None,
             "log_format": args.log_format,

@@ -88,10 +88,18 @@ def build_engine(kind: str, cfg: dict[str, Any]) -> Engine:
 class Status:
     """The rank's status words in its output ring (load, KV usage, heartbeat), for dispatch and /metrics.
 
-    Computing the load is O(requests), so a busy loop refreshes them every STATUS_EVERY_S, not every step."""
+    Computing the load is O(requests), so a busy loop refreshes them every STATUS_EVERY_S, not every step.
+    `phase` names what the loop is doing, for the server's watchdog to log when the rank hangs; it costs one
+    write per change."""
 
     def __init__(self, engine: Engine, outputs: _native.Ring) -> None:
         self.engine, self.set_aux, self.due = engine, outputs.set_aux, 0.0
+        self.current = -1
+
+    def phase(self, phase: int) -> None:
+        if phase != self.current:
+            self.current = phase
+            self.set_aux(_native.AUX_PHASE, phase)
 
     def update(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -159,6 +167,8 @@ def publish(
             return
         if outputs.wait_drained(ahead, CATCH_UP_WAIT_S):
             return
+        # Alive, only waiting for the server: not a hang for the watchdog.
+        outputs.set_aux(_native.AUX_HEARTBEAT_MS, int(time.monotonic() * 1000))
 
 
 class WakePolicy:
@@ -183,18 +193,22 @@ def serve_rank(engine: Engine, requests: _native.Ring, outputs: _native.Ring, st
     wake_policy = WakePolicy(stream_interval_ms)
     while True:
         if not engine.has_work():
+            status.phase(_native.PHASE_IDLE)
             outputs.wake_consumer()  # nothing published quietly may wait for the next step
             requests.wait(IDLE_WAIT_S)
             if requests.closed:
                 return
+        status.phase(_native.PHASE_ADD)
         published, stop = take_requests(engine, requests)
         if stop:
             return
         quiet = not published
         if engine.has_work():
+            status.phase(_native.PHASE_STEP)
             published += engine.step()
             quiet = quiet and engine.quiet_step
         if published:
+            status.phase(_native.PHASE_PUBLISH)
             publish(outputs, published, requests, wake_policy(quiet, time.monotonic()))
         status.update(force=not engine.has_work())
 
@@ -210,22 +224,27 @@ def serve_sim_lockstep(
     try:
         while True:
             idle.round()
+            status.phase(_native.PHASE_ADD)
             published, stop = take_requests(engine, requests)
             if stop or requests.closed:
                 return
             busy = engine.has_work()
             start = engine.step_start()
             cost = engine.plan() if busy else 0.0
+            status.phase(_native.PHASE_SYNC)
             any_busy, slowest = lock.sync(busy, cost)
             if any_busy:
+                status.phase(_native.PHASE_STEP)
                 step_ms = max(slowest, engine.cfg.decode_step_ms)
                 engine.wait_until(start, step_ms)
                 engine.step_done(start, step_ms)
                 published += engine.commit()
             if published:
+                status.phase(_native.PHASE_PUBLISH)
                 publish(outputs, published)
             status.update(force=not busy)
             if not any_busy:
+                status.phase(_native.PHASE_IDLE)
                 idle.sleep()
     except _native.RingClosed:
         return
@@ -276,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException:
         die(rank, outputs, "the rank loop failed")
     outputs.set_aux(_native.AUX_STATE, _native.STATE_STOPPED)
+    outputs.set_aux(_native.AUX_PHASE, _native.PHASE_CLOSE)
     engine.close()  # collective for DeepInfer: reached only when every rank left the loop at the same iteration
     return 0
 
