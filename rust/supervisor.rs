@@ -30,6 +30,7 @@ impl Supervisor {
                 Ok(pidfd_open(pid, PidfdFlags::empty())?)
             })
             .collect::<io::Result<Vec<_>>>()?;
+        let pids = pids.to_vec();
         let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC)?);
         let stop = wake.clone();
         let thread = thread::Builder::new().name("supervisor".into()).spawn(move || {
@@ -57,6 +58,8 @@ impl Supervisor {
                 drop(fds);
                 for rank in exited {
                     alive[rank] = false;
+                    // Its CP workers and VE worker may live on (some are not tied to it by a death signal).
+                    kill_rank_groups(&pids[rank..=rank]);
                     rank_failed(&dispatcher, rank);
                     on_failure(rank);
                 }
@@ -100,7 +103,9 @@ pub fn fail_rank(dispatcher: &Dispatcher, rank: usize, why: &str) {
     link.output.close();
 }
 
-/// SIGKILL each rank's process group: the rank and every descendant that stayed in it, stopped ones included.
+/// SIGKILL each rank's process group: the rank and every descendant that stayed in it (CP workers, the VE
+/// worker), stopped ones included. The launcher makes every rank a group leader; its pid cannot be reused
+/// before the launcher reaps it, which it does only after the server returns.
 pub fn kill_rank_groups(pids: &[i32]) {
     use rustix::process::{Signal, kill_process, kill_process_group};
     for &p in pids {

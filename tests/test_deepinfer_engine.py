@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import pytest
 from conftest import (
     MODEL,
     Server,
+    group_members,
     idle_wakeups_per_s,
     requests_across_idle_gaps,
     shm_segments,
@@ -422,3 +424,49 @@ def test_error_outside_step_exits_the_rank_at_once_without_a_collective(deepinfe
     assert "exiting without closing the engine" in log, log
     assert "lockstep violation" not in log and "closed: steps=" not in log, log
     assert not wait_until_gone(srv.proc.pid, set(ranks))
+
+
+def cp_server(deepinfer_server, *args: str, **env: str):
+    """DP 2 x CP 2: each rank spawns a CP worker and forks a VE worker, as the real engine does."""
+    srv = deepinfer_server("--ep", "4", "--dp", "2", "--cp", "2", *args, **env)
+    ranks = set(srv.rank_pids())
+    assert len(ranks) == 2
+    r = chat(srv.client(timeout=30), "hello", max_tokens=5, extra={"ignore_eos": True})
+    assert r.usage.completion_tokens == 5
+    members = group_members(ranks)
+    workers = [pid for pid in members if pid not in ranks]
+    # Per rank, in its process group: the CP worker, the VE worker, and multiprocessing's resource tracker
+    # (started with the first "spawn" process, as in the real engine).
+    assert len(workers) == 6, members
+    return srv, ranks, workers
+
+
+def test_sigterm_with_stopped_workers_leaves_nothing(deepinfer_server) -> None:
+    srv, ranks, workers = cp_server(deepinfer_server, "--rank-shutdown-timeout", "2")
+    for pid in workers:  # they can neither answer close() nor act on a SIGTERM
+        os.kill(pid, signal.SIGSTOP)
+    srv.proc.send_signal(signal.SIGTERM)
+    assert srv.proc.wait(timeout=30) == 0, srv.log()
+    assert not wait_until_gone(srv.proc.pid, ranks)
+    assert "did not stop within --rank-shutdown-timeout" in srv.log()
+    assert not {s for s in shm_segments() if f"-{srv.proc.pid}-" in s}
+
+
+def test_sigkill_of_one_rank_leaves_nothing(deepinfer_server) -> None:
+    srv, ranks, workers = cp_server(deepinfer_server, "--exit-on-rank-failure", "1")
+    os.kill(workers[0], signal.SIGSTOP)
+    os.kill(min(ranks), signal.SIGKILL)
+    assert srv.proc.wait(timeout=30) == 1, srv.log()
+    left = wait_until_gone(srv.proc.pid, ranks)
+    assert not left, left
+
+
+def test_sigkill_of_the_server_leaves_nothing(deepinfer_server) -> None:
+    srv, ranks, workers = cp_server(deepinfer_server)
+    for pid in workers[:2]:
+        os.kill(pid, signal.SIGSTOP)
+    srv.proc.kill()
+    srv.proc.wait()
+    left = wait_until_gone(srv.proc.pid, ranks)
+    assert not left, left
+    assert not {s for s in shm_segments() if f"-{srv.proc.pid}-" in s}

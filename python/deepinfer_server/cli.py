@@ -78,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
         "first-step JIT compile and a 1M-token prefill.",
     )
     p.add_argument(
+        "--rank-shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="Seconds the ranks get to close their engine when the server stops, before they and their children "
+        "are killed (SIGKILL).",
+    )
+    p.add_argument(
         "--engine",
         choices=("sim", "deepinfer"),
         default=os.environ.get("DEEPINFER_SERVER_ENGINE", "sim"),
@@ -178,6 +185,7 @@ def check_args(args: argparse.Namespace) -> str | None:
         "exit_on_rank_failure",
         "drain_timeout",
         "watchdog_timeout",
+        "rank_shutdown_timeout",
         "stream_interval_ms",
         "sim_prefill_ms_per_1k_tokens",
         "sim_decode_step_ms",

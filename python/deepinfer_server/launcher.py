@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import secrets
+import select
 import signal
 import subprocess
 import sys
@@ -127,6 +128,8 @@ class Ranks:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.lockstep: Any = None
         self.bell: Any = None  # the doorbell of ranks that step together
+        self.reaper: subprocess.Popen[bytes] | None = None
+        self.reaper_pipe = -1  # write end; its EOF tells the reaper the server is gone
 
     def engine_config(self) -> dict[str, Any]:
         a = self.args
@@ -154,8 +157,22 @@ class Ranks:
             "gpu_memory_utilization": a.gpu_memory_utilization,
         }
 
+    def start_reaper(self) -> None:
+        """The process that kills the ranks' leftovers if the server dies (deepinfer_server/reaper.py)."""
+        r, w = os.pipe()  # not inheritable: no rank holds the write end open
+        try:
+            self.reaper = subprocess.Popen(
+                [sys.executable, "-m", "deepinfer_server.reaper", self.prefix],
+                stdin=r,
+                start_new_session=True,  # no terminal or process-group signal ends it before the server
+            )
+        finally:
+            os.close(r)
+        self.reaper_pipe = w
+
     def start(self) -> None:
         a = self.args
+        self.start_reaper()
         # Room for four longest prompts at once; the server's sender queues anything beyond that in process.
         request_bytes = _pow2_at_least(max(1 << 20, 4 * 2 * (4 * a.max_model_len + 64)))
         dist_envs: list[dict[str, str]] = []
@@ -200,7 +217,10 @@ class Ranks:
                 conf["engine_config"]["engine_rank"] = rank
                 env.update(dist_envs[rank])
             cmd = [sys.executable, "-m", "deepinfer_server.engine.rank", "--config", json.dumps(conf)]
-            self.procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL))
+            # Each rank leads its own process group, which its CP workers and VE worker join: the server and the
+            # reaper kill the whole group, stopped members included, even after the rank itself is gone.
+            self.procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True))
+            os.write(self.reaper_pipe, f"{self.procs[-1].pid}\n".encode())
             log.info("started rank %d (pid %d)", rank, self.procs[-1].pid)
 
     def rank_env(self, rank: int) -> dict[str, str]:
@@ -233,7 +253,9 @@ class Ranks:
                 path.unlink()
         self.paths.clear()
 
-    def stop(self, grace: float = 5.0) -> None:
+    def stop(self, grace: float = 30.0) -> None:
+        """Ask every rank to stop, give them `grace` seconds to close their engine, then SIGKILL each rank's
+        process group: the rank if still alive, and whatever it leaves (CP workers, VE worker), stopped or not."""
         if self.lockstep is not None:
             self.lockstep.close()
         for req, out in self.rings:
@@ -244,13 +266,39 @@ class Ranks:
         if self.bell is not None:
             self.bell.ring()  # ranks asleep after an idle round see the shutdown now
         deadline = time.monotonic() + grace
+        for rank, p in enumerate(self.procs):
+            if not _exited(p, max(0.0, deadline - time.monotonic())):
+                log.warning("rank %d did not stop within --rank-shutdown-timeout %g s: killing it", rank, grace)
+            # Before reaping the rank: while it is unreaped its pid, the group id, cannot be reused.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
         for p in self.procs:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            p.wait()
         self.unlink()
+        if self.reaper_pipe >= 0:
+            os.close(self.reaper_pipe)  # nothing is left for the reaper to find: it exits
+            self.reaper_pipe = -1
+        if self.reaper is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.reaper.wait(timeout=5)
+
+
+def _exited(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Wait up to `timeout` s for `proc` to exit without reaping it (a pidfd; Popen.wait would reap)."""
+    if proc.returncode is not None:
+        return True
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except OSError:  # no pidfd (kernel < 5.3): wait and reap
+        try:
+            proc.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -319,4 +367,4 @@ def run(args: argparse.Namespace) -> int:
         log.info("interrupted")
         return 130
     finally:
-        ranks.stop()
+        ranks.stop(args.rank_shutdown_timeout)

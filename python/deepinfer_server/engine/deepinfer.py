@@ -283,6 +283,7 @@ class DeepInferEngine:
         self.live: set[int] = set()  # requests the server still waits for
         self.aborted: OrderedDict[int, None] = OrderedDict()  # aborted by the server; outputs dropped, re-aborted
         self.re_aborts = 0
+        self.stepped = False  # a step ran since the last flush: its post-processing may still be in flight
         self.broken = False  # a collective failed: a peer is gone, never enter another collective
         self.closed = False
 
@@ -380,12 +381,14 @@ class DeepInferEngine:
     def step(self) -> list[Output]:
         with self._breaks_on_error():
             ptrs = self.engine.step()
+        self.stepped = True
         return self._collect(ptrs)
 
     def flush(self) -> list[Output]:
         """Post-process the step still in flight (async scheduling) when the group goes idle."""
         with self._breaks_on_error():
             ptrs = self.engine.flush_inflight_reqs()
+        self.stepped = False
         out = self._collect(ptrs)
         if self.live and not self.has_work():
             # Nothing left in the engine, yet the server still waits: the engine dropped these without an output.
@@ -443,4 +446,9 @@ class DeepInferEngine:
             with contextlib.suppress(Exception):
                 self.engine.closed = True  # LLMEngine.__del__ would run the collective close() otherwise
             return
+        if self.stepped:
+            # Async scheduling leaves the last step's post-processing in flight; close() must not tear the
+            # engine down under it. Every rank stepped the same way, so every rank flushes here (collective).
+            self.engine.flush_inflight_reqs()
+            self.stepped = False
         self.engine.close()

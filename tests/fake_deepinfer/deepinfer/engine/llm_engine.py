@@ -7,6 +7,7 @@ under ignore_eos). See ../README.md for the quirks and the test knobs.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
 import sys
@@ -14,6 +15,7 @@ import time
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,6 +34,44 @@ from deepinfer.utils import get_distributed_init_method
 
 CORPUS = Path(__file__).resolve().parent.parent / "_fake_corpus.txt"
 NUM_IMAGE_SPECIAL = 5
+
+
+def _cp_worker(conn: Any, engine_rank: int, cp_rank: int) -> None:
+    """A CP worker (cp_rank >= 1): dies with its driver (set_pdeathsig, worker/base.py) and serves its calls."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:
+        try:
+            method = conn.recv()
+        except EOFError:
+            return
+        conn.send("ok")
+        if method == "close":
+            return
+
+
+def _ve_worker() -> None:
+    """The multimodal preprocessing worker: nothing ties it to its parent's death (the worst case)."""
+    while True:
+        time.sleep(3600)
+
+
+def _start_cp_worker(engine_rank: int, cp_rank: int) -> tuple[Any, Any]:
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    w = ctx.Process(target=_cp_worker, args=(child, engine_rank, cp_rank), daemon=True, name=f"cp{cp_rank}")
+    w.start()
+    child.close()
+    return w, parent
+
+
+def _start_ve_worker() -> Any:
+    w = multiprocessing.get_context("fork").Process(target=_ve_worker, daemon=True, name="ve")
+    w.start()
+    return w
 
 
 def _say(msg: str) -> None:
@@ -125,8 +165,13 @@ class LLMEngine:
         kv = int(os.environ.get("FAKE_DEEPINFER_KV_TOKENS", str(1 << 24)))
         self.kv_tokens = int(kv * cache_config.gpu_memory_utilization)
         pc = parallel_config
-        if pc.context_parallel_size > 1:
-            _say(f"rank {pc.engine_rank}: CP={pc.context_parallel_size} workers are not simulated")
+        # The real engine forks a multimodal preprocessing worker, then spawns CP-1 workers (llm_engine.py).
+        self._ve = _start_ve_worker()
+        self._cp: list[tuple[Any, Any]] = [
+            _start_cp_worker(pc.engine_rank, r) for r in range(1, pc.context_parallel_size)
+        ]
+        if self._cp:
+            _say(f"rank {pc.engine_rank}: CP workers {[w.pid for w, _ in self._cp]} ve worker {self._ve.pid}")
         # Distributed init (worker/base.py): the fake's world is the DP drivers.
         if not dist.is_initialized():
             dist.init_process_group(
@@ -288,8 +333,17 @@ class LLMEngine:
                 break
         return outs
 
+    def _forward(self, method: str) -> None:
+        """Driver -> CP workers, as the engine's shm MessageQueue broadcast; each must answer (a stopped worker
+        stalls the step, as a stopped peer stalls the real one's collectives)."""
+        for _, conn in self._cp:
+            conn.send(method)
+        for _, conn in self._cp:
+            conn.recv()
+
     def step(self) -> np.ndarray:
         _C._release_all()
+        self._forward("step")
         t0 = time.perf_counter()
         self.generate_step += 1
         sched = self.scheduler
@@ -347,6 +401,7 @@ class LLMEngine:
 
     def flush_inflight_reqs(self) -> np.ndarray:
         _C._release_all()
+        self._forward("flush")
         self.flushes += 1
         if dist.get_world_size() > 1:
             dist._collective("flush", [], None)  # stricter than the real engine: ranks flush together
@@ -370,6 +425,10 @@ class LLMEngine:
             f"reaborted={self.reaborted} lockstep=ok"
         )
         dist.destroy_process_group()
+        self._forward("close")
+        for w, _ in self._cp:
+            w.join()
+        self._ve.terminate()  # a stopped VE worker cannot act on this: the server kills it (rank process group)
 
     def __del__(self) -> None:
         pass  # the real one calls close() (collective); the fake does not run collectives from GC
