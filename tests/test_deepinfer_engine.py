@@ -470,3 +470,55 @@ def test_sigkill_of_the_server_leaves_nothing(deepinfer_server) -> None:
     left = wait_until_gone(srv.proc.pid, ranks)
     assert not left, left
     assert not {s for s in shm_segments() if f"-{srv.proc.pid}-" in s}
+
+
+def test_ep8_is_one_dp_rank_with_seven_cp_workers_and_serves_chat(deepinfer_server) -> None:
+    srv = deepinfer_server("--ep", "8", "--max-num-seqs", "4", "--max-model-len", "4096")
+    (rank,) = srv.rank_pids()
+    members = group_members({rank})
+    children = [pid for pid, (_, ppid, _) in members.items() if ppid == rank]
+    assert len(children) == 7 + 1 + 1, members  # CP workers 1..7, the VE worker, the resource tracker
+    text, finish, n = stream_text(srv.client(timeout=30), content="hello", max_tokens=20)
+    assert text and finish in ("stop", "length") and n
+    log = stop_cleanly(srv)
+    assert re.search(r"rank 0: CP workers \[(\d+, ){6}\d+\]", log), log
+    assert not group_members({rank})
+
+
+def test_stopped_peer_in_a_collective_trips_the_watchdog(deepinfer_server) -> None:
+    # DP 2 x CP 2. Rank 1 is stopped: rank 0, which has the stream, waits for it in the step's collective
+    # forever (the fake's TCP star blocks, as NCCL does). The watchdog ends it; nothing is left behind.
+    srv = deepinfer_server(
+        "--ep", "4", "--dp", "2", "--cp", "2", "--watchdog-timeout", "2", "--exit-on-rank-failure", "1",
+        FAKE_DEEPINFER_STEP_MS="10",
+    )  # fmt: skip
+    ranks = srv.rank_pids()
+    events: list[str] = []
+    got_first = threading.Event()
+
+    def stream() -> None:
+        body = {
+            "model": MODEL, "messages": [{"role": "user", "content": "hang"}], "max_tokens": 3000,
+            "stream": True, "ignore_eos": True, **NO_THINK,
+        }  # fmt: skip
+        with httpx.Client(base_url=srv.url, timeout=60) as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    if '"content"' in line:
+                        got_first.set()
+
+    t = threading.Thread(target=stream, daemon=True)
+    t.start()
+    assert got_first.wait(20)
+    os.kill(max(ranks), signal.SIGSTOP)  # the later rank: the stream went to the least loaded, rank 0
+    t.join(15)
+    assert not t.is_alive(), "the stream hung"
+    assert events[-1] == "[DONE]" and "stopped responding" in events[-2], events[-3:]
+    assert srv.proc.wait(timeout=15) == 1
+    assert not wait_until_gone(srv.proc.pid, set(ranks))
+    log = srv.log()
+    assert re.search(
+        r"watchdog: rank 0 has had 1 request\(s\) and no heartbeat for [\d.]+ s, in phase (step|sync)", log
+    )
+    assert re.search(r"watchdog: rank 1 phase \S+", log), log
