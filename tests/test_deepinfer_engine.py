@@ -522,3 +522,39 @@ def test_stopped_peer_in_a_collective_trips_the_watchdog(deepinfer_server) -> No
         r"watchdog: rank 0 has had 1 request\(s\) and no heartbeat for [\d.]+ s, in phase (step|sync)", log
     )
     assert re.search(r"watchdog: rank 1 phase \S+", log), log
+
+
+def test_a_config_that_can_overrun_the_output_pool_is_refused_at_start_up(deepinfer_server, checkpoint) -> None:
+    out = failed_start(checkpoint, "--max-num-seqs", "800", DEEPINFER_USE_NEXTN_DECODE="5")
+    assert "--max-num-seqs 800 with DEEPINFER_USE_NEXTN_DECODE=5" in out, out
+    assert "= 10400 RequestOutputs" in out and "fixed pool of 10000" in out, out
+    assert "use --max-num-seqs <= 769 or DEEPINFER_USE_NEXTN_DECODE <= 4" in out, out
+    assert "started rank" not in out  # refused before any rank starts
+
+
+@pytest.mark.parametrize(("max_num_seqs", "overruns"), [(769, False), (840, True)])
+def test_the_fake_output_pool_fails_as_the_engine_does_past_the_bound(
+    fake_modules, checkpoint, max_num_seqs: int, overruns: bool
+) -> None:
+    """With every draft token accepted, two decode steps in a row hold 2 x S x (1 + nextn) outputs at once."""
+    from deepinfer_server.engine.deepinfer import OUTPUT_POOL_SIZE, build, live_outputs_bound
+
+    os.environ.update({"CUDA_VISIBLE_DEVICES": "0", "MASTER_PORT": "29500", "DEEPINFER_USE_NEXTN_DECODE": "5"})
+    os.environ["FAKE_DEEPINFER_ACCEPT_ALL"] = "1"
+    cfg = {
+        "model": str(checkpoint), "trust_remote_code": False, "expert_parallel_size": 1, "data_parallel_size": 1,
+        "context_parallel_size": 1, "engine_rank": 0, "max_model_len": 512, "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.9,
+    }  # fmt: skip
+    e = build(cfg)
+    assert (live_outputs_bound(max_num_seqs, 5) > OUTPUT_POOL_SIZE) == overruns
+    for rid in range(max_num_seqs):
+        assert e.add(sub(rid, [0, 5, 6 + rid % 7], max_tokens=60, ignore_eos=True)) == []
+    if overruns:
+        with pytest.raises(RuntimeError, match="RequestOutputPool exhausted"):
+            run_until_idle(e)
+        assert e.broken
+        return
+    done = run_until_idle(e)
+    assert len(done) == max_num_seqs and all(len(t) == 60 for t, _, _ in done.values())
+    e.close()

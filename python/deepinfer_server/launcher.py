@@ -177,9 +177,10 @@ class Ranks:
         request_bytes = _pow2_at_least(max(1 << 20, 4 * 2 * (4 * a.max_model_len + 64)))
         dist_envs: list[dict[str, str]] = []
         if a.engine == "deepinfer":
-            from deepinfer_server.engine.deepinfer import ConfigError, dist_env_for_ranks
+            from deepinfer_server.engine.deepinfer import ConfigError, check_output_pool, dist_env_for_ranks
 
             try:  # GPUs per rank and one shared rendezvous port (MASTER_PORT - 50 must be free)
+                check_output_pool(a.max_num_seqs, os.environ)
                 dist_envs = dist_env_for_ranks(a.data_parallel_size, a.context_parallel_size, a.port, os.environ)
             except ConfigError as e:
                 raise StartupError(str(e)) from e

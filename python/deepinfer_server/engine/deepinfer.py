@@ -68,6 +68,49 @@ class ConfigError(ValueError):
     """A deployment setting DeepInfer cannot run with; the message names the setting."""
 
 
+# DeepInfer's RequestOutputs come from a fixed pool (csrc/engine/outputs.hpp: RequestOutputPool::max_size); an
+# allocation from an empty pool throws inside step(), which ends the rank.
+OUTPUT_POOL_SIZE = 10_000
+
+
+def live_outputs_bound(max_num_seqs: int, nextn: int) -> int:
+    """The most RequestOutputs one rank can hold at once, for S = max_num_seqs and nextn draft tokens.
+
+    From the 0.1.0 source: a step's outputs are queued for release when it returns (`_execute_model_async_step`,
+    `flush_inflight_reqs`) and freed in the *next* step's `pre_sampler_sync` (llm_engine.py), which the worker
+    calls only after it has post-processed the previous async step (worker.py `execute_model_step`: forward,
+    post-process previous, sample, pre_sampler_sync, post-process current if prompt). So while step k allocates
+    the previous decode step's outputs, the outputs step k-1 returned are still live: with two decode steps in a
+    row (or a decode step and a flush) that is 2 x S x (1 + nextn), each request emitting up to 1 + nextn tokens
+    per step. A prompt step is post-processed in place after the release and adds at most one first token per
+    request, and terminal outputs without a token (aborted while waiting, prompt too long, preempted) come from
+    `ignored_seqs`; S more covers those. Bound: 2 x S x (1 + nextn) + S.
+    """
+    return 2 * max_num_seqs * (1 + max(0, nextn)) + max_num_seqs
+
+
+def check_output_pool(max_num_seqs: int, env: Mapping[str, str]) -> None:
+    """Refuse a configuration whose live RequestOutputs can exceed DeepInfer's pool. Raises ConfigError."""
+    raw = env.get("DEEPINFER_USE_NEXTN_DECODE", SERVING_ENV_DEFAULTS["DEEPINFER_USE_NEXTN_DECODE"]) or "0"
+    try:
+        nextn = max(0, int(raw))
+    except ValueError:
+        raise ConfigError(f"the DEEPINFER_USE_NEXTN_DECODE value {raw!r} is not an integer") from None
+    need = live_outputs_bound(max_num_seqs, nextn)
+    if need <= OUTPUT_POOL_SIZE:
+        return
+    max_seqs = OUTPUT_POOL_SIZE // (2 * (1 + nextn) + 1)
+    max_nextn = (OUTPUT_POOL_SIZE - max_num_seqs) // (2 * max_num_seqs) - 1
+    nextn_hint = (
+        f"or DEEPINFER_USE_NEXTN_DECODE <= {max_nextn}" if max_nextn >= 0 else "(no DEEPINFER_USE_NEXTN_DECODE fits)"
+    )
+    raise ConfigError(
+        f"--max-num-seqs {max_num_seqs} with DEEPINFER_USE_NEXTN_DECODE={nextn} can keep up to 2 x {max_num_seqs} x "
+        f"(1 + {nextn}) + {max_num_seqs} = {need} RequestOutputs alive per rank, more than DeepInfer's fixed pool of "
+        f"{OUTPUT_POOL_SIZE} (step() would fail once it runs out): use --max-num-seqs <= {max_seqs} {nextn_hint}"
+    )
+
+
 def serving_env_defaults(env: dict[str, str] | None = None) -> None:
     """Apply `SERVING_ENV_DEFAULTS` to `env` (default: `os.environ`) without overriding what is set."""
     target: Any = os.environ if env is None else env

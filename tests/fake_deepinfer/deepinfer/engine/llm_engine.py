@@ -188,6 +188,8 @@ class LLMEngine:
         self._admitting: list[tuple[int, Sequence]] = []  # (admitted at step, seq): the lost-abort window
         self._inflight: list[RequestOutput] = []  # ZOS: decode outputs of the last step, returned one step late
         self._ignored: list[RequestOutput] = []  # terminal outputs of aborted-while-waiting requests
+        self._to_release: list[int] = []  # output pointers the engine frees in the next step
+        self.accept_all = os.environ.get("FAKE_DEEPINFER_ACCEPT_ALL", "") == "1"  # every draft token accepted
         self.generate_step = 0
         self.flushes = 0
         self.max_tokens_per_req_step = 0
@@ -360,6 +362,12 @@ class LLMEngine:
         if self.zos:
             outs += self._inflight
             self._inflight = []
+        # The worker post-processes the previous async step (allocating its outputs) before pre_sampler_sync frees
+        # what the last call returned: both are live at once (worker.py execute_model_step).
+        ptrs = _C._allocate(outs)
+        _C._release(self._to_release)
+        self._to_release = []
+        outs = []
         limit = min(self.scheduler_config.max_model_len, self.scheduler_config.max_num_batched_tokens)
         if vote[0]:  # prefill step (NORMAL engines never mix prefill and decode); first tokens come back now
             budget = self.scheduler_config.max_num_batched_tokens
@@ -381,7 +389,7 @@ class LLMEngine:
             produced: list[RequestOutput] = []
             for s in sched.running:
                 rng = random.Random(zlib.crc32(f"{s.request_id}/{self.generate_step}".encode()))
-                n = 1 + (rng.randint(0, self.nextn) if self.nextn else 0)
+                n = 1 + (self.nextn if self.accept_all else rng.randint(0, self.nextn) if self.nextn else 0)
                 got = self._generate(s, n)
                 self.max_tokens_per_req_step = max(self.max_tokens_per_req_step, len(got))
                 if got:
@@ -397,7 +405,9 @@ class LLMEngine:
             left = t0 + self.step_s - time.perf_counter()
             if left > 0:
                 time.sleep(left)
-        return _C._publish(outs)
+        ptrs += _C._allocate(outs)
+        self._to_release += ptrs  # freed in the next step's pre_sampler_sync
+        return _C._as_array(ptrs)
 
     def flush_inflight_reqs(self) -> np.ndarray:
         _C._release_all()
@@ -405,15 +415,16 @@ class LLMEngine:
         self.flushes += 1
         if dist.get_world_size() > 1:
             dist._collective("flush", [], None)  # stricter than the real engine: ranks flush together
-        outs = self._inflight
+        ptrs = _C._allocate(self._inflight)
         self._inflight = []
-        return _C._publish(outs)
+        self._to_release += ptrs  # freed in the next step, not here
+        return _C._as_array(ptrs)
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        _C._release_all()
+        _C._reset()
         counts = [self.generate_step, -self.generate_step, self.flushes, -self.flushes]
         if dist.is_initialized() and dist.get_world_size() > 1:
             counts = dist._collective("close", counts, dist.ReduceOp.MAX)
