@@ -128,7 +128,9 @@ impl Metrics {
         for reason in ["invalid_request_error", "model_not_found", "payload_too_large", "rate_limit_exceeded"] {
             m.rejected.with_label_values(&[reason]);
         }
-        for reason in ["client_disconnect", "timeout", "engine_error"] {
+        for reason in
+            ["client_disconnect", "timeout", "engine_error", "prompt_length_exceeded", "insufficient_system_resource"]
+        {
             m.aborted.with_label_values(&[reason]);
         }
         m

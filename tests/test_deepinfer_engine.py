@@ -214,13 +214,31 @@ def test_engine_rejection_is_an_error_for_that_request_only(deepinfer_server) ->
     srv = deepinfer_server("--dp", "2", "--gpu-memory-utilization", "0.5", FAKE_DEEPINFER_KV_TOKENS="200")
     client = srv.client(timeout=30)
     big = "lorem ipsum dolor sit amet " * 40
-    with pytest.raises(openai.InternalServerError, match="prompt_length_exceeded"):
+    with pytest.raises(openai.BadRequestError, match="prompt_length_exceeded") as e:
         chat(client, big, max_tokens=5)
+    assert e.value.code == "context_length_exceeded"
     with pytest.raises(openai.APIError, match="prompt_length_exceeded"):
         stream_text(client, content=big, max_tokens=5)
     for _ in range(4):  # both ranks still serve
         r = chat(client, "short", max_tokens=5, extra={"ignore_eos": True})
         assert r.usage.completion_tokens == 5
+    metrics = httpx.get(f"{srv.url}/metrics").text
+    assert re.search(r'deepinfer_aborted_requests_total\{[^}]*reason="prompt_length_exceeded"\} 2', metrics)
+    stop_cleanly(srv)
+
+
+def test_insufficient_system_resource_is_a_503_with_retry_after(deepinfer_server) -> None:
+    srv = deepinfer_server("--dp", "2", FAKE_DEEPINFER_NO_MEMORY_OVER="100")
+    big = "lorem ipsum dolor sit amet " * 40
+    body = {"model": MODEL, "messages": [{"role": "user", "content": big}], "max_tokens": 5, **NO_THINK}
+    r = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+    assert r.json()["error"]["code"] == "insufficient_system_resource"
+    assert httpx.get(f"{srv.url}/health").status_code == 200  # the server is fine; that request was too big now
+    r = chat(srv.client(timeout=30), "short", max_tokens=5, extra={"ignore_eos": True})
+    assert r.usage.completion_tokens == 5
+    metrics = httpx.get(f"{srv.url}/metrics").text
+    assert re.search(r'deepinfer_aborted_requests_total\{[^}]*reason="insufficient_system_resource"\} 1', metrics)
     stop_cleanly(srv)
 
 

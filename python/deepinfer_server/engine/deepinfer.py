@@ -279,7 +279,7 @@ def build(cfg: dict[str, Any]) -> DeepInferEngine:
         text = str(e).lower()
         if isinstance(e, OSError) and e.errno in (errno.EADDRINUSE, errno.ECONNREFUSED):
             raise RuntimeError(f"{e}{_rendezvous_hint()}") from e
-        if any(s in text for s in ("address already in use", "connection refused", "rendezvous", "timed out")):
+        if any(s in text for s in ("address already in use", "connection refused", "rendezvous")):
             raise RuntimeError(f"{e}{_rendezvous_hint()}") from e
         raise
     return DeepInferEngine(

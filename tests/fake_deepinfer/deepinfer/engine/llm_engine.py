@@ -162,6 +162,8 @@ class LLMEngine:
         # Failure injection: add_request raises for prompts longer than this; abort_request raises.
         self.add_raises_over = int(os.environ.get("FAKE_DEEPINFER_ADD_RAISES_OVER", "0"))
         self.abort_raises = os.environ.get("FAKE_DEEPINFER_ABORT_RAISES", "") == "1"
+        # Prompts longer than this end with "insufficient_system_resource" (no memory for them right now).
+        self.no_memory_over = int(os.environ.get("FAKE_DEEPINFER_NO_MEMORY_OVER", "0"))
         kv = int(os.environ.get("FAKE_DEEPINFER_KV_TOKENS", str(1 << 24)))
         self.kv_tokens = int(kv * cache_config.gpu_memory_utilization)
         pc = parallel_config
@@ -377,6 +379,11 @@ class LLMEngine:
                     sched.waiting.pop(0)
                     s.status = "FINISHED_IGNORED"
                     outs.append(self._out(s, s.prompt[-1], "prompt_length_exceeded", True))
+                    continue
+                if self.no_memory_over and len(s.prompt) > self.no_memory_over:  # as a preempted, stopped request
+                    sched.waiting.pop(0)
+                    s.status = "FINISHED_IGNORED"
+                    outs.append(self._out(s, s.prompt[-1], "insufficient_system_resource", True))
                     continue
                 if len(s.prompt) > budget and budget < self.scheduler_config.max_num_batched_tokens:
                     break
