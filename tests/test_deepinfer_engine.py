@@ -433,7 +433,9 @@ def test_add_request_exception_fails_that_request_only(deepinfer_server) -> None
 def test_error_outside_step_exits_the_rank_at_once_without_a_collective(deepinfer_server) -> None:
     # The fake's abort_request raises: a stop sequence makes the server abort, the rank's loop fails outside
     # step/sync. It must exit at once, not enter the collective close() while its peer waits in an all-reduce.
-    srv = deepinfer_server("--dp", "2", "--exit-on-rank-failure", "1", FAKE_DEEPINFER_ABORT_RAISES="1")
+    srv = deepinfer_server(
+        "--dp", "2", "--exit-on-rank-failure", "1", "--rank-shutdown-timeout", "2", FAKE_DEEPINFER_ABORT_RAISES="1"
+    )  # fmt: skip
     ranks = srv.rank_pids()
     text, finish, _ = stream_text(srv.client(timeout=30), content="x", stop=["e"], max_tokens=2000)
     assert finish == "stop" and "e" not in text
@@ -471,7 +473,8 @@ def test_sigterm_with_stopped_workers_leaves_nothing(deepinfer_server) -> None:
 
 
 def test_sigkill_of_one_rank_leaves_nothing(deepinfer_server) -> None:
-    srv, ranks, workers = cp_server(deepinfer_server, "--exit-on-rank-failure", "1")
+    # The surviving rank hangs in its next collective with the dead one: the grace period ends it.
+    srv, ranks, workers = cp_server(deepinfer_server, "--exit-on-rank-failure", "1", "--rank-shutdown-timeout", "2")
     os.kill(workers[0], signal.SIGSTOP)
     os.kill(min(ranks), signal.SIGKILL)
     assert srv.proc.wait(timeout=30) == 1, srv.log()
@@ -576,3 +579,38 @@ def test_the_fake_output_pool_fails_as_the_engine_does_past_the_bound(
     done = run_until_idle(e)
     assert len(done) == max_num_seqs and all(len(t) == 60 for t, _, _ in done.values())
     e.close()
+
+
+def test_a_dead_peer_during_a_collective_ends_in_a_clean_exit(deepinfer_server) -> None:
+    # DP 2: rank 0 streams (a collective every step), rank 1 is SIGKILLed. Rank 0 then hangs in the step's
+    # collective, as with NCCL; the server fails the stream, exits 1, and kills rank 0's group after the grace.
+    srv = deepinfer_server(
+        "--dp", "2", "--exit-on-rank-failure", "1", "--rank-shutdown-timeout", "2", FAKE_DEEPINFER_STEP_MS="10"
+    )  # fmt: skip
+    ranks = srv.rank_pids()
+    events: list[str] = []
+    got_first = threading.Event()
+
+    def stream() -> None:
+        body = {
+            "model": MODEL, "messages": [{"role": "user", "content": "dead peer"}], "max_tokens": 3000,
+            "stream": True, "ignore_eos": True, **NO_THINK,
+        }  # fmt: skip
+        with httpx.Client(base_url=srv.url, timeout=60) as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    if '"content"' in line:
+                        got_first.set()
+
+    t = threading.Thread(target=stream, daemon=True)
+    t.start()
+    assert got_first.wait(20)
+    os.kill(max(ranks), signal.SIGKILL)
+    t.join(15)
+    assert not t.is_alive(), "the stream hung"
+    assert events[-1] == "[DONE]" and '"error"' in events[-2], events[-3:]
+    assert srv.proc.wait(timeout=20) == 1, srv.log()
+    assert not wait_until_gone(srv.proc.pid, set(ranks))
+    log = srv.log()
+    assert "the collective hangs" in log and "did not stop within --rank-shutdown-timeout" in log, log

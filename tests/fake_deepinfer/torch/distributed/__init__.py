@@ -3,8 +3,8 @@
 A TCP star rooted at rank 0, which listens on the rendezvous address (`init_method="tcp://host:port"`, the port
 DeepInfer derives from MASTER_PORT - 50), so a port in use fails like the real thing. Every collective carries a
 tag and a sequence number; rank 0 checks that all ranks are in the same collective, else every rank raises
-"lockstep violation" — the fake's way of making a deadlock or a wrong-step collective of the real engine loud.
-A dead peer makes the collective raise at once (the real gloo may hang instead).
+"lockstep violation" — the fake's way of making a wrong-step collective of the real engine loud. A dead or
+stopped peer makes the collective hang forever, as NCCL's do: only the server's watchdog or a kill ends it.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import sys
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 
 class ReduceOp:
@@ -134,9 +135,9 @@ def _collective(tag: str, values: list[Any], op: str | None) -> list[Any]:
     if st.rank == 0:
         got = [me]
         for r in sorted(st.peers):
-            line = st.peers[r].readline()
+            line = st.peers[r].readline()  # a stopped peer: blocks here
             if not line:
-                _fail(st, f"rank {r} is gone (connection closed) during {tag}#{st.seq}")
+                _hang(f"rank {r} is gone (connection closed) during {tag}#{st.seq}")
             got.append(json.loads(line))
         keys = {(g["tag"], g["seq"]) for g in got}
         if len(keys) > 1:
@@ -156,14 +157,22 @@ def _collective(tag: str, values: list[Any], op: str | None) -> list[Any]:
         f.write(json.dumps(me).encode() + b"\n")
         f.flush()
     except OSError as e:
-        raise RuntimeError(f"fake gloo: rank 0 is gone during {tag}#{st.seq}: {e}") from e
+        _hang(f"rank 0 is gone during {tag}#{st.seq}: {e}")
     line = f.readline()
     if not line:
-        raise RuntimeError(f"fake gloo: rank 0 is gone (connection closed) during {tag}#{st.seq}")
+        _hang(f"rank 0 is gone (connection closed) during {tag}#{st.seq}")
     reply = json.loads(line)
     if not reply.get("ok"):
         raise RuntimeError(f"fake gloo: {reply.get('error')}")
     return list(reply["values"])
+
+
+def _hang(message: str) -> NoReturn:
+    """A collective whose peer is gone never completes (NCCL waits for it forever)."""
+    sys.stderr.write(f"fake gloo: {message}: the collective hangs, as NCCL's would\n")
+    sys.stderr.flush()
+    while True:
+        time.sleep(3600)
 
 
 def _fail(st: _State, message: str) -> None:
