@@ -157,6 +157,7 @@ def test_dp2_lockstep_stream_and_non_stream_then_clean_shutdown(deepinfer_server
     assert "prefill_intervals=1/1" in log and "multimodal_pool=0" in log
     closed = re.findall(r"rank (\d) closed: steps=(\d+) flushes=(\d+).*? lockstep=ok", log)
     assert len(closed) == 2 and closed[0][1:] == closed[1][1:], log
+    assert log.count("ve_round_trips=0 ") == 2, log  # text-only requests never wait for the VE worker
 
 
 def test_idle_dp_ranks_make_no_collectives_and_wake_for_requests(deepinfer_server) -> None:
@@ -614,3 +615,28 @@ def test_a_dead_peer_during_a_collective_ends_in_a_clean_exit(deepinfer_server) 
     assert not wait_until_gone(srv.proc.pid, set(ranks))
     log = srv.log()
     assert "the collective hangs" in log and "did not stop within --rank-shutdown-timeout" in log, log
+
+
+def test_multi_modal_data_costs_a_ve_round_trip_and_a_step_so_text_passes_none(fake_modules, checkpoint) -> None:
+    import numpy as np
+
+    e = build_engine(checkpoint)
+    eng = e.engine
+
+    def steps_to_first_token(rid: str, mm: dict[str, list[object]] | None) -> int:
+        ids = np.asarray([0, 5, 6], dtype=np.int32)
+        eng.add_request(user_id="u", request_id=rid, sampling_params={"max_tokens": 2}, prompt_token_ids=ids,
+                        multi_modal_data=mm)  # fmt: skip
+        for n in range(1, 50):
+            if any(e._ro.get_request_id(p) == rid for p in eng.step()):
+                return n
+            time.sleep(0.01)  # the VE worker is another process
+        raise AssertionError("no first token")
+
+    assert steps_to_first_token("a", None) == 1
+    assert steps_to_first_token("b", {"image_bytes": [], "image_sizes": []}) >= 2
+    assert eng.ve_round_trips == 1
+    e.add(sub(3, [0, 5, 7], max_tokens=3))  # the adapter: no multi_modal_data for text
+    run_until_idle(e)
+    assert eng.ve_round_trips == 1
+    e.close()

@@ -54,8 +54,13 @@ SERVING_ENV_DEFAULTS: dict[str, str] = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 
-# Text-only requests pass empty image lists, as deepinfer's own `LLM.generate` does (llm.py:158-159).
-_TEXT_ONLY: dict[str, list[Any]] = {"image_bytes": [], "image_sizes": []}
+# Text-only requests pass no multi_modal_data. deepinfer's own `LLM.generate` passes empty image lists
+# (llm.py:158-159), but any dict, even an empty one, goes to the vision-encoder worker process and back
+# (multimodal_processor.py `add`/`fetch`) and leaves the sequence unschedulable until then
+# (pybind_sequence.cpp:35 `schedulable = multi_modal_data.is_none()`): an IPC round trip and at least one step
+# before prefill, for every request. None is the path of the profiling run and the placeholder sequence
+# (prepare_tensor_input_vl.py:88-91, model_runner.py:395), and the model handles a batch without any
+# ("pure text / profile run", deepseek_vl.py:219-222); with images refused by the server, no batch mixes the two.
 _USER_ID = "deepinfer-server"
 _REAL_TOKEN_REASONS = ("", "stop", "length")
 _MAX_REMEMBERED_ABORTS = 1 << 16
@@ -355,7 +360,7 @@ class DeepInferEngine:
                 request_id=str(rid),
                 sampling_params=sp,
                 prompt_token_ids=ids,
-                multi_modal_data=dict(_TEXT_ONLY),
+                multi_modal_data=None,
             )
         except ENGINE_FAULTS:
             raise  # the engine (its memory, its worker processes or shared memory) is at fault: the rank exits

@@ -53,10 +53,16 @@ def _cp_worker(conn: Any, engine_rank: int, cp_rank: int) -> None:
             return
 
 
-def _ve_worker() -> None:
-    """The multimodal preprocessing worker: nothing ties it to its parent's death (the worst case)."""
+def _ve_worker(conn: Any) -> None:
+    """The multimodal preprocessing worker: maps each request's multi_modal_data and sends it back. Nothing ties
+    it to its parent's death (the worst case for teardown): when the driver is gone it just waits."""
     while True:
-        time.sleep(3600)
+        try:
+            request_id = conn.recv()
+        except EOFError:
+            while True:
+                time.sleep(3600)
+        conn.send(request_id)
 
 
 def _start_cp_worker(engine_rank: int, cp_rank: int) -> tuple[Any, Any]:
@@ -68,10 +74,13 @@ def _start_cp_worker(engine_rank: int, cp_rank: int) -> tuple[Any, Any]:
     return w, parent
 
 
-def _start_ve_worker() -> Any:
-    w = multiprocessing.get_context("fork").Process(target=_ve_worker, daemon=True, name="ve")
+def _start_ve_worker() -> tuple[Any, Any]:
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    w = ctx.Process(target=_ve_worker, args=(child,), daemon=True, name="ve")
     w.start()
-    return w
+    child.close()
+    return w, parent
 
 
 def _say(msg: str) -> None:
@@ -89,6 +98,7 @@ class Sequence:
         self.offset = offset
         self.output: list[int] = []
         self.status = "WAITING"
+        self.schedulable = True
 
     def get_len(self) -> int:
         return len(self.prompt) + len(self.output)
@@ -168,7 +178,9 @@ class LLMEngine:
         self.kv_tokens = int(kv * cache_config.gpu_memory_utilization)
         pc = parallel_config
         # The real engine forks a multimodal preprocessing worker, then spawns CP-1 workers (llm_engine.py).
-        self._ve = _start_ve_worker()
+        self._ve, self._ve_conn = _start_ve_worker()
+        self._ve_pending: dict[str, Sequence] = {}  # sent to the VE worker; schedulable once it answers
+        self.ve_round_trips = 0
         self._cp: list[tuple[Any, Any]] = [
             _start_cp_worker(pc.engine_rank, r) for r in range(1, pc.context_parallel_size)
         ]
@@ -253,6 +265,13 @@ class LLMEngine:
         plan = [] if not self.corpus else self._text(rng, rng.randint(8, 60))
         plan.append(self.eos_id)
         seq = Sequence(request_id, prompt, sampling_params, plan, rng.randrange(1 << 30))
+        if multi_modal_data is not None:
+            # Not schedulable until the VE worker has mapped its multi_modal_data, even an empty one
+            # (pybind_sequence.cpp: schedulable = multi_modal_data.is_none(); multimodal_processor.add/fetch).
+            seq.schedulable = False
+            self._ve_pending[request_id] = seq
+            self._ve_conn.send(request_id)
+            self.ve_round_trips += 1
         if self.admission_steps > 0:
             self._admitting.append((self.generate_step + self.admission_steps, seq))
         else:
@@ -355,7 +374,12 @@ class LLMEngine:
         self._admitting = [(at, s) for at, s in self._admitting if at > self.generate_step]
         sched.waiting += ready
         # Every step is collective (scheduler votes, MoE all-to-all): the DP group agrees on prefill vs decode.
-        want_prefill = int(bool(sched.waiting) and len(sched.running) < self.scheduler_config.max_num_seqs)
+        # Prefill looks at the head of `waiting` only: one still with the VE worker blocks it (scheduler.hpp).
+        want_prefill = int(
+            bool(sched.waiting)
+            and sched.waiting[0].schedulable
+            and len(sched.running) < self.scheduler_config.max_num_seqs
+        )
         vote = (
             dist._collective("step", [want_prefill], dist.ReduceOp.MAX) if dist.get_world_size() > 1 else [want_prefill]
         )
@@ -375,6 +399,8 @@ class LLMEngine:
             budget = self.scheduler_config.max_num_batched_tokens
             while sched.waiting and len(sched.running) < self.scheduler_config.max_num_seqs:
                 s = sched.waiting[0]
+                if not s.schedulable:
+                    break
                 if len(s.prompt) > limit or len(s.prompt) > self.kv_tokens:
                     sched.waiting.pop(0)
                     s.status = "FINISHED_IGNORED"
@@ -408,6 +434,12 @@ class LLMEngine:
                 outs += produced
             sched.decode_step += 1
         sched.running = [s for s in sched.running if s.status == "RUNNING"]
+        # The engine pumps the multimodal queue after scheduling: what the VE worker finished is schedulable from
+        # the next step on (a round trip and at least one step later than a request without multi_modal_data).
+        while self._ve_pending and self._ve_conn.poll():
+            seq = self._ve_pending.pop(self._ve_conn.recv(), None)
+            if seq is not None:
+                seq.schedulable = True
         if self.step_s:
             left = t0 + self.step_s - time.perf_counter()
             if left > 0:
@@ -440,12 +472,13 @@ class LLMEngine:
         _say(
             f"rank {self.parallel_config.engine_rank} closed: steps={self.generate_step} flushes={self.flushes} "
             f"max_tokens_per_request_step={self.max_tokens_per_req_step} lost_aborts={self.lost_aborts} "
-            f"reaborted={self.reaborted} lockstep=ok"
+            f"reaborted={self.reaborted} ve_round_trips={self.ve_round_trips} lockstep=ok"
         )
         dist.destroy_process_group()
         self._forward("close")
         for w, _ in self._cp:
             w.join()
+        self._ve_conn.close()
         self._ve.terminate()  # a stopped VE worker cannot act on this: the server kills it (rank process group)
 
     def __del__(self) -> None:
