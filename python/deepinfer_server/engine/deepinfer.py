@@ -30,7 +30,6 @@ import errno
 import logging
 import os
 import socket
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -63,7 +62,6 @@ SERVING_ENV_DEFAULTS: dict[str, str] = {
 # ("pure text / profile run", deepseek_vl.py:219-222); with images refused by the server, no batch mixes the two.
 _USER_ID = "deepinfer-server"
 _REAL_TOKEN_REASONS = ("", "stop", "length")
-_MAX_REMEMBERED_ABORTS = 1 << 16
 _INT32_MAX = (1 << 31) - 1
 # Errors from `add_request` that say the engine, not the request, is broken. Anything else fails that request only.
 ENGINE_FAULTS: tuple[type[BaseException], ...] = (MemoryError, SystemError, OSError)
@@ -329,7 +327,6 @@ class DeepInferEngine:
         self._group = dp_group
         self.group_size = int(dp_group.size()) if dp_group is not None else 1
         self.live: set[int] = set()  # requests the server still waits for
-        self.aborted: OrderedDict[int, None] = OrderedDict()  # aborted by the server; outputs dropped, re-aborted
         self.re_aborts = 0
         self.stepped = False  # a step ran since the last flush: its post-processing may still be in flight
         self.broken = False  # a collective failed: a peer is gone, never enter another collective
@@ -381,14 +378,7 @@ class DeepInferEngine:
             return
         for rid in ids:
             self.live.discard(rid)
-            self._remember_abort(rid)
         self.engine.abort_request([str(rid) for rid in ids])
-
-    def _remember_abort(self, rid: int) -> None:
-        self.aborted[rid] = None
-        self.aborted.move_to_end(rid)
-        while len(self.aborted) > _MAX_REMEMBERED_ABORTS:
-            self.aborted.popitem(last=False)
 
     # -- state -------------------------------------------------------------------------------------------------
     def has_work(self) -> bool:
@@ -460,9 +450,7 @@ class DeepInferEngine:
             if row is None:
                 if rid not in self.live:
                     # Aborted (or already finished): drop. Still running means the abort was lost: abort again.
-                    if ro.get_finished(p):
-                        self.aborted.pop(rid, None)
-                    elif sid not in re_abort:
+                    if not ro.get_finished(p) and sid not in re_abort:
                         re_abort.append(sid)
                     continue
                 row = rows[rid] = [[], _native.FINISH_NONE, None]
