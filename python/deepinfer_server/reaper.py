@@ -19,14 +19,14 @@ from pathlib import Path
 SHM_DIR = Path("/dev/shm")
 
 
-def _stat(pid: str) -> tuple[int, int] | None:
-    """(process group, start time in clock ticks since boot) of a /proc entry, or None if it is gone."""
+def _stat(pid: str) -> tuple[str, int, int] | None:
+    """(state, process group, start time in clock ticks since boot) of a /proc entry, or None if it is gone."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) "; comm may contain spaces
-    return int(fields[2]), int(fields[19])
+    return fields[0], int(fields[2]), int(fields[19])
 
 
 def _now_ticks() -> int:
@@ -37,22 +37,22 @@ def _now_ticks() -> int:
 def kill_groups(pgids: set[int], born_before: int | None = None) -> int:
     """SIGKILL every process in `pgids` (started before `born_before` ticks, so a group id reused after its
     members died is left alone). Stopped processes die too. Returns how many were signalled."""
-    killed = 0
+    killed: set[int] = set()
     for _ in range(3):  # a member may fork while we scan
         found = 0
         for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == os.getpid():
+            if not entry.isdigit() or int(entry) in killed or int(entry) == os.getpid():
                 continue
             st = _stat(entry)
-            if st is None or st[0] not in pgids or (born_before is not None and st[1] > born_before):
+            if st is None or st[0] in "ZX" or st[1] not in pgids or (born_before is not None and st[2] > born_before):
                 continue
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(int(entry), signal.SIGKILL)
+                killed.add(int(entry))
                 found += 1
-        killed += found
         if not found:
             break
-    return killed
+    return len(killed)
 
 
 def main(argv: list[str]) -> int:

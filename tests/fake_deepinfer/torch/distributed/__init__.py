@@ -135,7 +135,10 @@ def _collective(tag: str, values: list[Any], op: str | None) -> list[Any]:
     if st.rank == 0:
         got = [me]
         for r in sorted(st.peers):
-            line = st.peers[r].readline()  # a stopped peer: blocks here
+            try:
+                line = st.peers[r].readline()  # a stopped peer: blocks here
+            except OSError:
+                line = b""
             if not line:
                 _hang(f"rank {r} is gone (connection closed) during {tag}#{st.seq}")
             got.append(json.loads(line))
@@ -158,7 +161,10 @@ def _collective(tag: str, values: list[Any], op: str | None) -> list[Any]:
         f.flush()
     except OSError as e:
         _hang(f"rank 0 is gone during {tag}#{st.seq}: {e}")
-    line = f.readline()
+    try:
+        line = f.readline()
+    except OSError:
+        line = b""
     if not line:
         _hang(f"rank 0 is gone (connection closed) during {tag}#{st.seq}")
     reply = json.loads(line)
