@@ -642,3 +642,50 @@ def test_multi_modal_data_costs_a_ve_round_trip_and_a_step_so_text_passes_none(f
     run_until_idle(e)
     assert eng.ve_round_trips == 1
     e.close()
+
+
+def lone_request_ttft(srv: Server) -> float:
+    """While rank 0 decodes a long stream, rank 1 gets one request: how long until its first token."""
+    started = threading.Event()
+
+    def long_stream() -> None:
+        body = {
+            "model": MODEL, "messages": [{"role": "user", "content": "long"}], "max_tokens": 400,
+            "stream": True, "ignore_eos": True, **NO_THINK,
+        }  # fmt: skip
+        with httpx.Client(base_url=srv.url, timeout=60) as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
+            for line in r.iter_lines():
+                if '"content"' in line:
+                    started.set()
+
+    t = threading.Thread(target=long_stream, daemon=True)
+    t.start()
+    assert started.wait(20)
+    t0 = time.monotonic()
+    for _ in stream_text(srv.client(timeout=30), content="lone", max_tokens=1):
+        break
+    ttft = time.monotonic() - t0
+    t.join(30)
+    return ttft
+
+
+def test_prefill_votes_at_the_configured_intervals_delay_a_lone_request(deepinfer_server) -> None:
+    # The engine's own defaults (70/100): rank 1's prompt waits for the next ANY point, 100 decode steps (10 ms
+    # each) after the stream's prefill. The serving defaults (1/1) vote every step.
+    slow = deepinfer_server(
+        "--dp", "2", FAKE_DEEPINFER_STEP_MS="10",
+        DEEPINFER_PREFILL_ATTEMPT_INTERVAL="70", DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL="100",
+    )  # fmt: skip
+    waited = lone_request_ttft(slow)
+    log = stop_cleanly(slow)
+    fast = deepinfer_server("--dp", "2", FAKE_DEEPINFER_STEP_MS="10")
+    quick = lone_request_ttft(fast)
+    fast_log = stop_cleanly(fast)
+    assert waited > 0.6 and quick < 0.3, (waited, quick)
+    votes = [int(v) for v in re.findall(r"votes=(\d+)", log)]
+    steps = [int(v) for v in re.findall(r"closed: steps=(\d+)", log)]
+    assert len(set(votes)) == 1 and votes[0] < steps[0] / 10, (votes, steps)  # a vote every ~70-100 steps
+    fast_votes = [int(v) for v in re.findall(r"votes=(\d+)", fast_log)]
+    fast_steps = [int(v) for v in re.findall(r"closed: steps=(\d+)", fast_log)]
+    assert fast_votes[0] >= fast_steps[0] - 2, (fast_votes, fast_steps)  # one (or two) a step
+    assert any(int(p) > 0 for p in re.findall(r"placeholder_steps=(\d+)", log))  # the idle rank rode along

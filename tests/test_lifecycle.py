@@ -134,7 +134,8 @@ def test_killing_a_rank_fails_its_streams_and_turns_health_503(make_server) -> N
     for t in threads:
         t.join(timeout=5)
         assert not t.is_alive()
-    assert not (shm_segments() - before)
+    # Only this server's segments: other servers on the host (other checkouts' tests) may be starting.
+    assert not {s for s in shm_segments() - before if f"-{srv.proc.pid}-" in s}
 
 
 def test_sigterm_drains_and_exits_zero(make_server) -> None:

@@ -204,6 +204,9 @@ class LLMEngine:
         self._ignored: list[RequestOutput] = []  # terminal outputs of aborted-while-waiting requests
         self._to_release: list[int] = []  # output pointers the engine frees in the next step
         self.accept_all = os.environ.get("FAKE_DEEPINFER_ACCEPT_ALL", "") == "1"  # every draft token accepted
+        self.vote_s = float(os.environ.get("FAKE_DEEPINFER_VOTE_MS", "0")) / 1000.0  # cost of one scheduler vote
+        self.votes = 0
+        self.placeholder_steps = 0
         self.generate_step = 0
         self.flushes = 0
         self.max_tokens_per_req_step = 0
@@ -356,6 +359,31 @@ class LLMEngine:
                 break
         return outs
 
+    def _allreduce_min(self, value: int) -> int:
+        self.votes += 1
+        if self.vote_s:
+            time.sleep(self.vote_s)
+        if dist.get_world_size() <= 1:
+            return value
+        return int(dist._collective("vote", [value], dist.ReduceOp.MIN)[0])
+
+    def _vote_prefill(self, want: bool) -> bool:
+        """The NORMAL engine's step type (scheduler.hpp:295-341): prefill only at vote points, decided by
+        all-reduces over the DP group. ALL points (every prefill_attempt_interval decode steps) need every rank
+        to want it; ANY points (every prefill_any_attempt_interval) need one; a prompt step resets the count.
+        A second vote asks whether any rank really scheduled a prefill (the fake always does when it wants);
+        a rank with nothing to prefill rides along with an empty prompt step."""
+        sc, step = self.scheduler_config, self.scheduler.decode_step
+        is_any = step != 0 and step % sc.prefill_any_attempt_interval == 0
+        is_all = step % sc.prefill_attempt_interval == 0
+        if not (is_any or is_all):
+            return False
+        # MIN of "0 if I want it" is 0 when any rank wants it; MIN of "1 if I want it" is 1 when all do.
+        any_rank, all_ranks = (0, 1) if want else (1, 0)
+        if not (self._allreduce_min(any_rank) == 0 if is_any else self._allreduce_min(all_ranks) == 1):
+            return False
+        return self._allreduce_min(0 if want else 1) == 0
+
     def _forward(self, method: str) -> None:
         """Driver -> CP workers, as the engine's shm MessageQueue broadcast; each must answer (a stopped worker
         stalls the step, as a stopped peer stalls the real one's collectives)."""
@@ -373,16 +401,13 @@ class LLMEngine:
         ready = [s for at, s in self._admitting if at <= self.generate_step]
         self._admitting = [(at, s) for at, s in self._admitting if at > self.generate_step]
         sched.waiting += ready
-        # Every step is collective (scheduler votes, MoE all-to-all): the DP group agrees on prefill vs decode.
         # Prefill looks at the head of `waiting` only: one still with the VE worker blocks it (scheduler.hpp).
-        want_prefill = int(
-            bool(sched.waiting)
-            and sched.waiting[0].schedulable
-            and len(sched.running) < self.scheduler_config.max_num_seqs
-        )
-        vote = (
-            dist._collective("step", [want_prefill], dist.ReduceOp.MAX) if dist.get_world_size() > 1 else [want_prefill]
-        )
+        want = bool(sched.waiting) and sched.waiting[0].schedulable
+        want = want and len(sched.running) < self.scheduler_config.max_num_seqs
+        prefill = self._vote_prefill(want)
+        if dist.get_world_size() > 1:
+            dist._collective("step", [], None)  # the forward's MoE all-to-all: every rank, every step
+        vote = [prefill]
         outs: list[RequestOutput] = self._ignored
         self._ignored = []
         if self.zos:
@@ -396,6 +421,7 @@ class LLMEngine:
         outs = []
         limit = min(self.scheduler_config.max_model_len, self.scheduler_config.max_num_batched_tokens)
         if vote[0]:  # prefill step (NORMAL engines never mix prefill and decode); first tokens come back now
+            sched.decode_step = 0
             budget = self.scheduler_config.max_num_batched_tokens
             while sched.waiting and len(sched.running) < self.scheduler_config.max_num_seqs:
                 s = sched.waiting[0]
@@ -433,6 +459,8 @@ class LLMEngine:
             else:
                 outs += produced
             sched.decode_step += 1
+            if not sched.running:
+                self.placeholder_steps += 1  # an idle rank rides along with a one-token dummy batch
         sched.running = [s for s in sched.running if s.status == "RUNNING"]
         # The engine pumps the multimodal queue after scheduling: what the VE worker finished is schedulable from
         # the next step on (a round trip and at least one step later than a request without multi_modal_data).
@@ -472,7 +500,8 @@ class LLMEngine:
         _say(
             f"rank {self.parallel_config.engine_rank} closed: steps={self.generate_step} flushes={self.flushes} "
             f"max_tokens_per_request_step={self.max_tokens_per_req_step} lost_aborts={self.lost_aborts} "
-            f"reaborted={self.reaborted} ve_round_trips={self.ve_round_trips} lockstep=ok"
+            f"reaborted={self.reaborted} ve_round_trips={self.ve_round_trips} votes={self.votes} "
+            f"placeholder_steps={self.placeholder_steps} lockstep=ok"
         )
         dist.destroy_process_group()
         self._forward("close")
