@@ -183,6 +183,18 @@ def test_speculative_multi_token_steps_keep_exact_ignore_eos_lengths(deepinfer_s
         assert r.usage.completion_tokens == n and r.choices[0].finish_reason == "length", (n, r)
         _, finish, usage = stream_text(client, content=f"stream {n}", max_tokens=n, extra={"ignore_eos": True})
         assert usage == n and finish == "length", (n, usage, finish)
+    # Up to 4 tokens per request per step, each counted once: every generated token, a first token per request.
+    metrics = httpx.get(f"{srv.url}/metrics").text
+
+    def value(name: str) -> float:
+        m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", metrics, re.M)
+        assert m, (name, metrics)
+        return float(m.group(1))
+
+    assert value("vllm:generation_tokens_total") == 2 * sum((1, 2, 7, 37, 250))
+    assert value("vllm:time_to_first_token_seconds_count") == 10
+    itl = value("vllm:inter_token_latency_seconds_count")
+    assert 2 * sum((1, 2, 7, 37, 250)) - 10 >= itl > 2 * sum((0, 1, 6, 36, 249)) / 2, itl
     log = stop_cleanly(srv)
     assert "nextn=3" in log
     per_step = [int(x) for x in re.findall(r"max_tokens_per_request_step=(\d+)", log)]
