@@ -249,3 +249,13 @@ def wait_until_gone(server_pid: int, groups: set[int], timeout: float = 10.0) ->
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)
+
+
+def sse_has_text(line: str) -> bool:
+    """True for an SSE line that carries generated text (not the role chunk, a comment or the end)."""
+    if not line.startswith("data: {"):
+        return False
+    import json
+
+    chunk = json.loads(line[6:])
+    return any((ch.get("delta") or {}).get("content") for ch in chunk.get("choices") or [])

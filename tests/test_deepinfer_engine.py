@@ -28,6 +28,7 @@ from conftest import (
     idle_wakeups_per_s,
     requests_across_idle_gaps,
     shm_segments,
+    sse_has_text,
     wait_until_gone,
 )
 
@@ -539,7 +540,7 @@ def test_stopped_peer_in_a_collective_trips_the_watchdog(deepinfer_server) -> No
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     events.append(line[6:])
-                    if '"content"' in line:
+                    if sse_has_text(line):
                         got_first.set()
 
     t = threading.Thread(target=stream, daemon=True)
@@ -615,7 +616,7 @@ def test_a_dead_peer_during_a_collective_ends_in_a_clean_exit(deepinfer_server) 
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     events.append(line[6:])
-                    if '"content"' in line:
+                    if sse_has_text(line):
                         got_first.set()
 
     t = threading.Thread(target=stream, daemon=True)
@@ -667,7 +668,7 @@ def lone_request_ttft(srv: Server) -> float:
         }  # fmt: skip
         with httpx.Client(base_url=srv.url, timeout=60) as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
             for line in r.iter_lines():
-                if '"content"' in line:
+                if sse_has_text(line):
                     started.set()
 
     t = threading.Thread(target=long_stream, daemon=True)

@@ -11,7 +11,7 @@ import threading
 import time
 
 import httpx
-from conftest import MODEL, shm_segments, wait_until_gone
+from conftest import MODEL, shm_segments, sse_has_text, wait_until_gone
 
 NO_THINK = {"thinking": {"type": "disabled"}}
 
@@ -45,7 +45,7 @@ def test_stopped_ranks_trip_the_watchdog_kill_everything_and_exit_non_zero(make_
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     events.append(line[6:])
-                    if '"content"' in line:
+                    if sse_has_text(line):
                         first.set()
         ended.set()
 
