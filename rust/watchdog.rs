@@ -104,6 +104,75 @@ fn trip(dispatcher: &Dispatcher, stalls: &[Stall], pids: &[i32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admission::Admission;
+    use crate::dispatch::{Job, RankLink, RequestMeta, Ticket};
+    use crate::metrics::Metrics;
+    use crate::ring::Ring;
+    use crate::ring::records::Submit;
+    use crate::ring::status::PHASE_STEP;
+    use crate::stream::Outlet;
+    use pyo3::prelude::*;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    const T: u64 = 2_000; // the timeout, ms
+
+    fn dispatcher(dir: &std::path::Path, ranks: usize) -> Arc<Dispatcher> {
+        let links = (0..ranks)
+            .map(|i| {
+                let req = Arc::new(Ring::create(dir.join(format!("q{i}")), 1 << 16).unwrap());
+                let out = Arc::new(Ring::create(dir.join(format!("o{i}")), 1 << 16).unwrap());
+                RankLink::new(i, req, out, None)
+            })
+            .collect();
+        Dispatcher::new(links, Arc::new(Metrics::new("m")))
+    }
+
+    fn submit(d: &Arc<Dispatcher>, admission: &Admission) -> Ticket {
+        let (outlet, _) = Outlet::unary();
+        let decoder = Python::attach(|py| py.None());
+        let prompt = [1u32, 2, 3];
+        let submit = Submit {
+            request_id: 0,
+            prompt: &prompt[..],
+            max_tokens: 4,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: -1,
+            seed: None,
+            ignore_eos: false,
+        };
+        let meta = RequestMeta { id: d.next_id(), request_id: "r".into(), arrival: Instant::now() };
+        let permit = admission.try_admit().unwrap();
+        d.submit(meta, Job { submit, incremental: true }, decoder, outlet, permit).unwrap()
+    }
+
+    #[test]
+    fn only_a_rank_with_work_and_no_heartbeat_since_it_got_it_is_stalled() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dispatcher(dir.path(), 2);
+        let admission = Admission::new(8);
+        let now = monotonic_ms();
+        // Idle ranks that stamped nothing for hours (asleep on the doorbell) are never stalled.
+        assert!(stalled(&d, T, now + 3_600_000).is_empty());
+        // Work arrives at a rank whose heartbeat is ancient: counted from its arrival, not from the heartbeat.
+        let _ticket = submit(&d, &admission);
+        let busy = d.ranks.iter().find(|r| r.in_flight() == 1).unwrap().index;
+        assert!(stalled(&d, T, now + T / 2).is_empty());
+        d.ranks[busy].output.set_aux(AUX_PHASE, PHASE_STEP);
+        let s = stalled(&d, T, monotonic_ms() + T);
+        assert_eq!(s.len(), 1);
+        assert_eq!((s[0].rank, s[0].in_flight, s[0].phase), (busy, 1, PHASE_STEP));
+        assert!(s[0].silent_ms >= T);
+        // A heartbeat after that resets the clock.
+        let later = monotonic_ms() + 10 * T;
+        d.ranks[busy].output.set_aux(AUX_HEARTBEAT_MS, later - T / 2);
+        assert!(stalled(&d, T, later).is_empty());
+        assert_eq!(stalled(&d, T, later + T / 2).len(), 1);
+        // A rank already failed (its exit is being handled) is not reported again.
+        d.ranks[busy].mark_dead();
+        assert!(stalled(&d, T, later + T).is_empty());
+    }
 
     #[test]
     fn period_is_bounded() {
