@@ -155,7 +155,7 @@ def test_dp2_lockstep_stream_and_non_stream_then_clean_shutdown(deepinfer_server
     assert sorted(s[:2] for s in starts) == [("0", "0"), ("1", "1")], log
     assert len({s[2] for s in starts}) == 1  # one rendezvous shared by the ranks
     assert all(s[3] == "0" for s in starts)  # speculative decoding off by default
-    assert "prefill_intervals=1/1" in log and "multimodal_pool=0" in log
+    assert "prefill_intervals=1/1" in log and "multimodal_pool=0" in log and "log_stats=1" in log
     closed = re.findall(r"rank (\d) closed: steps=(\d+) flushes=(\d+).*? lockstep=ok", log)
     assert len(closed) == 2 and closed[0][1:] == closed[1][1:], log
     assert log.count("ve_round_trips=0 ") == 2, log  # text-only requests never wait for the VE worker
@@ -163,13 +163,15 @@ def test_dp2_lockstep_stream_and_non_stream_then_clean_shutdown(deepinfer_server
 
 def test_idle_dp_ranks_make_no_collectives_and_wake_for_requests(deepinfer_server) -> None:
     srv = deepinfer_server(
-        "--dp", "2", "--max-num-seqs", "8", "--max-model-len", "4096", DEEPINFER_SERVER_IDLE_WAIT_S="60"
-    )
+        "--dp", "2", "--max-num-seqs", "8", "--max-model-len", "4096", "--disable-log-stats",
+        DEEPINFER_SERVER_IDLE_WAIT_S="60",
+    )  # fmt: skip
     requests_across_idle_gaps(srv)
     time.sleep(0.5)
     wakeups = idle_wakeups_per_s(srv)
     assert all(w < 50 for w in wakeups), wakeups  # an all-reduce every 2 ms made ~850 a second
     log = stop_cleanly(srv)  # the shutdown rings the bell: no 60 s wait
+    assert log.count("log_stats=0") == 2, log
     closed = re.findall(r"rank (\d) closed: steps=(\d+) flushes=(\d+).*? lockstep=ok", log)
     assert len(closed) == 2 and closed[0][1:] == closed[1][1:], log
 

@@ -29,6 +29,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument(
+        "--disable-log-stats",
+        action="store_true",
+        help="DeepInfer: turn off the engine's own periodic stats log (throughput, KV usage, acceptance), as vLLM's.",
+    )
     p.add_argument("--expert-parallel-size", "--ep", dest="expert_parallel_size", type=int, default=None)
     p.add_argument("--data-parallel-size", "--dp", dest="data_parallel_size", type=int, default=None)
     p.add_argument("--context-parallel-size", "--cp", dest="context_parallel_size", type=int, default=None)

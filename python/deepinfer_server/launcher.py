@@ -155,6 +155,7 @@ class Ranks:
             "max_num_seqs": a.max_num_seqs,
             "max_num_batched_tokens": a.max_num_batched_tokens,
             "gpu_memory_utilization": a.gpu_memory_utilization,
+            "disable_log_stats": a.disable_log_stats,
         }
 
     def start_reaper(self) -> None:

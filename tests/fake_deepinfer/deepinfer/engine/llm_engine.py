@@ -220,7 +220,8 @@ class LLMEngine:
             f"prefill_intervals={scheduler_config.prefill_attempt_interval}/"
             f"{scheduler_config.prefill_any_attempt_interval} "
             f"multimodal_pool={int(envs.DEEPINFER_USE_MULTIMODAL_POOL)} max_model_len={scheduler_config.max_model_len} "
-            f"max_num_seqs={scheduler_config.max_num_seqs} trust_remote_code={model_config.trust_remote_code}"
+            f"max_num_seqs={scheduler_config.max_num_seqs} trust_remote_code={model_config.trust_remote_code} "
+            f"log_stats={int(log_stats)}"
         )
 
     @classmethod
