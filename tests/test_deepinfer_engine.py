@@ -519,6 +519,11 @@ def test_ep8_is_one_dp_rank_with_seven_cp_workers_and_serves_chat(deepinfer_serv
     assert text and finish in ("stop", "length") and n
     log = stop_cleanly(srv)
     assert re.search(r"rank 0: CP workers \[(\d+, ){6}\d+\]", log), log
+    # The workers are global ranks 1..7 of a world of 8, and ran every step's collective with their driver.
+    (driver_steps,) = re.findall(r"rank 0 closed: steps=(\d+)", log)
+    workers = re.findall(r"cp worker (\d)/8 closed: steps=(\d+)", log)
+    assert sorted(w for w, _ in workers) == [str(i) for i in range(1, 8)], log
+    assert {s for _, s in workers} == {driver_steps}, log
     assert not group_members({rank})
 
 

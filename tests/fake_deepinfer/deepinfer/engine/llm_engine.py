@@ -36,18 +36,35 @@ CORPUS = Path(__file__).resolve().parent.parent / "_fake_corpus.txt"
 NUM_IMAGE_SPECIAL = 5
 
 
-def _cp_worker(conn: Any, engine_rank: int, cp_rank: int) -> None:
-    """A CP worker (cp_rank >= 1): dies with its driver (set_pdeathsig, worker/base.py) and serves its calls."""
+def _cp_worker(conn: Any, rank: int, world: int, init_method: str) -> None:
+    """A CP worker (cp_rank >= 1): dies with its driver (set_pdeathsig, worker/base.py), joins the world
+    (global rank engine_rank x CP + cp_rank) and runs the collective part of every call its driver forwards."""
     import ctypes
     import signal
+    from datetime import timedelta
 
     ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    dist.init_process_group(
+        backend="gloo", init_method=init_method, timeout=timedelta(seconds=600), world_size=world, rank=rank
+    )
+    dist.barrier()  # model init and warm-up
+    steps = flushes = 0
     while True:
         try:
             method = conn.recv()
         except EOFError:
             return
+        if method == "step":
+            dist._collective("step", [], None)  # the forward's all-to-all
+            steps += 1
+        elif method == "flush":
+            dist._collective("flush", [], None)
+            flushes += 1
+        elif method == "close":
+            dist._collective("close", [steps, -steps, flushes, -flushes], dist.ReduceOp.MAX)
+            dist.destroy_process_group()
+            _say(f"cp worker {rank}/{world} closed: steps={steps} flushes={flushes}")
         conn.send("ok")
         if method == "close":
             return
@@ -65,10 +82,12 @@ def _ve_worker(conn: Any) -> None:
         conn.send(request_id)
 
 
-def _start_cp_worker(engine_rank: int, cp_rank: int) -> tuple[Any, Any]:
+def _start_cp_worker(pc: ParallelConfig, cp_rank: int) -> tuple[Any, Any]:
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
-    w = ctx.Process(target=_cp_worker, args=(child, engine_rank, cp_rank), daemon=True, name=f"cp{cp_rank}")
+    cp, world = pc.context_parallel_size, pc.data_parallel_size * pc.context_parallel_size
+    args = (child, pc.engine_rank * cp + cp_rank, world, get_distributed_init_method(pc))
+    w = ctx.Process(target=_cp_worker, args=args, daemon=True, name=f"cp{cp_rank}")
     w.start()
     child.close()
     return w, parent
@@ -181,21 +200,19 @@ class LLMEngine:
         self._ve, self._ve_conn = _start_ve_worker()
         self._ve_pending: dict[str, Sequence] = {}  # sent to the VE worker; schedulable once it answers
         self.ve_round_trips = 0
-        self._cp: list[tuple[Any, Any]] = [
-            _start_cp_worker(pc.engine_rank, r) for r in range(1, pc.context_parallel_size)
-        ]
+        self._cp: list[tuple[Any, Any]] = [_start_cp_worker(pc, r) for r in range(1, pc.context_parallel_size)]
         if self._cp:
             _say(f"rank {pc.engine_rank}: CP workers {[w.pid for w, _ in self._cp]} ve worker {self._ve.pid}")
-        # Distributed init (worker/base.py): the fake's world is the DP drivers.
+        # Distributed init (worker/base.py): world = DP x CP, this driver is global rank engine_rank x CP.
         if not dist.is_initialized():
             dist.init_process_group(
                 backend="gloo",
                 init_method=get_distributed_init_method(pc),
                 timeout=__import__("datetime").timedelta(seconds=envs.DEEPINFER_GLOO_TIMEOUT),
-                world_size=pc.data_parallel_size,
-                rank=pc.engine_rank,
+                world_size=pc.data_parallel_size * pc.context_parallel_size,
+                rank=pc.engine_rank * pc.context_parallel_size,
             )
-        PG.create_process_groups()
+        PG.create_process_groups(pc.context_parallel_size)
         dist.barrier()  # model init and warm-up are collective
         self.cache_config.num_gpu_blocks = max(1, self.kv_tokens // cache_config.block_size)
         self.scheduler = Scheduler(self)
@@ -361,12 +378,11 @@ class LLMEngine:
         return outs
 
     def _allreduce_min(self, value: int) -> int:
+        """The scheduler's `_dp_allreduce`: over the DP group (the drivers), not the world."""
         self.votes += 1
         if self.vote_s:
             time.sleep(self.vote_s)
-        if dist.get_world_size() <= 1:
-            return value
-        return int(dist._collective("vote", [value], dist.ReduceOp.MIN)[0])
+        return int(dist._collective("vote", [value], dist.ReduceOp.MIN, PG.cpu_data_parallel_group())[0])
 
     def _vote_prefill(self, want: bool) -> bool:
         """The NORMAL engine's step type (scheduler.hpp:295-341): prefill only at vote points, decided by
@@ -386,10 +402,13 @@ class LLMEngine:
         return self._allreduce_min(0 if want else 1) == 0
 
     def _forward(self, method: str) -> None:
-        """Driver -> CP workers, as the engine's shm MessageQueue broadcast; each must answer (a stopped worker
-        stalls the step, as a stopped peer stalls the real one's collectives)."""
+        """Driver -> CP workers, as the engine's shm MessageQueue broadcast: each runs the call's collectives
+        with the world (a stopped worker stalls them, as a stopped peer does the real ones)."""
         for _, conn in self._cp:
             conn.send(method)
+
+    def _forwarded(self) -> None:
+        """Wait for every CP worker to finish the forwarded call."""
         for _, conn in self._cp:
             conn.recv()
 
@@ -475,6 +494,7 @@ class LLMEngine:
                 time.sleep(left)
         ptrs += _C._allocate(outs)
         self._to_release += ptrs  # freed in the next step's pre_sampler_sync
+        self._forwarded()
         return _C._as_array(ptrs)
 
     def flush_inflight_reqs(self) -> np.ndarray:
@@ -486,6 +506,7 @@ class LLMEngine:
         ptrs = _C._allocate(self._inflight)
         self._inflight = []
         self._to_release += ptrs  # freed in the next step, not here
+        self._forwarded()
         return _C._as_array(ptrs)
 
     def close(self) -> None:
@@ -493,11 +514,12 @@ class LLMEngine:
             return
         self.closed = True
         _C._reset()
+        self._forward("close")  # the workers join the close collective: their step counts are checked too
         counts = [self.generate_step, -self.generate_step, self.flushes, -self.flushes]
         if dist.is_initialized() and dist.get_world_size() > 1:
             counts = dist._collective("close", counts, dist.ReduceOp.MAX)
             if counts[0] != -counts[1] or counts[2] != -counts[3]:
-                raise RuntimeError(f"fake deepinfer: DP ranks stepped a different number of times: {counts}")
+                raise RuntimeError(f"fake deepinfer: ranks stepped a different number of times: {counts}")
         _say(
             f"rank {self.parallel_config.engine_rank} closed: steps={self.generate_step} flushes={self.flushes} "
             f"max_tokens_per_request_step={self.max_tokens_per_req_step} lost_aborts={self.lost_aborts} "
@@ -505,7 +527,7 @@ class LLMEngine:
             f"placeholder_steps={self.placeholder_steps} lockstep=ok"
         )
         dist.destroy_process_group()
-        self._forward("close")
+        self._forwarded()
         for w, _ in self._cp:
             w.join()
         self._ve_conn.close()
