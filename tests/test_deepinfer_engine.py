@@ -698,13 +698,18 @@ def test_prefill_votes_at_the_configured_intervals_delay_a_lone_request(deepinfe
     )  # fmt: skip
     waited = lone_request_ttft(slow)
     log = stop_cleanly(slow)
-    fast = deepinfer_server("--dp", "2", FAKE_DEEPINFER_STEP_MS="10")
+    # The flags win over the environment.
+    fast = deepinfer_server(
+        "--dp", "2", "--prefill-attempt-interval", "1", "--prefill-any-attempt-interval", "1",
+        FAKE_DEEPINFER_STEP_MS="10", DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL="100",
+    )  # fmt: skip
     quick = lone_request_ttft(fast)
     fast_log = stop_cleanly(fast)
     assert waited > 0.6 and quick < 0.3, (waited, quick)
     votes = [int(v) for v in re.findall(r"votes=(\d+)", log)]
     steps = [int(v) for v in re.findall(r"closed: steps=(\d+)", log)]
     assert len(set(votes)) == 1 and votes[0] < steps[0] / 10, (votes, steps)  # a vote every ~70-100 steps
+    assert log.count("prefill_intervals=70/100") == 2 and fast_log.count("prefill_intervals=1/1") == 2
     fast_votes = [int(v) for v in re.findall(r"votes=(\d+)", fast_log)]
     fast_steps = [int(v) for v in re.findall(r"closed: steps=(\d+)", fast_log)]
     assert fast_votes[0] >= fast_steps[0] - 2, (fast_votes, fast_steps)  # one (or two) a step

@@ -30,6 +30,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument(
+        "--prefill-attempt-interval",
+        type=int,
+        default=None,
+        help="DeepInfer: decode steps between prefill votes that need every DP rank to want a prefill "
+        "(DEEPINFER_PREFILL_ATTEMPT_INTERVAL; default: that variable, else 1).",
+    )
+    p.add_argument(
+        "--prefill-any-attempt-interval",
+        type=int,
+        default=None,
+        help="DeepInfer: decode steps between prefill votes that one DP rank's waiting prompt wins; a lone "
+        "request waits up to this many steps (DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL; default: that variable, else 1).",
+    )
+    p.add_argument(
         "--disable-log-stats",
         action="store_true",
         help="DeepInfer: turn off the engine's own periodic stats log (throughput, KV usage, acceptance), as vLLM's.",
@@ -199,6 +213,9 @@ def check_args(args: argparse.Namespace) -> str | None:
     ):
         if getattr(args, flag) < 0:
             return f"--{flag.replace('_', '-')} must not be negative"
+    for flag in ("prefill_attempt_interval", "prefill_any_attempt_interval"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            return f"--{flag.replace('_', '-')} must be at least 1"
     if args.sse_keep_alive <= 0:
         return "--sse-keep-alive must be positive"
     if args.client_timeout <= 0:

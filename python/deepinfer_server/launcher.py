@@ -35,6 +35,11 @@ OPENAPI = Path(__file__).with_name("openapi.json")
 DEFAULT_MODEL_NAME = "deepseek-v4.1-flash"
 OUTPUT_RING_BYTES = 1 << 20  # ranks run at most a few steps ahead of the server (engine/rank.py)
 GIL_SWITCH_INTERVAL_S = 0.0002
+# Server flags for DeepInfer's scheduler settings, which it reads from the environment (identical on every rank).
+PREFILL_INTERVAL_FLAGS = {
+    "prefill_attempt_interval": "DEEPINFER_PREFILL_ATTEMPT_INTERVAL",
+    "prefill_any_attempt_interval": "DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL",
+}
 
 
 class StartupError(Exception):
@@ -218,6 +223,9 @@ class Ranks:
             if dist_envs:
                 conf["engine_config"]["engine_rank"] = rank
                 env.update(dist_envs[rank])
+                for flag, var in PREFILL_INTERVAL_FLAGS.items():  # the flag wins over the environment
+                    if getattr(a, flag, None) is not None:
+                        env[var] = str(getattr(a, flag))
             cmd = [sys.executable, "-m", "deepinfer_server.engine.rank", "--config", json.dumps(conf)]
             # Each rank leads its own process group, which its CP workers and VE worker join: the server and the
             # reaper kill the whole group, stopped members included, even after the rank itself is gone.
