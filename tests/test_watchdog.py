@@ -49,9 +49,19 @@ def test_stopped_ranks_trip_the_watchdog_kill_everything_and_exit_non_zero(make_
                         first.set()
         ended.set()
 
+    unary: list[httpx.Response] = []
+
+    def non_stream() -> None:  # lands on the other rank (least loaded)
+        unary.append(
+            httpx.post(f"{srv.url}/v1/chat/completions", json=chat_body("hang too", 20_000, False), timeout=60)
+        )
+
     t = threading.Thread(target=stream, daemon=True)
     t.start()
     assert first.wait(20), events
+    u = threading.Thread(target=non_stream, daemon=True)
+    u.start()
+    time.sleep(0.3)
     for pid in ranks:
         os.kill(pid, signal.SIGSTOP)
     stopped = time.monotonic()
@@ -60,6 +70,9 @@ def test_stopped_ranks_trip_the_watchdog_kill_everything_and_exit_non_zero(make_
     assert 1.5 < took < 6, took  # the 2 s timeout, checked every 0.5 s
     assert events[-1] == "[DONE]" and "error" in json.loads(events[-2]), events[-3:]
     assert "stopped responding" in json.loads(events[-2])["error"]["message"]
+    u.join(5)
+    assert unary and unary[0].status_code == 503, unary
+    assert unary[0].json()["error"]["code"] == "service_unavailable"
     h = httpx.get(f"{srv.url}/health", timeout=5)
     assert h.status_code == 503, h.text
     r = httpx.post(f"{srv.url}/v1/chat/completions", json=chat_body("after", 5, False), timeout=5)
