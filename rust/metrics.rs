@@ -3,7 +3,10 @@
 //! time, so nothing here takes the GIL or a rank lock.
 
 use crate::dispatch::Dispatcher;
-use crate::ring::status::{AUX_HEARTBEAT_MS, AUX_KV_USAGE_PPM, AUX_QUEUED_TOKENS, AUX_REQUESTS, monotonic_ms};
+use crate::ring::status::{
+    AUX_HEARTBEAT_MS, AUX_KV_USAGE_PPM, AUX_QUEUED_TOKENS, AUX_REQUESTS, AUX_SPEC_ACCEPTED_TOKENS,
+    AUX_SPEC_DRAFT_TOKENS, monotonic_ms,
+};
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -29,6 +32,8 @@ pub struct Metrics {
     rank_engine_requests: IntGaugeVec,
     rank_heartbeat_age: GaugeVec,
     ring_used: IntGaugeVec,
+    spec_draft_tokens: IntCounter,
+    spec_accepted_tokens: IntCounter,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -118,6 +123,16 @@ impl Metrics {
                 &["rank", "ring"],
             )
             .unwrap(),
+            spec_draft_tokens: IntCounter::with_opts(opts(
+                "vllm:spec_decode_num_draft_tokens_total",
+                "Draft tokens proposed by speculative decoding.",
+            ))
+            .unwrap(),
+            spec_accepted_tokens: IntCounter::with_opts(opts(
+                "vllm:spec_decode_num_accepted_tokens_total",
+                "Draft tokens accepted (emitted) by speculative decoding.",
+            ))
+            .unwrap(),
             registry,
         };
         m.register_all();
@@ -156,6 +171,8 @@ impl Metrics {
             Box::new(self.rank_engine_requests.clone()),
             Box::new(self.rank_heartbeat_age.clone()),
             Box::new(self.ring_used.clone()),
+            Box::new(self.spec_draft_tokens.clone()),
+            Box::new(self.spec_accepted_tokens.clone()),
         ];
         for c in all {
             r.register(c).expect("unique metric names");
@@ -175,9 +192,17 @@ impl Metrics {
         }
     }
 
+    fn advance(counter: &IntCounter, total: u64) {
+        let now = counter.get();
+        if total > now {
+            counter.inc_by(total - now);
+        }
+    }
+
     /// The text exposition, with the rank-state gauges refreshed first.
     pub fn render(&self, dispatcher: &Dispatcher, max_num_seqs: usize) -> String {
         let (mut running, mut waiting, mut kv) = (0usize, 0usize, 0f64);
+        let (mut drafted, mut accepted) = (0u64, 0u64);
         let now_ms = monotonic_ms();
         for link in &dispatcher.ranks {
             let n = link.in_flight();
@@ -192,7 +217,12 @@ impl Metrics {
             self.rank_heartbeat_age.with_label_values(&[&rank]).set(age_ms as f64 / 1e3);
             self.ring_used.with_label_values(&[&rank, "request"]).set(link.requests.ring().used_bytes() as i64);
             self.ring_used.with_label_values(&[&rank, "output"]).set(link.output.used_bytes() as i64);
+            drafted += link.output.aux(AUX_SPEC_DRAFT_TOKENS);
+            accepted += link.output.aux(AUX_SPEC_ACCEPTED_TOKENS);
         }
+        // The ranks keep running totals; a counter only moves forward (renders may race: the larger wins).
+        Self::advance(&self.spec_draft_tokens, drafted);
+        Self::advance(&self.spec_accepted_tokens, accepted);
         self.running.set(running as i64);
         self.waiting.set(waiting as i64);
         self.kv_usage.set(kv);

@@ -198,6 +198,12 @@ def test_speculative_multi_token_steps_keep_exact_ignore_eos_lengths(deepinfer_s
     assert value("vllm:time_to_first_token_seconds_count") == 10
     itl = value("vllm:inter_token_latency_seconds_count")
     assert 2 * sum((1, 2, 7, 37, 250)) - 10 >= itl > 2 * sum((0, 1, 6, 36, 249)) / 2, itl
+    # Each decode step of a request proposes 3 draft tokens and emits 1 + the accepted ones; the first token of
+    # each request comes from its prefill.
+    drafted = value("vllm:spec_decode_num_draft_tokens_total")
+    accepted = value("vllm:spec_decode_num_accepted_tokens_total")
+    assert 0 < accepted < drafted and drafted % 3 == 0, (drafted, accepted)
+    assert drafted / 3 + accepted == 2 * sum((1, 2, 7, 37, 250)) - 10, (drafted, accepted)
     log = stop_cleanly(srv)
     assert "nextn=3" in log
     per_step = [int(x) for x in re.findall(r"max_tokens_per_request_step=(\d+)", log)]

@@ -12,6 +12,9 @@ pub const AUX_HEARTBEAT_MS: usize = 3;
 pub const AUX_KV_USAGE_PPM: usize = 4;
 /// What the rank loop is doing (`PHASE_*`), written once per change, so a stalled rank can be named with it.
 pub const AUX_PHASE: usize = 5;
+/// Speculative decoding, cumulative since the rank started: draft tokens proposed, and accepted.
+pub const AUX_SPEC_DRAFT_TOKENS: usize = 6;
+pub const AUX_SPEC_ACCEPTED_TOKENS: usize = 7;
 
 /// Values of `aux[AUX_PHASE]`.
 pub const PHASE_STARTING: u64 = 0;
@@ -59,6 +62,8 @@ pub const EXPORTS: &[(&str, u64)] = &[
     ("AUX_HEARTBEAT_MS", AUX_HEARTBEAT_MS as u64),
     ("AUX_KV_USAGE_PPM", AUX_KV_USAGE_PPM as u64),
     ("AUX_PHASE", AUX_PHASE as u64),
+    ("AUX_SPEC_DRAFT_TOKENS", AUX_SPEC_DRAFT_TOKENS as u64),
+    ("AUX_SPEC_ACCEPTED_TOKENS", AUX_SPEC_ACCEPTED_TOKENS as u64),
     ("PHASE_STARTING", PHASE_STARTING),
     ("PHASE_IDLE", PHASE_IDLE),
     ("PHASE_ADD", PHASE_ADD),

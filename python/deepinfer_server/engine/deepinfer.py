@@ -328,6 +328,8 @@ class DeepInferEngine:
         self.group_size = int(dp_group.size()) if dp_group is not None else 1
         self.live: set[int] = set()  # requests the server still waits for
         self.re_aborts = 0
+        self.drafted = 0  # speculative decoding: draft tokens proposed, and accepted, since start
+        self.accepted = 0
         self.stepped = False  # a step ran since the last flush: its post-processing may still be in flight
         self.broken = False  # a collective failed: a peer is gone, never enter another collective
         self.closed = False
@@ -388,6 +390,10 @@ class DeepInferEngine:
     def load(self) -> tuple[int, int]:
         _, waiting_tokens = self.engine.scheduler.get_sum_prompt_len_waiting()
         return len(self.live), int(waiting_tokens)
+
+    def spec_tokens(self) -> tuple[int, int]:
+        """(draft tokens proposed, accepted) since start, for vllm:spec_decode_* on /metrics."""
+        return self.drafted, self.accepted
 
     def kv_usage(self) -> float:
         """Share of this rank's KV blocks in use (block manager's free count against the profiled total)."""
@@ -456,6 +462,10 @@ class DeepInferEngine:
                 row = rows[rid] = [[], _native.FINISH_NONE, None]
             elif row[1] != _native.FINISH_NONE:
                 continue  # after the finish in this step (the engine trims these; be safe)
+            drafted = ro.get_draft_tok(p)  # set on a request's last token of a speculative step, else 0
+            if drafted:
+                self.drafted += int(drafted)
+                self.accepted += int(ro.get_accept_tok(p))
             reason = ro.get_finish_reason(p)
             if reason in _REAL_TOKEN_REASONS:
                 row[0].append(int(ro.get_token_id(p)))

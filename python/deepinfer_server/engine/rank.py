@@ -95,6 +95,8 @@ class Status:
     def __init__(self, engine: Engine, outputs: _native.Ring) -> None:
         self.engine, self.set_aux, self.due = engine, outputs.set_aux, 0.0
         self.current = -1
+        # Engines that speculate count draft and accepted tokens (DeepInferEngine.spec_tokens).
+        self.spec_tokens = getattr(engine, "spec_tokens", None)
 
     def phase(self, phase: int) -> None:
         if phase != self.current:
@@ -110,6 +112,10 @@ class Status:
         self.set_aux(_native.AUX_REQUESTS, n_requests)
         self.set_aux(_native.AUX_QUEUED_TOKENS, queued_tokens)
         self.set_aux(_native.AUX_KV_USAGE_PPM, int(self.engine.kv_usage() * 1_000_000))
+        if self.spec_tokens is not None:
+            drafted, accepted = self.spec_tokens()
+            self.set_aux(_native.AUX_SPEC_DRAFT_TOKENS, drafted)
+            self.set_aux(_native.AUX_SPEC_ACCEPTED_TOKENS, accepted)
         self.set_aux(_native.AUX_HEARTBEAT_MS, int(now * 1000))
 
 
