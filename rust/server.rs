@@ -154,6 +154,11 @@ async fn drain(state: &AppState, why: &str) -> i32 {
     while state.admission.in_flight() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // A rank that died or hung (watchdog) meanwhile makes this an unclean stop, whatever started it.
+    if let Some(dead) = state.dispatcher.ranks.iter().find(|r| !r.is_alive()) {
+        tracing::error!(rank = dead.index, "{why}: rank {} failed during the drain; exiting with status 1", dead.index);
+        return 1;
+    }
     0
 }
 

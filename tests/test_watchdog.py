@@ -111,3 +111,28 @@ def test_idle_ranks_never_trip_a_short_watchdog_and_a_slow_first_step_after_slee
     assert srv.proc.poll() is None
     assert "watchdog" not in srv.log()
     assert srv.stop() == 0
+
+
+def test_a_rank_that_hangs_during_the_drain_makes_the_exit_non_zero(make_server) -> None:
+    srv = make_server("--dp", "2", "--watchdog-timeout", "1", "--drain-timeout", "20", "--sim-decode-step-ms", "20")
+    ranks = srv.rank_pids()
+    first = threading.Event()
+
+    def stream() -> None:
+        with (
+            httpx.Client(base_url=srv.url, timeout=60) as c,
+            c.stream("POST", "/v1/chat/completions", json=chat_body("drain", 20_000, True)) as r,
+        ):
+            for line in r.iter_lines():
+                if sse_has_text(line):
+                    first.set()
+
+    threading.Thread(target=stream, daemon=True).start()
+    assert first.wait(20)
+    srv.proc.send_signal(signal.SIGTERM)  # drain: the stream may finish, for up to 20 s
+    time.sleep(0.3)
+    for pid in ranks:
+        os.kill(pid, signal.SIGSTOP)  # ... but its rank hangs
+    assert srv.proc.wait(timeout=15) == 1, srv.log()
+    assert not wait_until_gone(srv.proc.pid, set(ranks))
+    assert "failed during the drain" in srv.log()
