@@ -337,6 +337,7 @@ def run(args: argparse.Namespace) -> int:
         codec = Codec(tokenizer, names, args.max_model_len, version, args.prompt_encoder)
     clean_stale_segments()
     ranks = Ranks(args, tokenizer)
+    code = 1  # until the server returns its own
     # SIGTERM during start-up: stop cleanly instead of leaving ranks and segments behind.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -369,12 +370,20 @@ def run(args: argparse.Namespace) -> int:
         # default 5 ms switch interval would make a new request wait up to 5 ms at every GIL hand-over behind a
         # decoding thread; 0.2 ms keeps time to first token low under load at a negligible switching cost.
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-        return int(_native.serve(config, codec, decode_batch, ranks.rings, [p.pid for p in ranks.procs], ranks.bell))
+        code = int(_native.serve(config, codec, decode_batch, ranks.rings, [p.pid for p in ranks.procs], ranks.bell))
+        return code
     except StartupError as e:
         log.error("start-up failed: %s", e)
-        return 1
+        return code
     except KeyboardInterrupt:
         log.info("interrupted")
-        return 130
+        code = 130
+        return code
     finally:
-        ranks.stop(args.rank_shutdown_timeout)
+        grace = args.rank_shutdown_timeout
+        if code != 0 and ranks.bell is not None:
+            # Ranks that step together cannot close once one of them failed or hung: close() is collective
+            # and would wait for the lost peer forever. Do not give them the grace period.
+            log.warning("a rank failed: killing the ranks without waiting for their collective close()")
+            grace = 0.0
+        ranks.stop(grace)
