@@ -34,7 +34,7 @@ pub struct Inflight {
     timing: Mutex<Timing>,
     /// The admission slot: free once the request leaves its rank, however it ends, even if its client is still
     /// (slowly) reading the response, which may take forever and must not hold engine capacity.
-    _permit: Permit,
+    permit: Mutex<Option<Permit>>,
 }
 
 #[derive(Default)]
@@ -82,6 +82,12 @@ impl Inflight {
         }
         held.extend_from_slice(&last);
         held
+    }
+
+    /// Free the admission slot now, before the client hears the request ended: a client that sends its next
+    /// request the moment it has the answer must find the slot free, not wait for the last reference to go.
+    pub fn release_slot(&self) {
+        self.permit.lock().unwrap().take();
     }
 
     /// One structured log line for the request's end.
@@ -246,7 +252,7 @@ impl Dispatcher {
             incremental: job.incremental,
             held: Mutex::default(),
             timing: Mutex::default(),
-            _permit: permit,
+            permit: Mutex::new(Some(permit)),
         });
         rank.inflight.lock().unwrap().insert(id, entry);
         // Stored before the count rises, so a watchdog that sees the new count sees the new time too.
@@ -294,6 +300,7 @@ impl Drop for Ticket {
     fn drop(&mut self) {
         let link = &self.dispatcher.ranks[self.rank];
         if let Some(entry) = link.take(self.id) {
+            entry.release_slot();
             self.dispatcher.metrics.aborted.with_label_values(&[self.abort_reason]).inc();
             let status = if self.abort_reason == "timeout" { 504 } else { 499 };
             entry.log_end(status, self.abort_reason);

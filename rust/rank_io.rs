@@ -151,6 +151,7 @@ fn deliver(
         if b.finish == FINISH_ERROR || b.finish == FINISH_ABORT {
             if let Some(e) = link.take(b.id) {
                 let reason = b.reason.clone().unwrap_or_else(|| "abort".into());
+                e.release_slot();
                 let (err, label) = ApiError::from_engine(&reason);
                 metrics.aborted.with_label_values(&[label]).inc();
                 e.log_end(err.status().as_u16(), label);
@@ -246,6 +247,7 @@ fn finish_one(link: &RankLink, entry: &Inflight, state: DecodeState, bytes: Byte
             if link.take(entry.id).is_none() {
                 return false; // the client left in the meantime; its ticket already aborted it
             }
+            entry.release_slot();
             if state == DecodeState::StoppedEarly {
                 link.send_abort(entry.id); // a stop sequence matched: the rank is still generating
             }

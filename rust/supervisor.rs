@@ -119,6 +119,7 @@ pub fn kill_rank_groups(pids: &[i32]) {
 /// End every request still on `rank` with a 503 (an error event + `[DONE]` for streams).
 pub fn fail_in_flight(dispatcher: &Dispatcher, rank: usize, why: &str) {
     for entry in dispatcher.ranks[rank].take_all() {
+        entry.release_slot();
         entry.log_end(503, "unavailable");
         entry.outlet.fail(ApiError::Unavailable(why.to_string()));
     }

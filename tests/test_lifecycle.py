@@ -188,3 +188,15 @@ def test_an_idle_lockstep_group_sleeps_until_a_request_rings_its_doorbell(make_s
     wakeups = idle_wakeups_per_s(srv)
     assert all(w < 50 for w in wakeups), wakeups  # the 2 ms poll it replaced made ~700 a second
     assert srv.stop() == 0  # the shutdown rings the bell: no 60 s wait
+
+
+def test_a_finished_request_has_freed_its_slot_when_the_client_hears_of_it(make_server) -> None:
+    """One slot: a client that sends its next request the moment it has the last answer never gets a 429 (the
+    slot used to be freed only when the last reference to the request went, a moment after the answer)."""
+    srv = make_server("--dp", "1", "--max-num-seqs", "1")
+    codes: list[int] = []
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        for i in range(150):
+            body = {**LONG, "max_tokens": 2, "stream": i % 2 == 1}
+            codes.append(c.post("/v1/chat/completions", json=body).status_code)
+    assert codes.count(429) == 0 and set(codes) == {200}, [i for i, code in enumerate(codes) if code != 200]
