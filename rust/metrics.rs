@@ -4,7 +4,7 @@
 
 use crate::dispatch::Dispatcher;
 use crate::ring::status::{
-    AUX_HEARTBEAT_MS, AUX_KV_USAGE_PPM, AUX_QUEUED_TOKENS, AUX_REQUESTS, AUX_SPEC_ACCEPTED_TOKENS,
+    AUX_HEARTBEAT_MS, AUX_KV_USAGE_PPM, AUX_PREEMPTIONS, AUX_QUEUED_TOKENS, AUX_REQUESTS, AUX_SPEC_ACCEPTED_TOKENS,
     AUX_SPEC_DRAFT_TOKENS, monotonic_ms,
 };
 use prometheus::{
@@ -34,6 +34,7 @@ pub struct Metrics {
     ring_used: IntGaugeVec,
     spec_draft_tokens: IntCounter,
     spec_accepted_tokens: IntCounter,
+    preemptions: IntCounter,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -133,6 +134,11 @@ impl Metrics {
                 "Draft tokens accepted (emitted) by speculative decoding.",
             ))
             .unwrap(),
+            preemptions: IntCounter::with_opts(opts(
+                "vllm:num_preemptions_total",
+                "Sequences the engine preempted (their KV freed; they are recomputed).",
+            ))
+            .unwrap(),
             registry,
         };
         m.register_all();
@@ -173,6 +179,7 @@ impl Metrics {
             Box::new(self.ring_used.clone()),
             Box::new(self.spec_draft_tokens.clone()),
             Box::new(self.spec_accepted_tokens.clone()),
+            Box::new(self.preemptions.clone()),
         ];
         for c in all {
             r.register(c).expect("unique metric names");
@@ -202,7 +209,7 @@ impl Metrics {
     /// The text exposition, with the rank-state gauges refreshed first.
     pub fn render(&self, dispatcher: &Dispatcher, max_num_seqs: usize) -> String {
         let (mut running, mut waiting, mut kv) = (0usize, 0usize, 0f64);
-        let (mut drafted, mut accepted) = (0u64, 0u64);
+        let (mut drafted, mut accepted, mut preempted) = (0u64, 0u64, 0u64);
         let now_ms = monotonic_ms();
         for link in &dispatcher.ranks {
             let n = link.in_flight();
@@ -219,10 +226,12 @@ impl Metrics {
             self.ring_used.with_label_values(&[&rank, "output"]).set(link.output.used_bytes() as i64);
             drafted += link.output.aux(AUX_SPEC_DRAFT_TOKENS);
             accepted += link.output.aux(AUX_SPEC_ACCEPTED_TOKENS);
+            preempted += link.output.aux(AUX_PREEMPTIONS);
         }
         // The ranks keep running totals; a counter only moves forward (renders may race: the larger wins).
         Self::advance(&self.spec_draft_tokens, drafted);
         Self::advance(&self.spec_accepted_tokens, accepted);
+        Self::advance(&self.preemptions, preempted);
         self.running.set(running as i64);
         self.waiting.set(waiting as i64);
         self.kv_usage.set(kv);

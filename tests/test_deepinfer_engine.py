@@ -719,3 +719,24 @@ def test_prefill_votes_at_the_configured_intervals_delay_a_lone_request(deepinfe
     fast_steps = [int(v) for v in re.findall(r"closed: steps=(\d+)", fast_log)]
     assert fast_votes[0] >= fast_steps[0] - 2, (fast_votes, fast_steps)  # one (or two) a step
     assert any(int(p) > 0 for p in re.findall(r"placeholder_steps=(\d+)", log))  # the idle rank rode along
+
+
+def test_preempted_requests_are_recomputed_whole_and_counted_in_the_metrics(deepinfer_server) -> None:
+    srv = deepinfer_server("--dp", "2", FAKE_DEEPINFER_PREEMPT_EVERY="7")
+    client = srv.client(timeout=30)
+    results: list[int] = []
+
+    def one(i: int) -> None:
+        r = chat(client, f"preempt {i}", max_tokens=60, extra={"ignore_eos": True})
+        results.append(r.usage.completion_tokens)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [60] * 8  # a recomputed request loses and repeats no token
+    metric = re.search(r"^vllm:num_preemptions_total\{[^}]*\} (\d+)", httpx.get(f"{srv.url}/metrics").text, re.M)
+    log = stop_cleanly(srv)
+    engine = sum(int(n) for n in re.findall(r"preempted=(\d+)", log))
+    assert metric and engine > 0 and int(metric.group(1)) == engine, (metric, engine)

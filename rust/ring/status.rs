@@ -15,6 +15,8 @@ pub const AUX_PHASE: usize = 5;
 /// Speculative decoding, cumulative since the rank started: draft tokens proposed, and accepted.
 pub const AUX_SPEC_DRAFT_TOKENS: usize = 6;
 pub const AUX_SPEC_ACCEPTED_TOKENS: usize = 7;
+/// Sequences the engine preempted (and recomputes) since the rank started.
+pub const AUX_PREEMPTIONS: usize = 8;
 
 /// Values of `aux[AUX_PHASE]`.
 pub const PHASE_STARTING: u64 = 0;
@@ -64,6 +66,7 @@ pub const EXPORTS: &[(&str, u64)] = &[
     ("AUX_PHASE", AUX_PHASE as u64),
     ("AUX_SPEC_DRAFT_TOKENS", AUX_SPEC_DRAFT_TOKENS as u64),
     ("AUX_SPEC_ACCEPTED_TOKENS", AUX_SPEC_ACCEPTED_TOKENS as u64),
+    ("AUX_PREEMPTIONS", AUX_PREEMPTIONS as u64),
     ("PHASE_STARTING", PHASE_STARTING),
     ("PHASE_IDLE", PHASE_IDLE),
     ("PHASE_ADD", PHASE_ADD),

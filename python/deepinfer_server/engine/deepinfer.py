@@ -395,6 +395,10 @@ class DeepInferEngine:
         """(draft tokens proposed, accepted) since start, for vllm:spec_decode_* on /metrics."""
         return self.drafted, self.accepted
 
+    def preemptions(self) -> int:
+        """Sequences the engine preempted since start (it recomputes them: stop_preempted_request=False)."""
+        return int(self.engine.scheduler.get_num_preempted_seqs())
+
     def kv_usage(self) -> float:
         """Share of this rank's KV blocks in use (block manager's free count against the profiled total)."""
         total = self.engine.cache_config.num_gpu_blocks

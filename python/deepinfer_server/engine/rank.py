@@ -95,8 +95,9 @@ class Status:
     def __init__(self, engine: Engine, outputs: _native.Ring) -> None:
         self.engine, self.set_aux, self.due = engine, outputs.set_aux, 0.0
         self.current = -1
-        # Engines that speculate count draft and accepted tokens (DeepInferEngine.spec_tokens).
+        # Counters only some engines keep (DeepInferEngine): speculative tokens, preemptions.
         self.spec_tokens = getattr(engine, "spec_tokens", None)
+        self.preemptions = getattr(engine, "preemptions", None)
 
     def phase(self, phase: int) -> None:
         if phase != self.current:
@@ -116,6 +117,8 @@ class Status:
             drafted, accepted = self.spec_tokens()
             self.set_aux(_native.AUX_SPEC_DRAFT_TOKENS, drafted)
             self.set_aux(_native.AUX_SPEC_ACCEPTED_TOKENS, accepted)
+        if self.preemptions is not None:
+            self.set_aux(_native.AUX_PREEMPTIONS, self.preemptions())
         self.set_aux(_native.AUX_HEARTBEAT_MS, int(now * 1000))
 
 

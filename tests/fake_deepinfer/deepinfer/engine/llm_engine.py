@@ -132,6 +132,10 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.decode_step = 0
+        self.num_preempted = 0
+
+    def get_num_preempted_seqs(self) -> int:
+        return self.num_preempted
 
     def has_unfinished_seqs(self) -> bool:
         return bool(self.waiting or self.running)
@@ -222,6 +226,7 @@ class LLMEngine:
         self._to_release: list[int] = []  # output pointers the engine frees in the next step
         self.accept_all = os.environ.get("FAKE_DEEPINFER_ACCEPT_ALL", "") == "1"  # every draft token accepted
         self.vote_s = float(os.environ.get("FAKE_DEEPINFER_VOTE_MS", "0")) / 1000.0  # cost of one scheduler vote
+        self.preempt_every = int(os.environ.get("FAKE_DEEPINFER_PREEMPT_EVERY", "0"))  # decode steps per preemption
         self.votes = 0
         self.placeholder_steps = 0
         self.generate_step = 0
@@ -479,6 +484,14 @@ class LLMEngine:
             else:
                 outs += produced
             sched.decode_step += 1
+            if self.preempt_every and sched.decode_step % self.preempt_every == 0:
+                # Out of KV: the newest running sequence is preempted and recomputed (stop_preempted_request
+                # False): back to the head of `waiting`, its output kept, prefilled again (scheduler.hpp _preempt).
+                victims = [s for s in sched.running if s.status == "RUNNING"]
+                if victims:
+                    victims[-1].status = "WAITING"
+                    sched.waiting.insert(0, victims[-1])
+                    sched.num_preempted += 1
             if not sched.running:
                 self.placeholder_steps += 1  # an idle rank rides along with a one-token dummy batch
         sched.running = [s for s in sched.running if s.status == "RUNNING"]
@@ -524,7 +537,7 @@ class LLMEngine:
             f"rank {self.parallel_config.engine_rank} closed: steps={self.generate_step} flushes={self.flushes} "
             f"max_tokens_per_request_step={self.max_tokens_per_req_step} lost_aborts={self.lost_aborts} "
             f"reaborted={self.reaborted} ve_round_trips={self.ve_round_trips} votes={self.votes} "
-            f"placeholder_steps={self.placeholder_steps} lockstep=ok"
+            f"placeholder_steps={self.placeholder_steps} preempted={self.scheduler.num_preempted} lockstep=ok"
         )
         dist.destroy_process_group()
         self._forwarded()
