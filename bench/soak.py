@@ -82,10 +82,18 @@ def children(pid: int) -> list[int]:
     return sorted(set(out))
 
 
+def is_rank(pid: int) -> bool:
+    """A rank process, not the server's reaper (deepinfer_server/reaper.py)."""
+    try:
+        return b"deepinfer_server.engine.rank" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def snapshot(pid: int | None) -> dict[str, Any]:
     if pid is None:
         return {"rss_mb": None, "fds": None, "ranks": []}
-    ranks = [{"pid": c, "rss_mb": proc_rss_mb(c), "fds": proc_fds(c)} for c in children(pid)]
+    ranks = [{"pid": c, "rss_mb": proc_rss_mb(c), "fds": proc_fds(c)} for c in children(pid) if is_rank(c)]
     return {"rss_mb": proc_rss_mb(pid), "fds": proc_fds(pid), "ranks": ranks}
 
 

@@ -37,6 +37,10 @@ pub struct ServerConfig {
     /// it may pause while sending a body.
     #[pyo3(default = 30.0)]
     pub client_timeout_s: f64,
+    /// Seconds a rank with requests in flight may go without a heartbeat before the server declares it hung,
+    /// kills every rank and exits non-zero; 0 disables the watchdog.
+    #[pyo3(default = 300.0)]
+    pub watchdog_timeout_s: f64,
     /// The OpenAPI document served at /openapi.json (read at start-up).
     #[pyo3(default)]
     pub openapi: Option<String>,
@@ -62,6 +66,11 @@ impl ServerConfig {
 
     pub fn client_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.client_timeout_s.max(0.001))
+    }
+
+    /// `None`: no watchdog.
+    pub fn watchdog_timeout(&self) -> Option<Duration> {
+        (self.watchdog_timeout_s > 0.0).then(|| Duration::from_secs_f64(self.watchdog_timeout_s))
     }
 
     pub fn stream_interval(&self) -> Duration {
@@ -94,6 +103,7 @@ impl ServerConfig {
             engine: "sim".into(),
             expert_parallel_size: 1,
             context_parallel_size: 1,
+            watchdog_timeout_s: 300.0,
         }
     }
 }

@@ -7,7 +7,7 @@ use crate::admission::Permit;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::ring::records::{self, Abort, Submit};
-use crate::ring::status::AUX_QUEUED_TOKENS;
+use crate::ring::status::{AUX_QUEUED_TOKENS, monotonic_ms};
 use crate::ring::{Doorbell, Ring, Sender};
 use crate::stream::Outlet;
 use pyo3::prelude::*;
@@ -85,6 +85,12 @@ impl Inflight {
         held
     }
 
+    /// Free the admission slot now, before the client hears the request ended: a client that sends its next
+    /// request the moment it has the answer must find the slot free, not wait for the last reference to go.
+    pub fn release_slot(&self) {
+        self.permit.lock().unwrap().take();
+    }
+
     /// One structured log line for the request's end.
     pub fn log_end(&self, status: u16, reason: &str) {
         let t = self.timing.lock().unwrap();
@@ -120,6 +126,9 @@ pub struct RankLink {
     inflight: Mutex<FxHashMap<u64, Arc<Inflight>>>,
     count: AtomicUsize,
     alive: AtomicBool,
+    /// When the rank last went from no requests to some (`monotonic_ms`): a rank asleep on its doorbell stamps
+    /// no heartbeat, so the watchdog measures a stall from the later of this and its last heartbeat.
+    busy_since_ms: AtomicU64,
 }
 
 impl RankLink {
@@ -141,6 +150,7 @@ impl RankLink {
             inflight: Mutex::new(FxHashMap::default()),
             count: AtomicUsize::new(0),
             alive: AtomicBool::new(true),
+            busy_since_ms: AtomicU64::new(0),
         }
     }
 
@@ -149,7 +159,12 @@ impl RankLink {
     }
 
     pub fn in_flight(&self) -> usize {
-        self.count.load(Ordering::Relaxed)
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// See `busy_since_ms`.
+    pub fn busy_since_ms(&self) -> u64 {
+        self.busy_since_ms.load(Ordering::Relaxed)
     }
 
     /// Look up the requests of a batch under one lock.
@@ -163,7 +178,7 @@ impl RankLink {
         let got = self.inflight.lock().unwrap().remove(&id);
         if let Some(entry) = &got {
             self.count.fetch_sub(1, Ordering::Relaxed);
-            entry.permit.lock().unwrap().take();
+            entry.release_slot();
         }
         got
     }
@@ -184,7 +199,7 @@ impl RankLink {
         let drained: Vec<_> = self.inflight.lock().unwrap().drain().map(|(_, v)| v).collect();
         self.count.fetch_sub(drained.len(), Ordering::Relaxed);
         for entry in &drained {
-            entry.permit.lock().unwrap().take();
+            entry.release_slot();
         }
         drained
     }
@@ -256,7 +271,11 @@ impl Dispatcher {
             permit: Mutex::new(Some(permit)),
         });
         rank.inflight.lock().unwrap().insert(id, entry);
-        rank.count.fetch_add(1, Ordering::Relaxed);
+        // Stored before the count rises, so a watchdog that sees the new count sees the new time too.
+        if rank.count.load(Ordering::Relaxed) == 0 {
+            rank.busy_since_ms.store(monotonic_ms(), Ordering::Relaxed);
+        }
+        rank.count.fetch_add(1, Ordering::Release);
         if let Err(e) = rank.requests.send(records::SUBMIT, Submit { request_id: id, ..job.submit }.encode()) {
             rank.take(id);
             tracing::error!(rank = rank.index, "cannot send request to rank: {e}");

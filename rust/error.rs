@@ -35,6 +35,13 @@ pub enum ApiError {
     Timeout(f64),
     #[error("{0}")]
     Engine(String),
+    /// The engine refused the request for something in it (prompt too long for its KV cache, a grammar or an
+    /// image it cannot handle): the client's to fix.
+    #[error("{message}")]
+    EngineRejected { message: String, code: &'static str },
+    /// The engine lacked memory for the request right now (DeepInfer's "insufficient_system_resource"): retry.
+    #[error("{0}")]
+    EngineBusy(String),
     #[error("Not found: {0}")]
     RouteNotFound(String),
     #[error("Method not allowed.")]
@@ -46,6 +53,30 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// What a client sees when the engine ends its request with `reason` and no token (DeepInfer's finish
+    /// reasons, csrc/engine/sequence.hpp), with the metrics label for it.
+    pub fn from_engine(reason: &str) -> (Self, &'static str) {
+        let rejected = |code: &'static str, what: &str| ApiError::EngineRejected {
+            message: format!("The engine rejected the request: {what} ({reason})."),
+            code,
+        };
+        match reason {
+            "prompt_length_exceeded" => (
+                rejected("context_length_exceeded", "the prompt does not fit in the engine's context or KV cache"),
+                "prompt_length_exceeded",
+            ),
+            "insufficient_system_resource" => (
+                ApiError::EngineBusy(format!(
+                    "The engine ran out of memory for the request ({reason}); retry later, or with a shorter request."
+                )),
+                "insufficient_system_resource",
+            ),
+            r if r.starts_with("xgrammar") => (rejected("invalid_grammar", "its grammar failed"), "grammar_error"),
+            "ve_error" => (rejected("invalid_image", "an image could not be processed"), "ve_error"),
+            _ => (ApiError::Engine(format!("The engine could not complete the request: {reason}")), "engine_error"),
+        }
+    }
+
     pub fn bad_request(message: impl Into<String>) -> Self {
         ApiError::BadRequest { message: message.into(), param: None }
     }
@@ -72,6 +103,10 @@ impl ApiError {
             Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable_error", "service_unavailable"),
             Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "timeout_error", "request_timeout"),
             Engine(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", "engine_error"),
+            EngineRejected { code, .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", code),
+            EngineBusy(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable_error", "insufficient_system_resource")
+            }
             RouteNotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", "not_found"),
             MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed"),
             Unauthorized => (StatusCode::UNAUTHORIZED, "invalid_request_error", "invalid_api_key"),
@@ -109,7 +144,7 @@ impl ApiError {
         let status = self.status();
         let body = protocol.envelope(&self);
         let mut resp = (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
-        if matches!(self, ApiError::Overloaded(_)) {
+        if matches!(self, ApiError::Overloaded(_) | ApiError::EngineBusy(_)) {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         // The rest of the body was left unread: hyper closes the connection, so say so.
@@ -139,6 +174,24 @@ mod tests {
         assert_eq!(v["error"]["type"], "invalid_request_error");
         assert!(v["error"]["message"].as_str().unwrap().contains("nope"));
         assert_eq!(e.status(), StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn engine_finish_reasons_map_to_client_statuses() {
+        let cases = [
+            ("prompt_length_exceeded", 400, "context_length_exceeded", false),
+            ("insufficient_system_resource", 503, "insufficient_system_resource", true),
+            ("xgrammar runtime errors or timeout", 400, "invalid_grammar", false),
+            ("ve_error", 400, "invalid_image", false),
+            ("something new", 500, "engine_error", false),
+        ];
+        for (reason, status, code, retry) in cases {
+            let (e, _) = ApiError::from_engine(reason);
+            assert_eq!((e.status().as_u16(), e.code()), (status, code), "{reason}");
+            assert!(e.to_string().contains(reason), "{reason}: {e}");
+            let resp = e.into_response();
+            assert_eq!(resp.headers().contains_key(header::RETRY_AFTER), retry, "{reason}");
+        }
     }
 
     #[test]

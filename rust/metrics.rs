@@ -3,7 +3,10 @@
 //! time, so nothing here takes the GIL or a rank lock.
 
 use crate::dispatch::Dispatcher;
-use crate::ring::status::{AUX_HEARTBEAT_MS, AUX_KV_USAGE_PPM, AUX_QUEUED_TOKENS, AUX_REQUESTS};
+use crate::ring::status::{
+    AUX_HEARTBEAT_MS, AUX_KV_USAGE_PPM, AUX_PREEMPTIONS, AUX_QUEUED_TOKENS, AUX_REQUESTS, AUX_SPEC_ACCEPTED_TOKENS,
+    AUX_SPEC_DRAFT_TOKENS, monotonic_ms,
+};
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -29,6 +32,9 @@ pub struct Metrics {
     rank_engine_requests: IntGaugeVec,
     rank_heartbeat_age: GaugeVec,
     ring_used: IntGaugeVec,
+    spec_draft_tokens: IntCounter,
+    spec_accepted_tokens: IntCounter,
+    preemptions: IntCounter,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -118,6 +124,21 @@ impl Metrics {
                 &["rank", "ring"],
             )
             .unwrap(),
+            spec_draft_tokens: IntCounter::with_opts(opts(
+                "vllm:spec_decode_num_draft_tokens_total",
+                "Draft tokens proposed by speculative decoding.",
+            ))
+            .unwrap(),
+            spec_accepted_tokens: IntCounter::with_opts(opts(
+                "vllm:spec_decode_num_accepted_tokens_total",
+                "Draft tokens accepted (emitted) by speculative decoding.",
+            ))
+            .unwrap(),
+            preemptions: IntCounter::with_opts(opts(
+                "vllm:num_preemptions_total",
+                "Sequences the engine preempted (their KV freed; they are recomputed).",
+            ))
+            .unwrap(),
             registry,
         };
         m.register_all();
@@ -128,7 +149,9 @@ impl Metrics {
         for reason in ["invalid_request_error", "model_not_found", "payload_too_large", "rate_limit_exceeded"] {
             m.rejected.with_label_values(&[reason]);
         }
-        for reason in ["client_disconnect", "timeout", "engine_error"] {
+        for reason in
+            ["client_disconnect", "timeout", "engine_error", "prompt_length_exceeded", "insufficient_system_resource"]
+        {
             m.aborted.with_label_values(&[reason]);
         }
         m
@@ -154,6 +177,9 @@ impl Metrics {
             Box::new(self.rank_engine_requests.clone()),
             Box::new(self.rank_heartbeat_age.clone()),
             Box::new(self.ring_used.clone()),
+            Box::new(self.spec_draft_tokens.clone()),
+            Box::new(self.spec_accepted_tokens.clone()),
+            Box::new(self.preemptions.clone()),
         ];
         for c in all {
             r.register(c).expect("unique metric names");
@@ -173,12 +199,18 @@ impl Metrics {
         }
     }
 
+    fn advance(counter: &IntCounter, total: u64) {
+        let now = counter.get();
+        if total > now {
+            counter.inc_by(total - now);
+        }
+    }
+
     /// The text exposition, with the rank-state gauges refreshed first.
     pub fn render(&self, dispatcher: &Dispatcher, max_num_seqs: usize) -> String {
         let (mut running, mut waiting, mut kv) = (0usize, 0usize, 0f64);
-        // The ranks stamp their heartbeat with Python's time.monotonic(), i.e. CLOCK_MONOTONIC.
-        let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-        let now_ms = t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000;
+        let (mut drafted, mut accepted, mut preempted) = (0u64, 0u64, 0u64);
+        let now_ms = monotonic_ms();
         for link in &dispatcher.ranks {
             let n = link.in_flight();
             let rank = link.index.to_string();
@@ -192,7 +224,14 @@ impl Metrics {
             self.rank_heartbeat_age.with_label_values(&[&rank]).set(age_ms as f64 / 1e3);
             self.ring_used.with_label_values(&[&rank, "request"]).set(link.requests.ring().used_bytes() as i64);
             self.ring_used.with_label_values(&[&rank, "output"]).set(link.output.used_bytes() as i64);
+            drafted += link.output.aux(AUX_SPEC_DRAFT_TOKENS);
+            accepted += link.output.aux(AUX_SPEC_ACCEPTED_TOKENS);
+            preempted += link.output.aux(AUX_PREEMPTIONS);
         }
+        // The ranks keep running totals; a counter only moves forward (renders may race: the larger wins).
+        Self::advance(&self.spec_draft_tokens, drafted);
+        Self::advance(&self.spec_accepted_tokens, accepted);
+        Self::advance(&self.preemptions, preempted);
         self.running.set(running as i64);
         self.waiting.set(waiting as i64);
         self.kv_usage.set(kv);

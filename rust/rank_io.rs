@@ -150,11 +150,12 @@ fn deliver(
         let Some(entry) = entry else { continue }; // aborted or timed out: drop late tokens
         if b.finish == FINISH_ERROR || b.finish == FINISH_ABORT {
             if let Some(e) = link.take(b.id) {
-                metrics.aborted.with_label_values(&["engine_error"]).inc();
-                e.log_end(500, "engine_error");
-                let reason = b.reason.clone().unwrap_or_else(|| "the engine aborted the request".into());
+                let reason = b.reason.clone().unwrap_or_else(|| "abort".into());
+                let (err, label) = ApiError::from_engine(&reason);
+                metrics.aborted.with_label_values(&[label]).inc();
+                e.log_end(err.status().as_u16(), label);
                 tracing::warn!(rank = link.index, request = b.id, "engine ended the request: {reason}");
-                e.outlet.fail(ApiError::Engine(format!("The engine could not complete the request: {reason}")));
+                e.outlet.fail(err);
             }
             continue;
         }

@@ -11,6 +11,7 @@ use crate::metrics::Metrics;
 use crate::rank_io;
 use crate::ring::py::{PyDoorbell, PyRing};
 use crate::supervisor::{Supervisor, fail_in_flight};
+use crate::watchdog;
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use std::sync::Arc;
@@ -75,6 +76,13 @@ async fn run(state: Arc<AppState>, pids: Vec<i32>) -> std::io::Result<i32> {
         .map(|r| rank_io::spawn(dispatcher.clone(), state.codec.clone(), r, state.config.stream_interval()))
         .collect();
     let (failed_tx, mut failed_rx) = mpsc::unbounded_channel();
+    if let Some(timeout) = state.config.watchdog_timeout() {
+        let (dispatcher, failed, pids) = (dispatcher.clone(), failed_tx.clone(), pids.clone());
+        tokio::spawn(async move {
+            let rank = watchdog::run(dispatcher, timeout, pids).await;
+            let _ = failed.send(rank);
+        });
+    }
     let mut supervisor = Supervisor::start(dispatcher.clone(), &pids, move |rank| {
         let _ = failed_tx.send(rank);
     })?;
@@ -156,6 +164,11 @@ async fn drain(state: &AppState, why: &str) -> i32 {
     let deadline = tokio::time::Instant::now() + limit;
     while state.admission.in_flight() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A rank that died or hung (watchdog) meanwhile makes this an unclean stop, whatever started it.
+    if let Some(dead) = state.dispatcher.ranks.iter().find(|r| !r.is_alive()) {
+        tracing::error!(rank = dead.index, "{why}: rank {} failed during the drain; exiting with status 1", dead.index);
+        return 1;
     }
     match state.admission.in_flight() {
         0 => tracing::info!("drained: every in-flight request finished"),

@@ -30,6 +30,7 @@ impl Supervisor {
                 Ok(pidfd_open(pid, PidfdFlags::empty())?)
             })
             .collect::<io::Result<Vec<_>>>()?;
+        let pids = pids.to_vec();
         let wake = Arc::new(eventfd(0, EventfdFlags::CLOEXEC)?);
         let stop = wake.clone();
         let thread = thread::Builder::new().name("supervisor".into()).spawn(move || {
@@ -57,6 +58,8 @@ impl Supervisor {
                 drop(fds);
                 for rank in exited {
                     alive[rank] = false;
+                    // Its CP workers and VE worker may live on (some are not tied to it by a death signal).
+                    kill_rank_groups(&pids[rank..=rank]);
                     rank_failed(&dispatcher, rank);
                     on_failure(rank);
                 }
@@ -86,10 +89,31 @@ impl Drop for Supervisor {
 /// Fail everything on a dead rank and wake its reader so it exits.
 pub fn rank_failed(dispatcher: &Dispatcher, rank: usize) {
     let link = &dispatcher.ranks[rank];
+    if link.is_alive() {
+        tracing::error!(rank, in_flight = link.in_flight(), "engine rank process exited; failing its requests");
+    }
+    fail_rank(dispatcher, rank, &format!("Engine rank {rank} failed while running the request."));
+}
+
+/// Take `rank` out of service: no new requests, its in-flight ones end with `why`, its reader exits.
+pub fn fail_rank(dispatcher: &Dispatcher, rank: usize, why: &str) {
+    let link = &dispatcher.ranks[rank];
     link.mark_dead();
-    tracing::error!(rank, in_flight = link.in_flight(), "engine rank process exited; failing its requests");
-    fail_in_flight(dispatcher, rank, &format!("Engine rank {rank} failed while running the request."));
+    fail_in_flight(dispatcher, rank, why);
     link.output.close();
+}
+
+/// SIGKILL each rank's process group: the rank and every descendant that stayed in it (CP workers, the VE
+/// worker), stopped ones included. The launcher makes every rank a group leader; its pid cannot be reused
+/// before the launcher reaps it, which it does only after the server returns.
+pub fn kill_rank_groups(pids: &[i32]) {
+    use rustix::process::{Signal, kill_process, kill_process_group};
+    for &p in pids {
+        let Some(pid) = Pid::from_raw(p) else { continue };
+        if kill_process_group(pid, Signal::KILL).is_err() {
+            let _ = kill_process(pid, Signal::KILL); // not a group leader (an older launcher): the rank alone
+        }
+    }
 }
 
 /// End every request still on `rank` with a 503 (an error event + `[DONE]` for streams).

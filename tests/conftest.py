@@ -39,7 +39,9 @@ class Server:
         return OpenAI(base_url=f"{self.base_url}/v1", api_key="unused", max_retries=0, **kw)  # type: ignore[arg-type]
 
     def rank_pids(self) -> list[int]:
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
+        """The rank processes (children of the server, without its reaper)."""
+        cmd = ["pgrep", "-P", str(self.proc.pid), "-f", "deepinfer_server.engine.rank"]
+        out = subprocess.run(cmd, capture_output=True, text=True).stdout
         return [int(x) for x in out.split()]
 
     def log(self) -> str:
@@ -221,6 +223,69 @@ def requests_across_idle_gaps(srv: Server, n: int = 24, threads: int = 3) -> Non
     for w in workers:
         w.join()
     assert not errors, errors
+
+
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, process group) of a live process, or None."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    f = raw[raw.rindex(")") + 2 :].split()
+    return f[0], int(f[1]), int(f[2])
+
+
+def server_processes(server_pid: int, groups: set[int]) -> dict[int, str]:
+    """Every live process that belongs to a server, by a /proc scan: the server itself, anything in the rank
+    process groups `groups` (ranks, CP workers, VE workers), or carrying the server's shared-memory prefix in its
+    command line (the ranks, the reaper). Zombies do not count. pid -> command line."""
+    marker = f"deepinfer-{server_pid}-"
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        st = proc_stat(pid)
+        if st is None or st[0] == "Z":
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if pid == server_pid or st[2] in groups or marker in cmdline:
+            found[pid] = cmdline[:160]
+    return found
+
+
+def group_members(groups: set[int]) -> dict[int, tuple[str, int, int]]:
+    """Live processes in the given process groups: pid -> (state, ppid, pgid)."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            st = proc_stat(int(entry.name))
+            if st is not None and st[0] != "Z" and st[2] in groups:
+                out[int(entry.name)] = st
+    return out
+
+
+def wait_until_gone(server_pid: int, groups: set[int], timeout: float = 10.0) -> dict[int, str]:
+    """Poll until no process of the server remains (or `timeout`); returns what is left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = server_processes(server_pid, groups)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+def sse_has_text(line: str) -> bool:
+    """True for an SSE line that carries generated text (not the role chunk, a comment or the end)."""
+    if not line.startswith("data: {"):
+        return False
+    import json
+
+    chunk = json.loads(line[6:])
+    return any((ch.get("delta") or {}).get("content") for ch in chunk.get("choices") or [])
 
 
 # ------------------------------------------------------------------------------------- wire conformance, always on

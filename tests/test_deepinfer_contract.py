@@ -331,3 +331,32 @@ def test_fake_sampling_params_and_accessors_match_the_real_signatures(real: Read
         return {m for m in _methods(_class(parse(text), "RequestOutput")) if m.startswith("get_") or m == "clone"}
 
     assert accessors(fake_reader) == accessors(real)
+
+
+def test_the_output_pool_bound_follows_the_real_source(real: Reader) -> None:
+    """engine/deepinfer.py `live_outputs_bound` rests on the pool size and on the release order; check both."""
+    from deepinfer_server.engine.deepinfer import OUTPUT_POOL_SIZE, live_outputs_bound
+
+    with tarfile.open(fileobj=io.BytesIO(fetch_sdist()), mode="r:gz") as tar:
+        f = tar.extractfile(f"deepinfer-{VERSION}/csrc/engine/outputs.hpp")
+        assert f is not None
+        hpp = f.read().decode("utf-8")
+    m = re.search(r"class RequestOutputPool\b.*?static constexpr size_t max_size = (\d+);", hpp, re.S)
+    assert m and int(m.group(1)) == OUTPUT_POOL_SIZE, "RequestOutputPool::max_size changed"
+    worker = real("deepinfer/worker/worker.py")
+    assert worker is not None
+    step = worker[worker.index("def execute_model_step") :]
+    step = step[: step.index("\n    def ", 10)]
+    # The previous async step's outputs are allocated before pre_sampler_sync frees what the last call returned;
+    # a prompt step's own outputs come after it.
+    prev = step.index("self._post_process_step(self.prev_step_state)")
+    sync = step.index("pre_sampler_sync_fn(")
+    assert prev < sync < step.index("self._post_process_step(curr_step_state)")
+    engine = real("deepinfer/engine/llm_engine.py")
+    assert engine is not None
+    pre = engine[engine.index("def pre_sampler_sync(") :]
+    assert "self.deferred_release.release()" in pre[: pre.index("\n    def ")]
+    for name in ("_execute_model_async_step", "flush_inflight_reqs"):
+        body = engine[engine.index(f"def {name}(") :]
+        assert "self.deferred_release.collect_request_outputs(request_outputs)" in body[: body.index("\n    def ")]
+    assert live_outputs_bound(16, 5) == 2 * 16 * 6 + 16

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -17,9 +18,19 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
-from conftest import MODEL, Server, idle_wakeups_per_s, requests_across_idle_gaps, shm_segments
+from conftest import (
+    MODEL,
+    Server,
+    group_members,
+    idle_wakeups_per_s,
+    requests_across_idle_gaps,
+    shm_segments,
+    sse_has_text,
+    wait_until_gone,
+)
 
 HERE = Path(__file__).resolve().parent
 FAKE = HERE / "fake_deepinfer"
@@ -144,20 +155,23 @@ def test_dp2_lockstep_stream_and_non_stream_then_clean_shutdown(deepinfer_server
     assert sorted(s[:2] for s in starts) == [("0", "0"), ("1", "1")], log
     assert len({s[2] for s in starts}) == 1  # one rendezvous shared by the ranks
     assert all(s[3] == "0" for s in starts)  # speculative decoding off by default
-    assert "prefill_intervals=1/1" in log and "multimodal_pool=0" in log
+    assert "prefill_intervals=1/1" in log and "multimodal_pool=0" in log and "log_stats=1" in log
     closed = re.findall(r"rank (\d) closed: steps=(\d+) flushes=(\d+).*? lockstep=ok", log)
     assert len(closed) == 2 and closed[0][1:] == closed[1][1:], log
+    assert log.count("ve_round_trips=0 ") == 2, log  # text-only requests never wait for the VE worker
 
 
 def test_idle_dp_ranks_make_no_collectives_and_wake_for_requests(deepinfer_server) -> None:
     srv = deepinfer_server(
-        "--dp", "2", "--max-num-seqs", "8", "--max-model-len", "4096", DEEPINFER_SERVER_IDLE_WAIT_S="60"
-    )
+        "--dp", "2", "--max-num-seqs", "8", "--max-model-len", "4096", "--disable-log-stats",
+        DEEPINFER_SERVER_IDLE_WAIT_S="60",
+    )  # fmt: skip
     requests_across_idle_gaps(srv)
     time.sleep(0.5)
     wakeups = idle_wakeups_per_s(srv)
     assert all(w < 50 for w in wakeups), wakeups  # an all-reduce every 2 ms made ~850 a second
     log = stop_cleanly(srv)  # the shutdown rings the bell: no 60 s wait
+    assert log.count("log_stats=0") == 2, log
     closed = re.findall(r"rank (\d) closed: steps=(\d+) flushes=(\d+).*? lockstep=ok", log)
     assert len(closed) == 2 and closed[0][1:] == closed[1][1:], log
 
@@ -172,6 +186,24 @@ def test_speculative_multi_token_steps_keep_exact_ignore_eos_lengths(deepinfer_s
         assert r.usage.completion_tokens == n and r.choices[0].finish_reason == "length", (n, r)
         _, finish, usage = stream_text(client, content=f"stream {n}", max_tokens=n, extra={"ignore_eos": True})
         assert usage == n and finish == "length", (n, usage, finish)
+    # Up to 4 tokens per request per step, each counted once: every generated token, a first token per request.
+    metrics = httpx.get(f"{srv.url}/metrics").text
+
+    def value(name: str) -> float:
+        m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", metrics, re.M)
+        assert m, (name, metrics)
+        return float(m.group(1))
+
+    assert value("vllm:generation_tokens_total") == 2 * sum((1, 2, 7, 37, 250))
+    assert value("vllm:time_to_first_token_seconds_count") == 10
+    itl = value("vllm:inter_token_latency_seconds_count")
+    assert 2 * sum((1, 2, 7, 37, 250)) - 10 >= itl > 2 * sum((0, 1, 6, 36, 249)) / 2, itl
+    # Each decode step of a request proposes 3 draft tokens and emits 1 + the accepted ones; the first token of
+    # each request comes from its prefill.
+    drafted = value("vllm:spec_decode_num_draft_tokens_total")
+    accepted = value("vllm:spec_decode_num_accepted_tokens_total")
+    assert 0 < accepted < drafted and drafted % 3 == 0, (drafted, accepted)
+    assert drafted / 3 + accepted == 2 * sum((1, 2, 7, 37, 250)) - 10, (drafted, accepted)
     log = stop_cleanly(srv)
     assert "nextn=3" in log
     per_step = [int(x) for x in re.findall(r"max_tokens_per_request_step=(\d+)", log)]
@@ -204,13 +236,31 @@ def test_engine_rejection_is_an_error_for_that_request_only(deepinfer_server) ->
     srv = deepinfer_server("--dp", "2", "--gpu-memory-utilization", "0.5", FAKE_DEEPINFER_KV_TOKENS="200")
     client = srv.client(timeout=30)
     big = "lorem ipsum dolor sit amet " * 40
-    with pytest.raises(openai.InternalServerError, match="prompt_length_exceeded"):
+    with pytest.raises(openai.BadRequestError, match="prompt_length_exceeded") as e:
         chat(client, big, max_tokens=5)
+    assert e.value.code == "context_length_exceeded"
     with pytest.raises(openai.APIError, match="prompt_length_exceeded"):
         stream_text(client, content=big, max_tokens=5)
     for _ in range(4):  # both ranks still serve
         r = chat(client, "short", max_tokens=5, extra={"ignore_eos": True})
         assert r.usage.completion_tokens == 5
+    metrics = httpx.get(f"{srv.url}/metrics").text
+    assert re.search(r'deepinfer_aborted_requests_total\{[^}]*reason="prompt_length_exceeded"\} 2', metrics)
+    stop_cleanly(srv)
+
+
+def test_insufficient_system_resource_is_a_503_with_retry_after(deepinfer_server) -> None:
+    srv = deepinfer_server("--dp", "2", FAKE_DEEPINFER_NO_MEMORY_OVER="100")
+    big = "lorem ipsum dolor sit amet " * 40
+    body = {"model": MODEL, "messages": [{"role": "user", "content": big}], "max_tokens": 5, **NO_THINK}
+    r = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+    assert r.json()["error"]["code"] == "insufficient_system_resource"
+    assert httpx.get(f"{srv.url}/health").status_code == 200  # the server is fine; that request was too big now
+    r = chat(srv.client(timeout=30), "short", max_tokens=5, extra={"ignore_eos": True})
+    assert r.usage.completion_tokens == 5
+    metrics = httpx.get(f"{srv.url}/metrics").text
+    assert re.search(r'deepinfer_aborted_requests_total\{[^}]*reason="insufficient_system_resource"\} 1', metrics)
     stop_cleanly(srv)
 
 
@@ -380,3 +430,313 @@ def test_launcher_helpers_pick_and_check_ports() -> None:
         dist_env_for_ranks(1, 1, 29600, {"MASTER_PORT": "29650"})
     with pytest.raises(ConfigError, match="lists 2 GPU"):
         dist_env_for_ranks(3, 1, 8000, {"CUDA_VISIBLE_DEVICES": "0,1"})
+
+
+# -- failures: nothing hangs, nothing is left behind -----------------------------------------------------------------
+
+
+def test_add_request_exception_fails_that_request_only(deepinfer_server) -> None:
+    # The fake's add_request raises RuntimeError for prompts over 100 tokens (not a ValueError/TypeError).
+    srv = deepinfer_server("--dp", "2", FAKE_DEEPINFER_ADD_RAISES_OVER="100")
+    client = srv.client(timeout=30)
+    big = "lorem ipsum dolor sit amet " * 40
+    with pytest.raises(openai.InternalServerError, match="refused the request"):
+        chat(client, big, max_tokens=5)
+    with pytest.raises(openai.APIError, match="refused the request"):
+        stream_text(client, content=big, max_tokens=5)
+    for i in range(6):  # both ranks still serve, in lockstep
+        r = chat(client, f"short {i}", max_tokens=5, extra={"ignore_eos": True})
+        assert r.usage.completion_tokens == 5
+    assert httpx.get(f"{srv.url}/health").status_code == 200
+    log = stop_cleanly(srv)
+    assert len(re.findall(r"rank \d closed: .*lockstep=ok", log)) == 2, log
+
+
+def test_error_outside_step_exits_the_rank_at_once_without_a_collective(deepinfer_server) -> None:
+    # The fake's abort_request raises: a stop sequence makes the server abort, the rank's loop fails outside
+    # step/sync. It must exit at once, not enter the collective close() while its peer waits in an all-reduce.
+    srv = deepinfer_server("--dp", "2", "--exit-on-rank-failure", "1", FAKE_DEEPINFER_ABORT_RAISES="1")
+    ranks = srv.rank_pids()
+    text, finish, _ = stream_text(srv.client(timeout=30), content="x", stop=["e"], max_tokens=2000)
+    assert finish == "stop" and "e" not in text
+    assert srv.proc.wait(timeout=20) == 1, srv.log()
+    log = srv.log()
+    assert "exiting without closing the engine" in log, log
+    assert "lockstep violation" not in log and "closed: steps=" not in log, log
+    assert not wait_until_gone(srv.proc.pid, set(ranks))
+
+
+def cp_server(deepinfer_server, *args: str, **env: str):
+    """DP 2 x CP 2: each rank spawns a CP worker and forks a VE worker, as the real engine does."""
+    srv = deepinfer_server("--ep", "4", "--dp", "2", "--cp", "2", *args, **env)
+    ranks = set(srv.rank_pids())
+    assert len(ranks) == 2
+    r = chat(srv.client(timeout=30), "hello", max_tokens=5, extra={"ignore_eos": True})
+    assert r.usage.completion_tokens == 5
+    members = group_members(ranks)
+    workers = [pid for pid in members if pid not in ranks]
+    # Per rank, in its process group: the CP worker, the VE worker, and multiprocessing's resource tracker
+    # (started with the first "spawn" process, as in the real engine).
+    assert len(workers) == 6, members
+    return srv, ranks, workers
+
+
+def test_sigterm_with_stopped_workers_leaves_nothing(deepinfer_server) -> None:
+    srv, ranks, workers = cp_server(deepinfer_server, "--rank-shutdown-timeout", "2")
+    for pid in workers:  # they can neither answer close() nor act on a SIGTERM
+        os.kill(pid, signal.SIGSTOP)
+    srv.proc.send_signal(signal.SIGTERM)
+    assert srv.proc.wait(timeout=30) == 0, srv.log()
+    assert not wait_until_gone(srv.proc.pid, ranks)
+    assert "did not stop within --rank-shutdown-timeout" in srv.log()
+    assert not {s for s in shm_segments() if f"-{srv.proc.pid}-" in s}
+
+
+def test_sigkill_of_one_rank_leaves_nothing(deepinfer_server) -> None:
+    # The surviving rank would hang in its next collective with the dead one: it is killed at once.
+    srv, ranks, workers = cp_server(deepinfer_server, "--exit-on-rank-failure", "1")
+    os.kill(workers[0], signal.SIGSTOP)
+    os.kill(min(ranks), signal.SIGKILL)
+    assert srv.proc.wait(timeout=30) == 1, srv.log()
+    left = wait_until_gone(srv.proc.pid, ranks)
+    assert not left, left
+
+
+def test_sigkill_of_the_server_leaves_nothing(deepinfer_server) -> None:
+    srv, ranks, workers = cp_server(deepinfer_server)
+    for pid in workers[:2]:
+        os.kill(pid, signal.SIGSTOP)
+    srv.proc.kill()
+    srv.proc.wait()
+    left = wait_until_gone(srv.proc.pid, ranks)
+    assert not left, left
+    assert not {s for s in shm_segments() if f"-{srv.proc.pid}-" in s}
+
+
+def test_ep8_is_one_dp_rank_with_seven_cp_workers_and_serves_chat(deepinfer_server) -> None:
+    srv = deepinfer_server("--ep", "8", "--max-num-seqs", "4", "--max-model-len", "4096")
+    (rank,) = srv.rank_pids()
+    members = group_members({rank})
+    children = [pid for pid, (_, ppid, _) in members.items() if ppid == rank]
+    assert len(children) == 7 + 1 + 1, members  # CP workers 1..7, the VE worker, the resource tracker
+    text, finish, n = stream_text(srv.client(timeout=30), content="hello", max_tokens=20)
+    assert text and finish in ("stop", "length") and n
+    log = stop_cleanly(srv)
+    assert re.search(r"rank 0: CP workers \[(\d+, ){6}\d+\]", log), log
+    # The workers are global ranks 1..7 of a world of 8, and ran every step's collective with their driver.
+    (driver_steps,) = re.findall(r"rank 0 closed: steps=(\d+)", log)
+    workers = re.findall(r"cp worker (\d)/8 closed: steps=(\d+)", log)
+    assert sorted(w for w, _ in workers) == [str(i) for i in range(1, 8)], log
+    assert {s for _, s in workers} == {driver_steps}, log
+    assert not group_members({rank})
+
+
+def test_stopped_peer_in_a_collective_trips_the_watchdog(deepinfer_server) -> None:
+    # DP 2 x CP 2. Rank 1 is stopped: rank 0, which has the stream, waits for it in the step's collective
+    # forever (the fake's TCP star blocks, as NCCL does). The watchdog ends it; nothing is left behind.
+    srv = deepinfer_server(
+        "--ep", "4", "--dp", "2", "--cp", "2", "--watchdog-timeout", "2", "--exit-on-rank-failure", "1",
+        FAKE_DEEPINFER_STEP_MS="10",
+    )  # fmt: skip
+    ranks = srv.rank_pids()
+    events: list[str] = []
+    got_first = threading.Event()
+
+    def stream() -> None:
+        body = {
+            "model": MODEL, "messages": [{"role": "user", "content": "hang"}], "max_tokens": 3000,
+            "stream": True, "ignore_eos": True, **NO_THINK,
+        }  # fmt: skip
+        with httpx.Client(base_url=srv.url, timeout=60) as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    if sse_has_text(line):
+                        got_first.set()
+
+    t = threading.Thread(target=stream, daemon=True)
+    t.start()
+    assert got_first.wait(20)
+    os.kill(max(ranks), signal.SIGSTOP)  # the later rank: the stream went to the least loaded, rank 0
+    t.join(15)
+    assert not t.is_alive(), "the stream hung"
+    assert events[-1] == "[DONE]" and "stopped responding" in events[-2], events[-3:]
+    assert srv.proc.wait(timeout=15) == 1
+    assert not wait_until_gone(srv.proc.pid, set(ranks))
+    log = srv.log()
+    assert re.search(
+        r"watchdog: rank 0 has had 1 request\(s\) and no heartbeat for [\d.]+ s, in phase (step|sync)", log
+    )
+    assert re.search(r"watchdog: rank 1 phase \S+", log), log
+
+
+def test_a_config_that_can_overrun_the_output_pool_is_refused_at_start_up(deepinfer_server, checkpoint) -> None:
+    out = failed_start(checkpoint, "--max-num-seqs", "800", DEEPINFER_USE_NEXTN_DECODE="5")
+    assert "--max-num-seqs 800 with DEEPINFER_USE_NEXTN_DECODE=5" in out, out
+    assert "= 10400 RequestOutputs" in out and "fixed pool of 10000" in out, out
+    assert "use --max-num-seqs <= 769 or DEEPINFER_USE_NEXTN_DECODE <= 4" in out, out
+    assert "started rank" not in out  # refused before any rank starts
+
+
+@pytest.mark.parametrize(("max_num_seqs", "overruns"), [(769, False), (840, True)])
+def test_the_fake_output_pool_fails_as_the_engine_does_past_the_bound(
+    fake_modules, checkpoint, max_num_seqs: int, overruns: bool
+) -> None:
+    """With every draft token accepted, two decode steps in a row hold 2 x S x (1 + nextn) outputs at once."""
+    from deepinfer_server.engine.deepinfer import OUTPUT_POOL_SIZE, build, live_outputs_bound
+
+    os.environ.update({"CUDA_VISIBLE_DEVICES": "0", "MASTER_PORT": "29500", "DEEPINFER_USE_NEXTN_DECODE": "5"})
+    os.environ["FAKE_DEEPINFER_ACCEPT_ALL"] = "1"
+    cfg = {
+        "model": str(checkpoint), "trust_remote_code": False, "expert_parallel_size": 1, "data_parallel_size": 1,
+        "context_parallel_size": 1, "engine_rank": 0, "max_model_len": 512, "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.9,
+    }  # fmt: skip
+    e = build(cfg)
+    assert (live_outputs_bound(max_num_seqs, 5) > OUTPUT_POOL_SIZE) == overruns
+    for rid in range(max_num_seqs):
+        assert e.add(sub(rid, [0, 5, 6 + rid % 7], max_tokens=60, ignore_eos=True)) == []
+    if overruns:
+        with pytest.raises(RuntimeError, match="RequestOutputPool exhausted"):
+            run_until_idle(e)
+        assert e.broken
+        e.close()  # skips the collective close(), and keeps the engine's __del__ from running it
+        assert e.engine.closed
+        return
+    done = run_until_idle(e)
+    assert len(done) == max_num_seqs and all(len(t) == 60 for t, _, _ in done.values())
+    e.close()
+
+
+def test_a_dead_peer_during_a_collective_ends_in_a_clean_exit(deepinfer_server) -> None:
+    # DP 2: rank 0 streams (a collective every step), rank 1 is SIGKILLed. Rank 0 then hangs in the step's
+    # collective, as with NCCL; the server fails the stream, exits 1, and kills rank 0's group after the grace.
+    # No short --rank-shutdown-timeout: the survivor cannot close, and is not given the default 30 s to try.
+    srv = deepinfer_server("--dp", "2", "--exit-on-rank-failure", "1", FAKE_DEEPINFER_STEP_MS="10")
+    ranks = srv.rank_pids()
+    events: list[str] = []
+    got_first = threading.Event()
+
+    def stream() -> None:
+        body = {
+            "model": MODEL, "messages": [{"role": "user", "content": "dead peer"}], "max_tokens": 3000,
+            "stream": True, "ignore_eos": True, **NO_THINK,
+        }  # fmt: skip
+        with httpx.Client(base_url=srv.url, timeout=60) as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    if sse_has_text(line):
+                        got_first.set()
+
+    t = threading.Thread(target=stream, daemon=True)
+    t.start()
+    assert got_first.wait(20)
+    os.kill(max(ranks), signal.SIGKILL)
+    t.join(15)
+    assert not t.is_alive(), "the stream hung"
+    assert events[-1] == "[DONE]" and '"error"' in events[-2], events[-3:]
+    killed = time.monotonic()
+    assert srv.proc.wait(timeout=20) == 1, srv.log()
+    assert time.monotonic() - killed < 8
+    assert not wait_until_gone(srv.proc.pid, set(ranks))
+    log = srv.log()
+    assert "the collective hangs" in log and "without waiting for their collective close()" in log, log
+
+
+def test_multi_modal_data_costs_a_ve_round_trip_and_a_step_so_text_passes_none(fake_modules, checkpoint) -> None:
+    import numpy as np
+
+    e = build_engine(checkpoint)
+    eng = e.engine
+
+    def steps_to_first_token(rid: str, mm: dict[str, list[object]] | None) -> int:
+        ids = np.asarray([0, 5, 6], dtype=np.int32)
+        eng.add_request(user_id="u", request_id=rid, sampling_params={"max_tokens": 2}, prompt_token_ids=ids,
+                        multi_modal_data=mm)  # fmt: skip
+        for n in range(1, 50):
+            if any(e._ro.get_request_id(p) == rid for p in eng.step()):
+                return n
+            time.sleep(0.01)  # the VE worker is another process
+        raise AssertionError("no first token")
+
+    assert steps_to_first_token("a", None) == 1
+    assert steps_to_first_token("b", {"image_bytes": [], "image_sizes": []}) >= 2
+    assert eng.ve_round_trips == 1
+    e.add(sub(3, [0, 5, 7], max_tokens=3))  # the adapter: no multi_modal_data for text
+    run_until_idle(e)
+    assert eng.ve_round_trips == 1
+    e.close()
+
+
+def lone_request_ttft(srv: Server) -> float:
+    """While rank 0 decodes a long stream, rank 1 gets one request: how long until its first token."""
+    started = threading.Event()
+
+    def long_stream() -> None:
+        body = {
+            "model": MODEL, "messages": [{"role": "user", "content": "long"}], "max_tokens": 400,
+            "stream": True, "ignore_eos": True, **NO_THINK,
+        }  # fmt: skip
+        with httpx.Client(base_url=srv.url, timeout=60) as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
+            for line in r.iter_lines():
+                if sse_has_text(line):
+                    started.set()
+
+    t = threading.Thread(target=long_stream, daemon=True)
+    t.start()
+    assert started.wait(20)
+    t0 = time.monotonic()
+    for _ in stream_text(srv.client(timeout=30), content="lone", max_tokens=1):
+        break
+    ttft = time.monotonic() - t0
+    t.join(30)
+    return ttft
+
+
+def test_prefill_votes_at_the_configured_intervals_delay_a_lone_request(deepinfer_server) -> None:
+    # The engine's own defaults (70/100): rank 1's prompt waits for the next ANY point, 100 decode steps (10 ms
+    # each) after the stream's prefill. The serving defaults (1/1) vote every step.
+    slow = deepinfer_server(
+        "--dp", "2", FAKE_DEEPINFER_STEP_MS="10",
+        DEEPINFER_PREFILL_ATTEMPT_INTERVAL="70", DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL="100",
+    )  # fmt: skip
+    waited = lone_request_ttft(slow)
+    log = stop_cleanly(slow)
+    # The flags win over the environment.
+    fast = deepinfer_server(
+        "--dp", "2", "--prefill-attempt-interval", "1", "--prefill-any-attempt-interval", "1",
+        FAKE_DEEPINFER_STEP_MS="10", DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL="100",
+    )  # fmt: skip
+    quick = lone_request_ttft(fast)
+    fast_log = stop_cleanly(fast)
+    assert waited > 0.6 and quick < 0.3, (waited, quick)
+    votes = [int(v) for v in re.findall(r"votes=(\d+)", log)]
+    steps = [int(v) for v in re.findall(r"closed: steps=(\d+)", log)]
+    assert len(set(votes)) == 1 and votes[0] < steps[0] / 10, (votes, steps)  # a vote every ~70-100 steps
+    assert log.count("prefill_intervals=70/100") == 2 and fast_log.count("prefill_intervals=1/1") == 2
+    fast_votes = [int(v) for v in re.findall(r"votes=(\d+)", fast_log)]
+    fast_steps = [int(v) for v in re.findall(r"closed: steps=(\d+)", fast_log)]
+    assert fast_votes[0] >= fast_steps[0] - 2, (fast_votes, fast_steps)  # one (or two) a step
+    assert any(int(p) > 0 for p in re.findall(r"placeholder_steps=(\d+)", log))  # the idle rank rode along
+
+
+def test_preempted_requests_are_recomputed_whole_and_counted_in_the_metrics(deepinfer_server) -> None:
+    srv = deepinfer_server("--dp", "2", FAKE_DEEPINFER_PREEMPT_EVERY="7")
+    client = srv.client(timeout=30)
+    results: list[int] = []
+
+    def one(i: int) -> None:
+        r = chat(client, f"preempt {i}", max_tokens=60, extra={"ignore_eos": True})
+        results.append(r.usage.completion_tokens)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [60] * 8  # a recomputed request loses and repeats no token
+    metric = re.search(r"^vllm:num_preemptions_total\{[^}]*\} (\d+)", httpx.get(f"{srv.url}/metrics").text, re.M)
+    log = stop_cleanly(srv)
+    engine = sum(int(n) for n in re.findall(r"preempted=(\d+)", log))
+    assert metric and engine > 0 and int(metric.group(1)) == engine, (metric, engine)

@@ -138,7 +138,8 @@ def test_killing_a_rank_fails_its_streams_and_turns_health_503(make_server) -> N
     for t in threads:
         t.join(timeout=5)
         assert not t.is_alive()
-    assert not (shm_segments() - before)
+    # Only this server's segments: other servers on the host (other checkouts' tests) may be starting.
+    assert not {s for s in shm_segments() - before if f"-{srv.proc.pid}-" in s}
 
 
 def test_sigterm_drains_and_exits_zero(make_server) -> None:
@@ -273,3 +274,15 @@ def test_group_sigterm_past_the_drain_timeout_cuts_the_stream_and_exits_non_zero
     assert srv.proc.returncode == 1, srv.log()[-2000:]
     assert took < 10
     assert "lost" in srv.log()
+
+
+def test_a_finished_request_has_freed_its_slot_when_the_client_hears_of_it(make_server) -> None:
+    """One slot: a client that sends its next request the moment it has the last answer never gets a 429 (the
+    slot used to be freed only when the last reference to the request went, a moment after the answer)."""
+    srv = make_server("--dp", "1", "--max-num-seqs", "1")
+    codes: list[int] = []
+    with httpx.Client(base_url=srv.url, timeout=30) as c:
+        for i in range(150):
+            body = {**LONG, "max_tokens": 2, "stream": i % 2 == 1}
+            codes.append(c.post("/v1/chat/completions", json=body).status_code)
+    assert codes.count(429) == 0 and set(codes) == {200}, [i for i, code in enumerate(codes) if code != 200]

@@ -32,10 +32,10 @@ def test_create_open_errors(ring_path) -> None:
         Ring.create(p, 4096)
     with pytest.raises(FileNotFoundError):
         Ring.open(ring_path())
-    r.set_aux(7, 2**64 - 1)
-    assert Ring.open(p).aux(7) == 2**64 - 1
+    r.set_aux(15, 2**64 - 1)
+    assert Ring.open(p).aux(15) == 2**64 - 1
     with pytest.raises(IndexError):
-        r.aux(8)
+        r.aux(16)
 
 
 def test_request_round_trip(ring_path) -> None:

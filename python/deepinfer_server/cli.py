@@ -29,6 +29,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument(
+        "--prefill-attempt-interval",
+        type=int,
+        default=None,
+        help="DeepInfer: decode steps between prefill votes that need every DP rank to want a prefill "
+        "(DEEPINFER_PREFILL_ATTEMPT_INTERVAL; default: that variable, else 1).",
+    )
+    p.add_argument(
+        "--prefill-any-attempt-interval",
+        type=int,
+        default=None,
+        help="DeepInfer: decode steps between prefill votes that one DP rank's waiting prompt wins; a lone "
+        "request waits up to this many steps (DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL; default: that variable, else 1).",
+    )
+    p.add_argument(
+        "--disable-log-stats",
+        action="store_true",
+        help="DeepInfer: turn off the engine's own periodic stats log (throughput, KV usage, acceptance), as vLLM's.",
+    )
     p.add_argument("--expert-parallel-size", "--ep", dest="expert_parallel_size", type=int, default=None)
     p.add_argument("--data-parallel-size", "--dp", dest="data_parallel_size", type=int, default=None)
     p.add_argument("--context-parallel-size", "--cp", dest="context_parallel_size", type=int, default=None)
@@ -69,6 +88,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="Memory allocator: auto preloads mimalloc when the system has it (libmimalloc2.0), else glibc's.",
     )
     p.add_argument("--drain-timeout", type=float, default=30.0, help="Seconds to finish in-flight requests on SIGTERM.")
+    p.add_argument(
+        "--watchdog-timeout",
+        type=float,
+        default=300.0,
+        help="Seconds a rank with requests in flight may go without a heartbeat (one per engine step) before the "
+        "server declares it hung, kills every rank and exits with status 1; 0 disables it. The default allows a "
+        "first-step JIT compile and a 1M-token prefill.",
+    )
+    p.add_argument(
+        "--rank-shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="Seconds the ranks get to close their engine when the server stops, before they and their children "
+        "are killed (SIGKILL).",
+    )
     p.add_argument(
         "--engine",
         choices=("sim", "deepinfer"),
@@ -169,6 +203,8 @@ def check_args(args: argparse.Namespace) -> str | None:
         "request_timeout",
         "exit_on_rank_failure",
         "drain_timeout",
+        "watchdog_timeout",
+        "rank_shutdown_timeout",
         "stream_interval_ms",
         "sim_prefill_ms_per_1k_tokens",
         "sim_decode_step_ms",
@@ -177,6 +213,9 @@ def check_args(args: argparse.Namespace) -> str | None:
     ):
         if getattr(args, flag) < 0:
             return f"--{flag.replace('_', '-')} must not be negative"
+    for flag in ("prefill_attempt_interval", "prefill_any_attempt_interval"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            return f"--{flag.replace('_', '-')} must be at least 1"
     if args.sse_keep_alive <= 0:
         return "--sse-keep-alive must be positive"
     if args.client_timeout <= 0:

@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import secrets
+import select
 import signal
 import subprocess
 import sys
@@ -34,6 +35,11 @@ OPENAPI = Path(__file__).with_name("openapi.json")
 DEFAULT_MODEL_NAME = "deepseek-v4.1-flash"
 OUTPUT_RING_BYTES = 1 << 20  # ranks run at most a few steps ahead of the server (engine/rank.py)
 GIL_SWITCH_INTERVAL_S = 0.0002
+# Server flags for DeepInfer's scheduler settings, which it reads from the environment (identical on every rank).
+PREFILL_INTERVAL_FLAGS = {
+    "prefill_attempt_interval": "DEEPINFER_PREFILL_ATTEMPT_INTERVAL",
+    "prefill_any_attempt_interval": "DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL",
+}
 
 
 class StartupError(Exception):
@@ -129,6 +135,8 @@ class Ranks:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.lockstep: Any = None
         self.bell: Any = None  # the doorbell of ranks that step together
+        self.reaper: subprocess.Popen[bytes] | None = None
+        self.reaper_pipe = -1  # write end; its EOF tells the reaper the server is gone
 
     def engine_config(self) -> dict[str, Any]:
         a = self.args
@@ -154,17 +162,33 @@ class Ranks:
             "max_num_seqs": a.max_num_seqs,
             "max_num_batched_tokens": a.max_num_batched_tokens,
             "gpu_memory_utilization": a.gpu_memory_utilization,
+            "disable_log_stats": a.disable_log_stats,
         }
+
+    def start_reaper(self) -> None:
+        """The process that kills the ranks' leftovers if the server dies (deepinfer_server/reaper.py)."""
+        r, w = os.pipe()  # not inheritable: no rank holds the write end open
+        try:
+            self.reaper = subprocess.Popen(
+                [sys.executable, "-m", "deepinfer_server.reaper", self.prefix],
+                stdin=r,
+                start_new_session=True,  # no terminal or process-group signal ends it before the server
+            )
+        finally:
+            os.close(r)
+        self.reaper_pipe = w
 
     def start(self) -> None:
         a = self.args
+        self.start_reaper()
         # Room for four longest prompts at once; the server's sender queues anything beyond that in process.
         request_bytes = _pow2_at_least(max(1 << 20, 4 * 2 * (4 * a.max_model_len + 64)))
         dist_envs: list[dict[str, str]] = []
         if a.engine == "deepinfer":
-            from deepinfer_server.engine.deepinfer import ConfigError, dist_env_for_ranks
+            from deepinfer_server.engine.deepinfer import ConfigError, check_output_pool, dist_env_for_ranks
 
             try:  # GPUs per rank and one shared rendezvous port (MASTER_PORT - 50 must be free)
+                check_output_pool(a.max_num_seqs, os.environ)
                 dist_envs = dist_env_for_ranks(a.data_parallel_size, a.context_parallel_size, a.port, os.environ)
             except ConfigError as e:
                 raise StartupError(str(e)) from e
@@ -202,13 +226,17 @@ class Ranks:
             if dist_envs:
                 conf["engine_config"]["engine_rank"] = rank
                 env.update(dist_envs[rank])
+                for flag, var in PREFILL_INTERVAL_FLAGS.items():  # the flag wins over the environment
+                    if getattr(a, flag, None) is not None:
+                        env[var] = str(getattr(a, flag))
             cmd = [sys.executable, "-m", "deepinfer_server.engine.rank", "--config", json.dumps(conf)]
-            # Each rank leads its own process group (and session), which its engine's children join: a signal to
-            # the server's group (`kill -- -PGID`, `tini -g`, dumb-init, a terminal's Ctrl-C) reaches only the
-            # server, which drains and then stops the ranks over the ring (rank.py ignores SIGTERM for the
-            # signals that reach every process of a control group).
-            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
-            self.procs.append(proc)
+            # Each rank leads its own process group (and session), which its engine's children (CP workers, the VE
+            # worker) join. A signal to the server's group (`kill -- -PGID`, `tini -g`, dumb-init, a terminal's
+            # Ctrl-C) reaches only the server, which drains and then stops the ranks over the ring (rank.py ignores
+            # SIGTERM for the signals that reach every process of a control group); the server and the reaper kill
+            # the whole group, stopped members included, even after the rank itself is gone.
+            self.procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True))
+            os.write(self.reaper_pipe, f"{self.procs[-1].pid}\n".encode())
             log.info("started rank %d (pid %d)", rank, self.procs[-1].pid)
 
     def rank_env(self, rank: int) -> dict[str, str]:
@@ -241,7 +269,9 @@ class Ranks:
                 path.unlink()
         self.paths.clear()
 
-    def stop(self, grace: float = 5.0) -> None:
+    def stop(self, grace: float = 30.0) -> None:
+        """Ask every rank to stop, give them `grace` seconds to close their engine, then SIGKILL each rank's
+        process group: the rank if still alive, and whatever it leaves (CP workers, VE worker), stopped or not."""
         if self.lockstep is not None:
             self.lockstep.close()
         for req, out in self.rings:
@@ -252,16 +282,39 @@ class Ranks:
         if self.bell is not None:
             self.bell.ring()  # ranks asleep after an idle round see the shutdown now
         deadline = time.monotonic() + grace
-        for p in self.procs:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            # Whatever the rank's engine started and left behind (its group ignores SIGTERM, see rank.py).
+        for rank, p in enumerate(self.procs):
+            if not _exited(p, max(0.0, deadline - time.monotonic())):
+                log.warning("rank %d did not stop within --rank-shutdown-timeout %g s: killing it", rank, grace)
+            # Before reaping the rank: while it is unreaped its pid, the group id, cannot be reused.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p.pid, signal.SIGKILL)
+        for p in self.procs:
+            p.wait()
         self.unlink()
+        if self.reaper_pipe >= 0:
+            os.close(self.reaper_pipe)  # nothing is left for the reaper to find: it exits
+            self.reaper_pipe = -1
+        if self.reaper is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.reaper.wait(timeout=5)
+
+
+def _exited(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Wait up to `timeout` s for `proc` to exit without reaping it (a pidfd; Popen.wait would reap)."""
+    if proc.returncode is not None:
+        return True
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except OSError:  # no pidfd (kernel < 5.3): wait and reap
+        try:
+            proc.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -294,6 +347,7 @@ def run(args: argparse.Namespace) -> int:
         codec = Codec(tokenizer, names, args.max_model_len, version, args.prompt_encoder, fingerprint)
     clean_stale_segments()
     ranks = Ranks(args, tokenizer)
+    code = 1  # until the server returns its own
     # SIGTERM during start-up: stop cleanly instead of leaving ranks and segments behind.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -311,6 +365,7 @@ def run(args: argparse.Namespace) -> int:
             "log_level": args.log_level,
             "exit_on_rank_failure_s": args.exit_on_rank_failure,
             "drain_timeout_s": args.drain_timeout,
+            "watchdog_timeout_s": args.watchdog_timeout,
             "api_key": args.api_key or None,
             "openapi": OPENAPI.read_text(encoding="utf-8") if OPENAPI.is_file() else None,
             "log_format": args.log_format,
@@ -330,12 +385,20 @@ def run(args: argparse.Namespace) -> int:
         # default 5 ms switch interval would make a new request wait up to 5 ms at every GIL hand-over behind a
         # decoding thread; 0.2 ms keeps time to first token low under load at a negligible switching cost.
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-        return int(_native.serve(config, codec, decode_batch, ranks.rings, [p.pid for p in ranks.procs], ranks.bell))
+        code = int(_native.serve(config, codec, decode_batch, ranks.rings, [p.pid for p in ranks.procs], ranks.bell))
+        return code
     except StartupError as e:
         log.error("start-up failed: %s", e)
-        return 1
+        return code
     except KeyboardInterrupt:
         log.info("interrupted")
-        return 130
+        code = 130
+        return code
     finally:
-        ranks.stop()
+        grace = args.rank_shutdown_timeout
+        if code != 0 and ranks.bell is not None:
+            # Ranks that step together cannot close once one of them failed or hung: close() is collective
+            # and would wait for the lost peer forever. Do not give them the grace period.
+            log.warning("a rank failed: killing the ranks without waiting for their collective close()")
+            grace = 0.0
+        ranks.stop(grace)

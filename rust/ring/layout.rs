@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// file is never accepted by `Ring::open`.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"DIRING01");
 /// Bumped on any incompatible change of the header or record format.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Data area offset; one page so the data area is page aligned.
 pub const HEADER_SIZE: usize = 4096;
 /// Smallest allowed capacity (bytes of the data area).
@@ -21,7 +21,7 @@ pub const MIN_CAPACITY: u64 = 4096;
 /// Largest allowed capacity; keeps every size computation far from overflow.
 pub const MAX_CAPACITY: u64 = 1 << 40;
 /// Number of application status words in the header.
-pub const AUX_WORDS: usize = 8;
+pub const AUX_WORDS: usize = 16;
 
 /// Size of a record header: `len: u32, kind: u32`.
 pub const RECORD_HEADER: usize = 8;
@@ -73,7 +73,7 @@ pub struct Header {
 // The layout is shared between processes (and possibly builds): pin it down.
 const _: () = {
     assert!(size_of::<Header>() <= HEADER_SIZE);
-    assert!(size_of::<Header>() == 6 * 64);
+    assert!(size_of::<Header>() == 5 * 64 + AUX_WORDS * 8);
     assert!(offset_of!(Header, magic) == 0);
     assert!(offset_of!(Header, version) == 8);
     assert!(offset_of!(Header, header_size) == 12);

@@ -10,8 +10,46 @@ pub const AUX_QUEUED_TOKENS: usize = 2;
 pub const AUX_HEARTBEAT_MS: usize = 3;
 /// KV-cache usage in parts per million (0..=1_000_000).
 pub const AUX_KV_USAGE_PPM: usize = 4;
+/// What the rank loop is doing (`PHASE_*`), written once per change, so a stalled rank can be named with it.
+pub const AUX_PHASE: usize = 5;
+/// Speculative decoding, cumulative since the rank started: draft tokens proposed, and accepted.
+pub const AUX_SPEC_DRAFT_TOKENS: usize = 6;
+pub const AUX_SPEC_ACCEPTED_TOKENS: usize = 7;
+/// Sequences the engine preempted (and recomputes) since the rank started.
+pub const AUX_PREEMPTIONS: usize = 8;
+
+/// Values of `aux[AUX_PHASE]`.
+pub const PHASE_STARTING: u64 = 0;
+pub const PHASE_IDLE: u64 = 1;
+pub const PHASE_ADD: u64 = 2;
+pub const PHASE_SYNC: u64 = 3;
+pub const PHASE_STEP: u64 = 4;
+pub const PHASE_FLUSH: u64 = 5;
+pub const PHASE_PUBLISH: u64 = 6;
+pub const PHASE_CLOSE: u64 = 7;
+
+/// A phase word for logs.
+pub fn phase_name(phase: u64) -> &'static str {
+    match phase {
+        PHASE_STARTING => "starting",
+        PHASE_IDLE => "idle",
+        PHASE_ADD => "add (taking requests)",
+        PHASE_SYNC => "sync (the group's all-reduce)",
+        PHASE_STEP => "step",
+        PHASE_FLUSH => "flush",
+        PHASE_PUBLISH => "publish (waiting for the server to read its output)",
+        PHASE_CLOSE => "close",
+        _ => "unknown",
+    }
+}
+
+/// `CLOCK_MONOTONIC` in ms: the clock of `AUX_HEARTBEAT_MS` (the ranks stamp it with Python's time.monotonic()).
+pub fn monotonic_ms() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
+}
 /// KV-cache capacity in tokens (0 when the engine does not say), written once the engine is built.
-pub const AUX_KV_CAPACITY_TOKENS: usize = 5;
+pub const AUX_KV_CAPACITY_TOKENS: usize = 9;
 
 /// Values of `aux[AUX_STATE]`.
 pub const STATE_STARTING: u64 = 0;
@@ -28,6 +66,18 @@ pub const EXPORTS: &[(&str, u64)] = &[
     ("AUX_HEARTBEAT_MS", AUX_HEARTBEAT_MS as u64),
     ("AUX_KV_USAGE_PPM", AUX_KV_USAGE_PPM as u64),
     ("AUX_KV_CAPACITY_TOKENS", AUX_KV_CAPACITY_TOKENS as u64),
+    ("AUX_PHASE", AUX_PHASE as u64),
+    ("AUX_SPEC_DRAFT_TOKENS", AUX_SPEC_DRAFT_TOKENS as u64),
+    ("AUX_SPEC_ACCEPTED_TOKENS", AUX_SPEC_ACCEPTED_TOKENS as u64),
+    ("AUX_PREEMPTIONS", AUX_PREEMPTIONS as u64),
+    ("PHASE_STARTING", PHASE_STARTING),
+    ("PHASE_IDLE", PHASE_IDLE),
+    ("PHASE_ADD", PHASE_ADD),
+    ("PHASE_SYNC", PHASE_SYNC),
+    ("PHASE_STEP", PHASE_STEP),
+    ("PHASE_FLUSH", PHASE_FLUSH),
+    ("PHASE_PUBLISH", PHASE_PUBLISH),
+    ("PHASE_CLOSE", PHASE_CLOSE),
     ("STATE_STARTING", STATE_STARTING),
     ("STATE_LOADING", STATE_LOADING),
     ("STATE_READY", STATE_READY),

@@ -15,7 +15,8 @@ What the adapter handles (see the reference notes on deepinfer 0.1.0, section 1.
   terminal event without a token and becomes FINISH_ERROR with the reason.
 * Aborting a running request emits nothing; an abort can be lost (a request not yet in the scheduler runs anyway):
   any later output for an id the server no longer waits for is dropped and the id is aborted again.
-* `add_request` returns None for out-of-range token ids: that is published as an error finish.
+* `add_request` returns None for out-of-range token ids: that is published as an error finish. Any exception
+  from it fails that request only, except `ENGINE_FAULTS`, which end the rank (engine/rank.py `die`).
 * `max_tokens` is clamped to the context (the engine reserves prompt + max_tokens per sequence).
 
 Nothing here imports numpy, torch or deepinfer at module level: the launcher imports the helpers
@@ -29,7 +30,6 @@ import errno
 import logging
 import os
 import socket
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -53,16 +53,65 @@ SERVING_ENV_DEFAULTS: dict[str, str] = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 
-# Text-only requests pass empty image lists, as deepinfer's own `LLM.generate` does (llm.py:158-159).
-_TEXT_ONLY: dict[str, list[Any]] = {"image_bytes": [], "image_sizes": []}
+# Text-only requests pass no multi_modal_data. deepinfer's own `LLM.generate` passes empty image lists
+# (llm.py:158-159), but any dict, even an empty one, goes to the vision-encoder worker process and back
+# (multimodal_processor.py `add`/`fetch`) and leaves the sequence unschedulable until then
+# (pybind_sequence.cpp:35 `schedulable = multi_modal_data.is_none()`): an IPC round trip and at least one step
+# before prefill, for every request. None is the path of the profiling run and the placeholder sequence
+# (prepare_tensor_input_vl.py:88-91, model_runner.py:395), and the model handles a batch without any
+# ("pure text / profile run", deepseek_vl.py:219-222); with images refused by the server, no batch mixes the two.
 _USER_ID = "deepinfer-server"
 _REAL_TOKEN_REASONS = ("", "stop", "length")
-_MAX_REMEMBERED_ABORTS = 1 << 16
 _INT32_MAX = (1 << 31) - 1
+# Errors from `add_request` that say the engine, not the request, is broken. Anything else fails that request only.
+ENGINE_FAULTS: tuple[type[BaseException], ...] = (MemoryError, SystemError, OSError)
 
 
 class ConfigError(ValueError):
     """A deployment setting DeepInfer cannot run with; the message names the setting."""
+
+
+# DeepInfer's RequestOutputs come from a fixed pool (csrc/engine/outputs.hpp: RequestOutputPool::max_size); an
+# allocation from an empty pool throws inside step(), which ends the rank.
+OUTPUT_POOL_SIZE = 10_000
+
+
+def live_outputs_bound(max_num_seqs: int, nextn: int) -> int:
+    """The most RequestOutputs one rank can hold at once, for S = max_num_seqs and nextn draft tokens.
+
+    From the 0.1.0 source: a step's outputs are queued for release when it returns (`_execute_model_async_step`,
+    `flush_inflight_reqs`) and freed in the *next* step's `pre_sampler_sync` (llm_engine.py), which the worker
+    calls only after it has post-processed the previous async step (worker.py `execute_model_step`: forward,
+    post-process previous, sample, pre_sampler_sync, post-process current if prompt). So while step k allocates
+    the previous decode step's outputs, the outputs step k-1 returned are still live: with two decode steps in a
+    row (or a decode step and a flush) that is 2 x S x (1 + nextn), each request emitting up to 1 + nextn tokens
+    per step. A prompt step is post-processed in place after the release and adds at most one first token per
+    request, and terminal outputs without a token (aborted while waiting, prompt too long, preempted) come from
+    `ignored_seqs`; S more covers those. Bound: 2 x S x (1 + nextn) + S.
+    """
+    return 2 * max_num_seqs * (1 + max(0, nextn)) + max_num_seqs
+
+
+def check_output_pool(max_num_seqs: int, env: Mapping[str, str]) -> None:
+    """Refuse a configuration whose live RequestOutputs can exceed DeepInfer's pool. Raises ConfigError."""
+    raw = env.get("DEEPINFER_USE_NEXTN_DECODE", SERVING_ENV_DEFAULTS["DEEPINFER_USE_NEXTN_DECODE"]) or "0"
+    try:
+        nextn = max(0, int(raw))
+    except ValueError:
+        raise ConfigError(f"the DEEPINFER_USE_NEXTN_DECODE value {raw!r} is not an integer") from None
+    need = live_outputs_bound(max_num_seqs, nextn)
+    if need <= OUTPUT_POOL_SIZE:
+        return
+    max_seqs = OUTPUT_POOL_SIZE // (2 * (1 + nextn) + 1)
+    max_nextn = (OUTPUT_POOL_SIZE - max_num_seqs) // (2 * max_num_seqs) - 1
+    nextn_hint = (
+        f"or DEEPINFER_USE_NEXTN_DECODE <= {max_nextn}" if max_nextn >= 0 else "(no DEEPINFER_USE_NEXTN_DECODE fits)"
+    )
+    raise ConfigError(
+        f"--max-num-seqs {max_num_seqs} with DEEPINFER_USE_NEXTN_DECODE={nextn} can keep up to 2 x {max_num_seqs} x "
+        f"(1 + {nextn}) + {max_num_seqs} = {need} RequestOutputs alive per rank, more than DeepInfer's fixed pool of "
+        f"{OUTPUT_POOL_SIZE} (step() would fail once it runs out): use --max-num-seqs <= {max_seqs} {nextn_hint}"
+    )
 
 
 def serving_env_defaults(env: dict[str, str] | None = None) -> None:
@@ -233,7 +282,7 @@ def build(cfg: dict[str, Any]) -> DeepInferEngine:
         text = str(e).lower()
         if isinstance(e, OSError) and e.errno in (errno.EADDRINUSE, errno.ECONNREFUSED):
             raise RuntimeError(f"{e}{_rendezvous_hint()}") from e
-        if any(s in text for s in ("address already in use", "connection refused", "rendezvous", "timed out")):
+        if any(s in text for s in ("address already in use", "connection refused", "rendezvous")):
             raise RuntimeError(f"{e}{_rendezvous_hint()}") from e
         raise
     return DeepInferEngine(
@@ -278,8 +327,10 @@ class DeepInferEngine:
         self._group = dp_group
         self.group_size = int(dp_group.size()) if dp_group is not None else 1
         self.live: set[int] = set()  # requests the server still waits for
-        self.aborted: OrderedDict[int, None] = OrderedDict()  # aborted by the server; outputs dropped, re-aborted
         self.re_aborts = 0
+        self.drafted = 0  # speculative decoding: draft tokens proposed, and accepted, since start
+        self.accepted = 0
+        self.stepped = False  # a step ran since the last flush: its post-processing may still be in flight
         self.broken = False  # a collective failed: a peer is gone, never enter another collective
         self.closed = False
 
@@ -308,10 +359,16 @@ class DeepInferEngine:
                 request_id=str(rid),
                 sampling_params=sp,
                 prompt_token_ids=ids,
-                multi_modal_data=dict(_TEXT_ONLY),
+                multi_modal_data=None,
             )
-        except (ValueError, TypeError, OverflowError) as e:
-            return [(rid, [], _native.FINISH_ERROR, f"invalid request: {e}")]
+        except ENGINE_FAULTS:
+            raise  # the engine (its memory, its worker processes or shared memory) is at fault: the rank exits
+        except Exception as e:
+            # This request only: the engine refused it (bad parameters, a check of its own). Abort the id in case
+            # it got half-way in, so nothing runs unseen; if even that fails, the engine's state is at fault.
+            log.warning("request %d: add_request failed: %r", rid, e)
+            self.engine.abort_request([str(rid)])
+            return [(rid, [], _native.FINISH_ERROR, f"the engine refused the request: {type(e).__name__}: {e}")]
         if seq is None:  # dropped by the engine: token ids outside [0, vocab_size)
             return [(rid, [], _native.FINISH_ERROR, "prompt contains a token id outside the vocabulary")]
         self.live.add(rid)
@@ -323,14 +380,7 @@ class DeepInferEngine:
             return
         for rid in ids:
             self.live.discard(rid)
-            self._remember_abort(rid)
         self.engine.abort_request([str(rid) for rid in ids])
-
-    def _remember_abort(self, rid: int) -> None:
-        self.aborted[rid] = None
-        self.aborted.move_to_end(rid)
-        while len(self.aborted) > _MAX_REMEMBERED_ABORTS:
-            self.aborted.popitem(last=False)
 
     # -- state -------------------------------------------------------------------------------------------------
     def has_work(self) -> bool:
@@ -340,6 +390,14 @@ class DeepInferEngine:
     def load(self) -> tuple[int, int]:
         _, waiting_tokens = self.engine.scheduler.get_sum_prompt_len_waiting()
         return len(self.live), int(waiting_tokens)
+
+    def spec_tokens(self) -> tuple[int, int]:
+        """(draft tokens proposed, accepted) since start, for vllm:spec_decode_* on /metrics."""
+        return self.drafted, self.accepted
+
+    def preemptions(self) -> int:
+        """Sequences the engine preempted since start (it recomputes them: stop_preempted_request=False)."""
+        return int(self.engine.scheduler.get_num_preempted_seqs())
 
     def kv_usage(self) -> float:
         """Share of this rank's KV blocks in use (block manager's free count against the profiled total)."""
@@ -375,12 +433,14 @@ class DeepInferEngine:
     def step(self) -> list[Output]:
         with self._breaks_on_error():
             ptrs = self.engine.step()
+        self.stepped = True
         return self._collect(ptrs)
 
     def flush(self) -> list[Output]:
         """Post-process the step still in flight (async scheduling) when the group goes idle."""
         with self._breaks_on_error():
             ptrs = self.engine.flush_inflight_reqs()
+        self.stepped = False
         out = self._collect(ptrs)
         if self.live and not self.has_work():
             # Nothing left in the engine, yet the server still waits: the engine dropped these without an output.
@@ -404,14 +464,16 @@ class DeepInferEngine:
             if row is None:
                 if rid not in self.live:
                     # Aborted (or already finished): drop. Still running means the abort was lost: abort again.
-                    if ro.get_finished(p):
-                        self.aborted.pop(rid, None)
-                    elif sid not in re_abort:
+                    if not ro.get_finished(p) and sid not in re_abort:
                         re_abort.append(sid)
                     continue
                 row = rows[rid] = [[], _native.FINISH_NONE, None]
             elif row[1] != _native.FINISH_NONE:
                 continue  # after the finish in this step (the engine trims these; be safe)
+            drafted = ro.get_draft_tok(p)  # set on a request's last token of a speculative step, else 0
+            if drafted:
+                self.drafted += int(drafted)
+                self.accepted += int(ro.get_accept_tok(p))
             reason = ro.get_finish_reason(p)
             if reason in _REAL_TOKEN_REASONS:
                 row[0].append(int(ro.get_token_id(p)))
@@ -438,4 +500,9 @@ class DeepInferEngine:
             with contextlib.suppress(Exception):
                 self.engine.closed = True  # LLMEngine.__del__ would run the collective close() otherwise
             return
+        if self.stepped:
+            # Async scheduling leaves the last step's post-processing in flight; close() must not tear the
+            # engine down under it. Every rank stepped the same way, so every rank flushes here (collective).
+            self.engine.flush_inflight_reqs()
+            self.stepped = False
         self.engine.close()

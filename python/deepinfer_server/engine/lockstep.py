@@ -8,7 +8,11 @@ and an idle rank runs a placeholder batch. There is no central coordinator; each
 3. step if any rank is busy; else, once after going idle, flush the step still in flight (async scheduling returns
    decode tokens one step late); else, if any rank asked to stop, leave the loop (all ranks at the same iteration,
    so the collective `engine.close()` that follows meets every peer);
-4. publish the outputs before the next step, and update the aux words (load, heartbeat).
+4. publish the outputs before the next step, and update the aux words (load, heartbeat, and the phase the
+   server's watchdog names when a rank hangs).
+
+Any exception out of the loop ends the rank at once (engine/rank.py `die`), never through the collective
+`engine.close()`: the peers may be inside this iteration's all-reduce or step, and would wait there forever.
 
 When the whole group is idle, each rank sleeps on the group's doorbell (rust/ring/doorbell.rs) until something
 rings it: the server after every request record, and a rank that finds records in its own ring (a peer that read
@@ -52,28 +56,34 @@ def serve_lockstep(any_engine: Engine, requests: _native.Ring, outputs: _native.
         idle.round()
         published: list[Output] = []
         if not stopping:
+            status.phase(_native.PHASE_ADD)
             try:
                 published, stopping = take_requests(engine, requests)
             except _native.RingClosed:
                 stopping = True
 
+        status.phase(_native.PHASE_SYNC)
         busy, stop = engine.sync(engine.has_work(), stopping)  # the one collective of the iteration
         if stop:
-            return  # every rank returns here at this iteration; in-flight work is abandoned with the server
+            return  # every rank returns here at this iteration; the engine's close() flushes the last step
         if busy:
+            status.phase(_native.PHASE_STEP)
             published += engine.step()
             flushed = False
         elif not flushed:
+            status.phase(_native.PHASE_FLUSH)
             published += engine.flush()
             flushed = True
 
         if published and not stopping:
+            status.phase(_native.PHASE_PUBLISH)
             try:
                 outputs.publish(published)
             except _native.RingClosed:
                 stopping = True  # leave at the next all-reduce, together with the peers
         status.update(force=not busy)
         if not busy and flushed and not stopping:
+            status.phase(_native.PHASE_IDLE)
             idle.sleep()
             if requests.closed:
                 stopping = True

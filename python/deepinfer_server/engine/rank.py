@@ -7,6 +7,7 @@ on the request ring's futex when idle (no busy-spinning) and blocks on the outpu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import logging
@@ -14,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from deepinfer_server import _native, logs
 from deepinfer_server.engine.base import Engine, Output, Submit
@@ -39,6 +40,7 @@ RUN_AHEAD_STEPS = int(os.environ.get("DEEPINFER_SIM_RUN_AHEAD_STEPS", "4"))
 # this often (never less often than the interval), and before the rank waits for it to catch up. A zero-cost rank
 # would otherwise wake it every step.
 WAKE_EVERY_S = 0.001
+EXIT_FATAL = 3  # the rank hit an error outside any one request (see `die`)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -50,6 +52,19 @@ def _die_with_parent(parent_pid: int) -> None:
         pass
     if os.getppid() != parent_pid:  # the parent died before the prctl took effect
         os._exit(1)
+
+
+def die(rank: int, outputs: _native.Ring, what: str) -> NoReturn:
+    """Exit at once after an error the rank cannot contain (the server turns the exit into 503 and exits).
+
+    Never through `engine.close()` or anything else collective: the peers may be inside a step's all-reduce, and
+    a rank that enters a different collective (or waits for one they will never join) hangs the whole group."""
+    log.critical("rank %d: %s; exiting without closing the engine", rank, what, exc_info=True)
+    with contextlib.suppress(Exception):
+        outputs.set_aux(_native.AUX_STATE, _native.STATE_FAILED)
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(EXIT_FATAL)
 
 
 def build_engine(kind: str, cfg: dict[str, Any]) -> Engine:
@@ -73,11 +88,22 @@ def build_engine(kind: str, cfg: dict[str, Any]) -> Engine:
 class Status:
     """The rank's status words in its output ring (load, KV usage, heartbeat), for dispatch and /metrics.
 
-    Computing the load is O(requests), so a busy loop refreshes them every STATUS_EVERY_S, not every step."""
+    Computing the load is O(requests), so a busy loop refreshes them every STATUS_EVERY_S, not every step.
+    `phase` names what the loop is doing, for the server's watchdog to log when the rank hangs; it costs one
+    write per change."""
 
     def __init__(self, engine: Engine, outputs: _native.Ring) -> None:
         self.engine, self.set_aux, self.due = engine, outputs.set_aux, 0.0
         self.set_aux(_native.AUX_KV_CAPACITY_TOKENS, max(0, engine.kv_capacity_tokens()))
+        self.current = -1
+        # Counters only some engines keep (DeepInferEngine): speculative tokens, preemptions.
+        self.spec_tokens = getattr(engine, "spec_tokens", None)
+        self.preemptions = getattr(engine, "preemptions", None)
+
+    def phase(self, phase: int) -> None:
+        if phase != self.current:
+            self.current = phase
+            self.set_aux(_native.AUX_PHASE, phase)
 
     def update(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -88,6 +114,12 @@ class Status:
         self.set_aux(_native.AUX_REQUESTS, n_requests)
         self.set_aux(_native.AUX_QUEUED_TOKENS, queued_tokens)
         self.set_aux(_native.AUX_KV_USAGE_PPM, int(self.engine.kv_usage() * 1_000_000))
+        if self.spec_tokens is not None:
+            drafted, accepted = self.spec_tokens()
+            self.set_aux(_native.AUX_SPEC_DRAFT_TOKENS, drafted)
+            self.set_aux(_native.AUX_SPEC_ACCEPTED_TOKENS, accepted)
+        if self.preemptions is not None:
+            self.set_aux(_native.AUX_PREEMPTIONS, self.preemptions())
         self.set_aux(_native.AUX_HEARTBEAT_MS, int(now * 1000))
 
 
@@ -145,6 +177,8 @@ def publish(
             return
         if outputs.wait_drained(ahead, CATCH_UP_WAIT_S):
             return
+        # Alive, only waiting for the server: not a hang for the watchdog.
+        outputs.set_aux(_native.AUX_HEARTBEAT_MS, int(time.monotonic() * 1000))
 
 
 class WakePolicy:
@@ -169,18 +203,22 @@ def serve_rank(engine: Engine, requests: _native.Ring, outputs: _native.Ring, st
     wake_policy = WakePolicy(stream_interval_ms)
     while True:
         if not engine.has_work():
+            status.phase(_native.PHASE_IDLE)
             outputs.wake_consumer()  # nothing published quietly may wait for the next step
             requests.wait(IDLE_WAIT_S)
             if requests.closed:
                 return
+        status.phase(_native.PHASE_ADD)
         published, stop = take_requests(engine, requests)
         if stop:
             return
         quiet = not published
         if engine.has_work():
+            status.phase(_native.PHASE_STEP)
             published += engine.step()
             quiet = quiet and engine.quiet_step
         if published:
+            status.phase(_native.PHASE_PUBLISH)
             publish(outputs, published, requests, wake_policy(quiet, time.monotonic()))
         status.update(force=not engine.has_work())
 
@@ -196,22 +234,27 @@ def serve_sim_lockstep(
     try:
         while True:
             idle.round()
+            status.phase(_native.PHASE_ADD)
             published, stop = take_requests(engine, requests)
             if stop or requests.closed:
                 return
             busy = engine.has_work()
             start = engine.step_start()
             cost = engine.plan() if busy else 0.0
+            status.phase(_native.PHASE_SYNC)
             any_busy, slowest = lock.sync(busy, cost)
             if any_busy:
+                status.phase(_native.PHASE_STEP)
                 step_ms = max(slowest, engine.cfg.decode_step_ms)
                 engine.wait_until(start, step_ms)
                 engine.step_done(start, step_ms)
                 published += engine.commit()
             if published:
+                status.phase(_native.PHASE_PUBLISH)
                 publish(outputs, published)
             status.update(force=not busy)
             if not any_busy:
+                status.phase(_native.PHASE_IDLE)
                 idle.sleep()
     except _native.RingClosed:
         return
@@ -265,9 +308,11 @@ def main(argv: list[str] | None = None) -> int:
             serve_rank(engine, requests, outputs, conf.get("stream_interval_ms", 0.0))
     except _native.RingClosed:
         pass  # the server is gone or shutting down
-    finally:
-        outputs.set_aux(_native.AUX_STATE, _native.STATE_STOPPED)
-        engine.close()
+    except BaseException:
+        die(rank, outputs, "the rank loop failed")
+    outputs.set_aux(_native.AUX_STATE, _native.STATE_STOPPED)
+    outputs.set_aux(_native.AUX_PHASE, _native.PHASE_CLOSE)
+    engine.close()  # collective for DeepInfer: reached only when every rank left the loop at the same iteration
     return 0
 
 

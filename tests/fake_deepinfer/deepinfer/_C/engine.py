@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-_pool: dict[int, RequestOutput] = {}
+POOL_SIZE = 10_000  # RequestOutputPool::max_size (csrc/engine/outputs.hpp)
+_pool: dict[int, RequestOutput] = {}  # readable pointers
+_live: set[int] = set()  # allocated and not released yet, as the real pool counts them
 _generation = 0
 
 
@@ -105,18 +107,41 @@ class RequestOutput:
 
 
 def _release_all() -> None:
+    """Make every pointer handed out so far unreadable (the start of a step or flush; stricter than the engine,
+    which frees them a little later, in the next step's pre_sampler_sync)."""
     _pool.clear()
 
 
-def _publish(records: list[RequestOutput]) -> Any:
-    """Store this step's outputs; returns np.ndarray[np.uint64] of their pointers, as the real step() does."""
-    import numpy as np
-
+def _allocate(records: list[RequestOutput]) -> list[int]:
+    """Take pool entries for `records`, as RequestOutputPool::allocate: fails once POOL_SIZE are live."""
     global _generation
+    if len(_live) + len(records) > POOL_SIZE:
+        raise RuntimeError(f"RequestOutputPool exhausted (max_size={POOL_SIZE}); outputs are not being released")
     _generation += 1
     base = 0x7F00_0000_0000 + (_generation << 20)
-    ptrs = []
-    for i, rec in enumerate(records):
-        _pool[base + i * 8] = rec
-        ptrs.append(base + i * 8)
+    ptrs = [base + i * 8 for i in range(len(records))]
+    for ptr, rec in zip(ptrs, records, strict=True):
+        _pool[ptr] = rec
+    _live.update(ptrs)
+    return ptrs
+
+
+def _release(ptrs: list[int]) -> None:
+    """RequestOutputPool::release (the engine's deferred release)."""
+    _live.difference_update(ptrs)
+
+
+def _reset() -> None:
+    _pool.clear()
+    _live.clear()
+
+
+def _as_array(ptrs: list[int]) -> Any:
+    import numpy as np
+
     return np.asarray(ptrs, dtype=np.uint64)
+
+
+def _publish(records: list[RequestOutput]) -> Any:
+    """Allocate this step's outputs; returns np.ndarray[np.uint64] of their pointers, as the real step() does."""
+    return _as_array(_allocate(records))

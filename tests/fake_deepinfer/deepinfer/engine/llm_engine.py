@@ -7,6 +7,7 @@ under ignore_eos). See ../README.md for the quirks and the test knobs.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
 import sys
@@ -14,6 +15,7 @@ import time
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,6 +36,72 @@ CORPUS = Path(__file__).resolve().parent.parent / "_fake_corpus.txt"
 NUM_IMAGE_SPECIAL = 5
 
 
+def _cp_worker(conn: Any, rank: int, world: int, init_method: str) -> None:
+    """A CP worker (cp_rank >= 1): dies with its driver (set_pdeathsig, worker/base.py), joins the world
+    (global rank engine_rank x CP + cp_rank) and runs the collective part of every call its driver forwards."""
+    import ctypes
+    import signal
+    from datetime import timedelta
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    dist.init_process_group(
+        backend="gloo", init_method=init_method, timeout=timedelta(seconds=600), world_size=world, rank=rank
+    )
+    dist.barrier()  # model init and warm-up
+    steps = flushes = 0
+    while True:
+        try:
+            method = conn.recv()
+        except EOFError:
+            return
+        if method == "step":
+            dist._collective("step", [], None)  # the forward's all-to-all
+            steps += 1
+        elif method == "flush":
+            dist._collective("flush", [], None)
+            flushes += 1
+        elif method == "close":
+            dist._collective("close", [steps, -steps, flushes, -flushes], dist.ReduceOp.MAX)
+            dist.destroy_process_group()
+            _say(f"cp worker {rank}/{world} closed: steps={steps} flushes={flushes}")
+        conn.send("ok")
+        if method == "close":
+            return
+
+
+def _ve_worker(conn: Any) -> None:
+    """The multimodal preprocessing worker: maps each request's multi_modal_data and sends it back. Nothing ties
+    it to its parent's death (the worst case for teardown): when the driver is gone it just waits."""
+    while True:
+        try:
+            request_id = conn.recv()
+        except EOFError:
+            while True:
+                time.sleep(3600)
+        conn.send(request_id)
+
+
+def _start_cp_worker(pc: ParallelConfig, cp_rank: int) -> tuple[Any, Any]:
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    cp, world = pc.context_parallel_size, pc.data_parallel_size * pc.context_parallel_size
+    args = (child, pc.engine_rank * cp + cp_rank, world, get_distributed_init_method(pc))
+    w = ctx.Process(target=_cp_worker, args=args, daemon=True, name=f"cp{cp_rank}")
+    w.start()
+    child.close()
+    return w, parent
+
+
+def _start_ve_worker() -> tuple[Any, Any]:
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    w = ctx.Process(target=_ve_worker, args=(child,), daemon=True, name="ve")
+    w.start()
+    child.close()
+    return w, parent
+
+
 def _say(msg: str) -> None:
     # One write per line: the ranks share the server's stderr, and print() writes the text and "\n" separately.
     sys.stderr.write(f"fake-deepinfer {msg}\n")
@@ -49,6 +117,7 @@ class Sequence:
         self.offset = offset
         self.output: list[int] = []
         self.status = "WAITING"
+        self.schedulable = True
 
     def get_len(self) -> int:
         return len(self.prompt) + len(self.output)
@@ -63,6 +132,10 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.decode_step = 0
+        self.num_preempted = 0
+
+    def get_num_preempted_seqs(self) -> int:
+        return self.num_preempted
 
     def has_unfinished_seqs(self) -> bool:
         return bool(self.waiting or self.running)
@@ -119,27 +192,43 @@ class LLMEngine:
         self.zos = envs.DEEPINFER_ZERO_OVERHEAD_SCHEDULING
         self.step_s = float(os.environ.get("FAKE_DEEPINFER_STEP_MS", "0")) / 1000.0
         self.admission_steps = int(os.environ.get("FAKE_DEEPINFER_ADMISSION_STEPS", "0"))
+        # Failure injection: add_request raises for prompts longer than this; abort_request raises.
+        self.add_raises_over = int(os.environ.get("FAKE_DEEPINFER_ADD_RAISES_OVER", "0"))
+        self.abort_raises = os.environ.get("FAKE_DEEPINFER_ABORT_RAISES", "") == "1"
+        # Prompts longer than this end with "insufficient_system_resource" (no memory for them right now).
+        self.no_memory_over = int(os.environ.get("FAKE_DEEPINFER_NO_MEMORY_OVER", "0"))
         kv = int(os.environ.get("FAKE_DEEPINFER_KV_TOKENS", str(1 << 24)))
         self.kv_tokens = int(kv * cache_config.gpu_memory_utilization)
         pc = parallel_config
-        if pc.context_parallel_size > 1:
-            _say(f"rank {pc.engine_rank}: CP={pc.context_parallel_size} workers are not simulated")
-        # Distributed init (worker/base.py): the fake's world is the DP drivers.
+        # The real engine forks a multimodal preprocessing worker, then spawns CP-1 workers (llm_engine.py).
+        self._ve, self._ve_conn = _start_ve_worker()
+        self._ve_pending: dict[str, Sequence] = {}  # sent to the VE worker; schedulable once it answers
+        self.ve_round_trips = 0
+        self._cp: list[tuple[Any, Any]] = [_start_cp_worker(pc, r) for r in range(1, pc.context_parallel_size)]
+        if self._cp:
+            _say(f"rank {pc.engine_rank}: CP workers {[w.pid for w, _ in self._cp]} ve worker {self._ve.pid}")
+        # Distributed init (worker/base.py): world = DP x CP, this driver is global rank engine_rank x CP.
         if not dist.is_initialized():
             dist.init_process_group(
                 backend="gloo",
                 init_method=get_distributed_init_method(pc),
                 timeout=__import__("datetime").timedelta(seconds=envs.DEEPINFER_GLOO_TIMEOUT),
-                world_size=pc.data_parallel_size,
-                rank=pc.engine_rank,
+                world_size=pc.data_parallel_size * pc.context_parallel_size,
+                rank=pc.engine_rank * pc.context_parallel_size,
             )
-        PG.create_process_groups()
+        PG.create_process_groups(pc.context_parallel_size)
         dist.barrier()  # model init and warm-up are collective
         self.cache_config.num_gpu_blocks = max(1, self.kv_tokens // cache_config.block_size)
         self.scheduler = Scheduler(self)
         self._admitting: list[tuple[int, Sequence]] = []  # (admitted at step, seq): the lost-abort window
         self._inflight: list[RequestOutput] = []  # ZOS: decode outputs of the last step, returned one step late
         self._ignored: list[RequestOutput] = []  # terminal outputs of aborted-while-waiting requests
+        self._to_release: list[int] = []  # output pointers the engine frees in the next step
+        self.accept_all = os.environ.get("FAKE_DEEPINFER_ACCEPT_ALL", "") == "1"  # every draft token accepted
+        self.vote_s = float(os.environ.get("FAKE_DEEPINFER_VOTE_MS", "0")) / 1000.0  # cost of one scheduler vote
+        self.preempt_every = int(os.environ.get("FAKE_DEEPINFER_PREEMPT_EVERY", "0"))  # decode steps per preemption
+        self.votes = 0
+        self.placeholder_steps = 0
         self.generate_step = 0
         self.flushes = 0
         self.max_tokens_per_req_step = 0
@@ -153,7 +242,8 @@ class LLMEngine:
             f"prefill_intervals={scheduler_config.prefill_attempt_interval}/"
             f"{scheduler_config.prefill_any_attempt_interval} "
             f"multimodal_pool={int(envs.DEEPINFER_USE_MULTIMODAL_POOL)} max_model_len={scheduler_config.max_model_len} "
-            f"max_num_seqs={scheduler_config.max_num_seqs} trust_remote_code={model_config.trust_remote_code}"
+            f"max_num_seqs={scheduler_config.max_num_seqs} trust_remote_code={model_config.trust_remote_code} "
+            f"log_stats={int(log_stats)}"
         )
 
     @classmethod
@@ -194,11 +284,20 @@ class LLMEngine:
         if a.min() < 0 or a.max() >= max_valid:
             _say(f"Drop request {request_id} from {user_id=} due to invalid token")
             return None
+        if self.add_raises_over and a.size > self.add_raises_over:
+            raise RuntimeError(f"fake: the scheduler cannot take a {a.size}-token prompt")
         prompt = a.tolist()
         rng = random.Random(zlib.crc32(a.tobytes()) * 1_000_003 + sampling_params.seq_seed)
         plan = [] if not self.corpus else self._text(rng, rng.randint(8, 60))
         plan.append(self.eos_id)
         seq = Sequence(request_id, prompt, sampling_params, plan, rng.randrange(1 << 30))
+        if multi_modal_data is not None:
+            # Not schedulable until the VE worker has mapped its multi_modal_data, even an empty one
+            # (pybind_sequence.cpp: schedulable = multi_modal_data.is_none(); multimodal_processor.add/fetch).
+            seq.schedulable = False
+            self._ve_pending[request_id] = seq
+            self._ve_conn.send(request_id)
+            self.ve_round_trips += 1
         if self.admission_steps > 0:
             self._admitting.append((self.generate_step + self.admission_steps, seq))
         else:
@@ -212,6 +311,8 @@ class LLMEngine:
     def abort_request(self, request_id: str | Iterable[str]) -> tuple[int, int]:
         assert isinstance(request_id, (str, dict, set, list, tuple)), f"invalid request_id type: {type(request_id)}"
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        if self.abort_raises:
+            raise RuntimeError("fake: abort_request failed (scheduler state corrupt)")
         for rid in ids:
             if rid in self._lost:
                 self.reaborted += 1
@@ -281,33 +382,85 @@ class LLMEngine:
                 break
         return outs
 
+    def _allreduce_min(self, value: int) -> int:
+        """The scheduler's `_dp_allreduce`: over the DP group (the drivers), not the world."""
+        self.votes += 1
+        if self.vote_s:
+            time.sleep(self.vote_s)
+        return int(dist._collective("vote", [value], dist.ReduceOp.MIN, PG.cpu_data_parallel_group())[0])
+
+    def _vote_prefill(self, want: bool) -> bool:
+        """The NORMAL engine's step type (scheduler.hpp:295-341): prefill only at vote points, decided by
+        all-reduces over the DP group. ALL points (every prefill_attempt_interval decode steps) need every rank
+        to want it; ANY points (every prefill_any_attempt_interval) need one; a prompt step resets the count.
+        A second vote asks whether any rank really scheduled a prefill (the fake always does when it wants);
+        a rank with nothing to prefill rides along with an empty prompt step."""
+        sc, step = self.scheduler_config, self.scheduler.decode_step
+        is_any = step != 0 and step % sc.prefill_any_attempt_interval == 0
+        is_all = step % sc.prefill_attempt_interval == 0
+        if not (is_any or is_all):
+            return False
+        # MIN of "0 if I want it" is 0 when any rank wants it; MIN of "1 if I want it" is 1 when all do.
+        any_rank, all_ranks = (0, 1) if want else (1, 0)
+        if not (self._allreduce_min(any_rank) == 0 if is_any else self._allreduce_min(all_ranks) == 1):
+            return False
+        return self._allreduce_min(0 if want else 1) == 0
+
+    def _forward(self, method: str) -> None:
+        """Driver -> CP workers, as the engine's shm MessageQueue broadcast: each runs the call's collectives
+        with the world (a stopped worker stalls them, as a stopped peer does the real ones)."""
+        for _, conn in self._cp:
+            conn.send(method)
+
+    def _forwarded(self) -> None:
+        """Wait for every CP worker to finish the forwarded call."""
+        for _, conn in self._cp:
+            conn.recv()
+
     def step(self) -> np.ndarray:
         _C._release_all()
+        self._forward("step")
         t0 = time.perf_counter()
         self.generate_step += 1
         sched = self.scheduler
         ready = [s for at, s in self._admitting if at <= self.generate_step]
         self._admitting = [(at, s) for at, s in self._admitting if at > self.generate_step]
         sched.waiting += ready
-        # Every step is collective (scheduler votes, MoE all-to-all): the DP group agrees on prefill vs decode.
-        want_prefill = int(bool(sched.waiting) and len(sched.running) < self.scheduler_config.max_num_seqs)
-        vote = (
-            dist._collective("step", [want_prefill], dist.ReduceOp.MAX) if dist.get_world_size() > 1 else [want_prefill]
-        )
+        # Prefill looks at the head of `waiting` only: one still with the VE worker blocks it (scheduler.hpp).
+        want = bool(sched.waiting) and sched.waiting[0].schedulable
+        want = want and len(sched.running) < self.scheduler_config.max_num_seqs
+        prefill = self._vote_prefill(want)
+        if dist.get_world_size() > 1:
+            dist._collective("step", [], None)  # the forward's MoE all-to-all: every rank, every step
+        vote = [prefill]
         outs: list[RequestOutput] = self._ignored
         self._ignored = []
         if self.zos:
             outs += self._inflight
             self._inflight = []
+        # The worker post-processes the previous async step (allocating its outputs) before pre_sampler_sync frees
+        # what the last call returned: both are live at once (worker.py execute_model_step).
+        ptrs = _C._allocate(outs)
+        _C._release(self._to_release)
+        self._to_release = []
+        outs = []
         limit = min(self.scheduler_config.max_model_len, self.scheduler_config.max_num_batched_tokens)
         if vote[0]:  # prefill step (NORMAL engines never mix prefill and decode); first tokens come back now
+            sched.decode_step = 0
             budget = self.scheduler_config.max_num_batched_tokens
             while sched.waiting and len(sched.running) < self.scheduler_config.max_num_seqs:
                 s = sched.waiting[0]
+                if not s.schedulable:
+                    break
                 if len(s.prompt) > limit or len(s.prompt) > self.kv_tokens:
                     sched.waiting.pop(0)
                     s.status = "FINISHED_IGNORED"
                     outs.append(self._out(s, s.prompt[-1], "prompt_length_exceeded", True))
+                    continue
+                if self.no_memory_over and len(s.prompt) > self.no_memory_over:  # as a preempted, stopped request
+                    sched.waiting.pop(0)
+                    s.status = "FINISHED_IGNORED"
+                    outs.append(self._out(s, s.prompt[-1], "insufficient_system_resource", True))
                     continue
                 if len(s.prompt) > budget and budget < self.scheduler_config.max_num_batched_tokens:
                     break
@@ -320,7 +473,7 @@ class LLMEngine:
             produced: list[RequestOutput] = []
             for s in sched.running:
                 rng = random.Random(zlib.crc32(f"{s.request_id}/{self.generate_step}".encode()))
-                n = 1 + (rng.randint(0, self.nextn) if self.nextn else 0)
+                n = 1 + (self.nextn if self.accept_all else rng.randint(0, self.nextn) if self.nextn else 0)
                 got = self._generate(s, n)
                 self.max_tokens_per_req_step = max(self.max_tokens_per_req_step, len(got))
                 if got:
@@ -331,38 +484,67 @@ class LLMEngine:
             else:
                 outs += produced
             sched.decode_step += 1
+            if self.preempt_every and sched.decode_step % self.preempt_every == 0:
+                # Out of KV: the newest running sequence is preempted and recomputed (stop_preempted_request
+                # False): back to the head of `waiting`, its output kept, prefilled again (scheduler.hpp _preempt).
+                victims = [s for s in sched.running if s.status == "RUNNING"]
+                if victims:
+                    victims[-1].status = "WAITING"
+                    sched.waiting.insert(0, victims[-1])
+                    sched.num_preempted += 1
+            if not sched.running:
+                self.placeholder_steps += 1  # an idle rank rides along with a one-token dummy batch
         sched.running = [s for s in sched.running if s.status == "RUNNING"]
+        # The engine pumps the multimodal queue after scheduling: what the VE worker finished is schedulable from
+        # the next step on (a round trip and at least one step later than a request without multi_modal_data).
+        while self._ve_pending and self._ve_conn.poll():
+            seq = self._ve_pending.pop(self._ve_conn.recv(), None)
+            if seq is not None:
+                seq.schedulable = True
         if self.step_s:
             left = t0 + self.step_s - time.perf_counter()
             if left > 0:
                 time.sleep(left)
-        return _C._publish(outs)
+        ptrs += _C._allocate(outs)
+        self._to_release += ptrs  # freed in the next step's pre_sampler_sync
+        self._forwarded()
+        return _C._as_array(ptrs)
 
     def flush_inflight_reqs(self) -> np.ndarray:
         _C._release_all()
+        self._forward("flush")
         self.flushes += 1
         if dist.get_world_size() > 1:
             dist._collective("flush", [], None)  # stricter than the real engine: ranks flush together
-        outs = self._inflight
+        ptrs = _C._allocate(self._inflight)
         self._inflight = []
-        return _C._publish(outs)
+        self._to_release += ptrs  # freed in the next step, not here
+        self._forwarded()
+        return _C._as_array(ptrs)
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        _C._release_all()
+        _C._reset()
+        self._forward("close")  # the workers join the close collective: their step counts are checked too
         counts = [self.generate_step, -self.generate_step, self.flushes, -self.flushes]
         if dist.is_initialized() and dist.get_world_size() > 1:
             counts = dist._collective("close", counts, dist.ReduceOp.MAX)
             if counts[0] != -counts[1] or counts[2] != -counts[3]:
-                raise RuntimeError(f"fake deepinfer: DP ranks stepped a different number of times: {counts}")
+                raise RuntimeError(f"fake deepinfer: ranks stepped a different number of times: {counts}")
         _say(
             f"rank {self.parallel_config.engine_rank} closed: steps={self.generate_step} flushes={self.flushes} "
             f"max_tokens_per_request_step={self.max_tokens_per_req_step} lost_aborts={self.lost_aborts} "
-            f"reaborted={self.reaborted} lockstep=ok"
+            f"reaborted={self.reaborted} ve_round_trips={self.ve_round_trips} votes={self.votes} "
+            f"placeholder_steps={self.placeholder_steps} preempted={self.scheduler.num_preempted} lockstep=ok"
         )
         dist.destroy_process_group()
+        self._forwarded()
+        for w, _ in self._cp:
+            w.join()
+        self._ve_conn.close()
+        self._ve.terminate()  # a stopped VE worker cannot act on this: the server kills it (rank process group)
 
     def __del__(self) -> None:
-        pass  # the real one calls close() (collective); the fake does not run collectives from GC
+        self.close()  # as the real one's: collective, unless closed already (the adapter marks a broken group so)

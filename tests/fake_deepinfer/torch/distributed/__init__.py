@@ -3,8 +3,8 @@
 A TCP star rooted at rank 0, which listens on the rendezvous address (`init_method="tcp://host:port"`, the port
 DeepInfer derives from MASTER_PORT - 50), so a port in use fails like the real thing. Every collective carries a
 tag and a sequence number; rank 0 checks that all ranks are in the same collective, else every rank raises
-"lockstep violation" — the fake's way of making a deadlock or a wrong-step collective of the real engine loud.
-A dead peer makes the collective raise at once (the real gloo may hang instead).
+"lockstep violation" — the fake's way of making a wrong-step collective of the real engine loud. A dead or
+stopped peer makes the collective hang forever, as NCCL's do: only the server's watchdog or a kill ends it.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import sys
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 
 class ReduceOp:
@@ -43,7 +44,7 @@ class _State:
         self.timeout = timeout
         self.server: socket.socket | None = None
         self.peers: dict[int, Any] = {}  # rank 0: rank -> file; others: {0: file}
-        self.seq = 0
+        self.seqs: dict[str, int] = {}  # collectives so far, per group
         self.world_group = ProcessGroup(list(range(world)), rank)
 
 
@@ -122,32 +123,40 @@ def _reduce(op: str | None, columns: list[list[Any]]) -> list[Any]:
     return [fn(col) for col in zip(*columns, strict=True)]
 
 
-def _collective(tag: str, values: list[Any], op: str | None) -> list[Any]:
-    """Run one collective over the world. Raises on a dead peer or when ranks are in different collectives."""
+def _collective(tag: str, values: list[Any], op: str | None, group: ProcessGroup | None = None) -> list[Any]:
+    """Run one collective over `group` (default: the world). Rank 0 relays every collective, so a group must
+    contain it. Hangs on a dead or stopped member; raises when members are in different collectives."""
     st = _state
     if st is None:
         raise RuntimeError("Default process group has not been initialized")
-    st.seq += 1
-    if st.world == 1:
+    members = list(range(st.world)) if group is None else sorted(group.ranks)
+    assert st.rank in members, f"rank {st.rank} is not in group {members}"
+    key = ",".join(map(str, members))
+    seq = st.seqs[key] = st.seqs.get(key, 0) + 1
+    if len(members) == 1:
         return values
-    me = {"tag": tag, "seq": st.seq, "values": values, "op": op, "rank": st.rank}
+    assert 0 in members, f"the fake relays collectives through rank 0: group {members} lacks it"
+    me = {"tag": tag, "seq": seq, "group": key, "values": values, "op": op, "rank": st.rank}
     if st.rank == 0:
         got = [me]
-        for r in sorted(st.peers):
-            line = st.peers[r].readline()
+        for r in members[1:]:
+            try:
+                line = st.peers[r].readline()  # a stopped member: blocks here
+            except OSError:
+                line = b""
             if not line:
-                _fail(st, f"rank {r} is gone (connection closed) during {tag}#{st.seq}")
+                _hang(f"rank {r} is gone (connection closed) during {tag}#{seq}")
             got.append(json.loads(line))
-        keys = {(g["tag"], g["seq"]) for g in got}
+        keys = {(g["tag"], g["seq"], g["group"]) for g in got}
         if len(keys) > 1:
-            where = ", ".join(f"rank {g['rank']} in {g['tag']}#{g['seq']}" for g in got)
+            where = ", ".join(f"rank {g['rank']} in {g['tag']}#{g['seq']} over [{g['group']}]" for g in got)
             _fail(st, f"lockstep violation: {where}")
         result = _reduce(op, [g["values"] for g in got])
         reply = json.dumps({"ok": True, "values": result}).encode() + b"\n"
-        for f in st.peers.values():
+        for r in members[1:]:
             try:
-                f.write(reply)
-                f.flush()
+                st.peers[r].write(reply)
+                st.peers[r].flush()
             except OSError:
                 pass
         return result
@@ -156,14 +165,25 @@ def _collective(tag: str, values: list[Any], op: str | None) -> list[Any]:
         f.write(json.dumps(me).encode() + b"\n")
         f.flush()
     except OSError as e:
-        raise RuntimeError(f"fake gloo: rank 0 is gone during {tag}#{st.seq}: {e}") from e
-    line = f.readline()
+        _hang(f"rank 0 is gone during {tag}#{seq}: {e}")
+    try:
+        line = f.readline()
+    except OSError:
+        line = b""
     if not line:
-        raise RuntimeError(f"fake gloo: rank 0 is gone (connection closed) during {tag}#{st.seq}")
+        _hang(f"rank 0 is gone (connection closed) during {tag}#{seq}")
     reply = json.loads(line)
     if not reply.get("ok"):
         raise RuntimeError(f"fake gloo: {reply.get('error')}")
     return list(reply["values"])
+
+
+def _hang(message: str) -> NoReturn:
+    """A collective whose peer is gone never completes (NCCL waits for it forever)."""
+    sys.stderr.write(f"fake gloo: {message}: the collective hangs, as NCCL's would\n")
+    sys.stderr.flush()
+    while True:
+        time.sleep(3600)
 
 
 def _fail(st: _State, message: str) -> None:
@@ -178,19 +198,19 @@ def _fail(st: _State, message: str) -> None:
 
 
 def all_reduce(tensor: Any, op: str = ReduceOp.SUM, group: ProcessGroup | None = None, async_op: bool = False) -> None:
-    result = _collective("all_reduce", list(tensor.values), op)
+    result = _collective("all_reduce", list(tensor.values), op, group)
     tensor.values[:] = result
 
 
 def barrier(group: ProcessGroup | None = None) -> None:
-    _collective("barrier", [], None)
+    _collective("barrier", [], None, group)
 
 
 def new_group(ranks: list[int] | None = None, backend: str | None = None, **_: Any) -> ProcessGroup:
+    """A group of `ranks` (default: the world). As in torch, every rank calls it for every group."""
     assert _state is not None
-    ranks = list(range(_state.world)) if ranks is None else list(ranks)
-    assert ranks == list(range(_state.world)), "the fake supports only world-sized groups"
-    return ProcessGroup(ranks, _state.rank, backend or "gloo")
+    ranks = list(range(_state.world)) if ranks is None else sorted(ranks)
+    return ProcessGroup(ranks, ranks.index(_state.rank) if _state.rank in ranks else -1, backend or "gloo")
 
 
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
