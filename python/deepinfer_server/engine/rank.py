@@ -262,6 +262,15 @@ def serve_sim_lockstep(
         lock.close()  # never leave the other ranks waiting on a party that is gone
 
 
+def _not_for_ranks(signum: int, frame: object) -> None:
+    """SIGTERM/SIGINT reach a rank only as part of a group or cgroup; the server stops it over the ring."""
+
+
+def _default_signals() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="deepinfer_server.engine.rank")
     ap.add_argument(
@@ -274,10 +283,13 @@ def main(argv: list[str] | None = None) -> int:
     # A rank leaves only when the server says so over the ring, or dies with it (PR_SET_PDEATHSIG above). A
     # SIGTERM or SIGINT meant for the service (a whole process group or control group is signalled by systemd,
     # dumb-init, `tini -g`, `kill -- -PGID`) must not end it mid-drain: the server drains first, then sends the
-    # shutdown record. Ignored rather than handled, so no syscall in the engine sees EINTR; the engine's own
-    # children (DeepInfer's CP workers) inherit it across fork and exec, and they must outlive the drain too.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # shutdown record. A handler that does nothing rather than SIG_IGN: an ignored signal stays ignored across
+    # exec, so the engine's spawned workers (DeepInfer's CP workers) would ignore SIGTERM too, and the engine's own
+    # teardown (multiprocessing's terminate()) would wait on them forever. For the same reason a forked worker (the
+    # engine's vision-encoder worker) gets the default dispositions back. The ring waits take EINTR as a wake.
+    signal.signal(signal.SIGTERM, _not_for_ranks)
+    signal.signal(signal.SIGINT, _not_for_ranks)
+    os.register_at_fork(after_in_child=_default_signals)
     # Every shared file is mapped before this rank reports READY: once all ranks are ready the launcher unlinks them.
     requests = _native.Ring.open(conf["request_ring"])
     outputs = _native.Ring.open(conf["output_ring"])
