@@ -457,7 +457,10 @@ def test_error_outside_step_exits_the_rank_at_once_without_a_collective(deepinfe
     # step/sync. It must exit at once, not enter the collective close() while its peer waits in an all-reduce.
     srv = deepinfer_server("--dp", "2", "--exit-on-rank-failure", "1", FAKE_DEEPINFER_ABORT_RAISES="1")
     ranks = srv.rank_pids()
-    text, finish, _ = stream_text(srv.client(timeout=30), content="x", stop=["e"], max_tokens=2000)
+    # ignore_eos: the engine must still be generating when the stop string matches, or no abort is sent (an answer
+    # that ended by itself within one batch used to make this test wait for a failure that never came).
+    client = srv.client(timeout=30)
+    text, finish, _ = stream_text(client, content="x", stop=["e"], max_tokens=2000, extra={"ignore_eos": True})
     assert finish == "stop" and "e" not in text
     assert srv.proc.wait(timeout=20) == 1, srv.log()
     log = srv.log()
