@@ -161,6 +161,16 @@ def ring_path() -> Iterator[Callable[[], str]]:
             Ring.unlink(p)
 
 
+def terminate(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within `timeout` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def wait_for(what: str, pred: Callable[[], bool], timeout: float = 30.0) -> None:
     """Poll `pred` (an HTTP error counts as not yet) until it holds, failing after `timeout` seconds."""
     deadline = time.monotonic() + timeout

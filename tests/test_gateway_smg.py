@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import MODEL, Server, start_server, wait_for
+from conftest import MODEL, Server, start_server, terminate, wait_for
 
 SMG = shutil.which("smg", path=str(Path(sys.executable).parent)) or shutil.which("smg")
 pytestmark = pytest.mark.skipif(
@@ -87,12 +87,7 @@ def smg(tmp_path: Path, *flags: str, replica_args: tuple[str, ...] = ()) -> Iter
         wait_for("the gateway to list both replicas as healthy", lambda: gw.healthy() == set(replicas))
         yield gw
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc)
         for srv in gw.replicas.values():
             srv.stop()
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import MODEL, Server, start_server, wait_for
+from conftest import MODEL, Server, start_server, terminate, wait_for
 
 from test_gateway_smg import free_port
 
@@ -50,12 +50,7 @@ def router(tmp_path: Path) -> Iterator[Router]:
         wait_for("the router to start", lambda: httpx.get(f"{rt.url}/v1/models", timeout=2).status_code == 200)
         yield rt
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc)
         for srv in replicas:
             srv.stop()
 
