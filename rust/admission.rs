@@ -1,40 +1,158 @@
-//! Admission control: DP × max_num_seqs requests in flight, the next one gets 429 at once.
+//! Admission control: DP × max_num_seqs requests in flight. Past that, a request waits in an optional bounded
+//! queue (`--max-queued-requests`, FIFO within `priority`, lower first as in vLLM) for at most `--queue-timeout`,
+//! or gets 429 at once when there is no queue or it is full.
+//!
+//! A slot that frees goes straight to the head of the queue (the permit is handed over, never returned to a pool
+//! a newcomer could grab first), so `in_flight` stays at capacity while anyone waits. A waiter whose request is
+//! dropped (its client disconnected) leaves the queue at once.
 
 use crate::error::ApiError;
-use std::sync::Arc;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::oneshot;
 
 #[derive(Clone)]
 pub struct Admission {
-    slots: Arc<Semaphore>,
-    capacity: usize,
+    inner: Arc<Inner>,
 }
 
-/// Held for a request's whole life; dropping it frees the slot.
-pub type Permit = OwnedSemaphorePermit;
+struct Inner {
+    capacity: usize,
+    max_queued: usize,
+    queue_timeout: Option<Duration>,
+    state: Mutex<State>,
+}
+
+/// Waiters in admission order: (priority, arrival sequence) → where to hand the slot.
+#[derive(Default)]
+struct State {
+    in_flight: usize,
+    next_seq: u64,
+    queue: BTreeMap<(i64, u64), oneshot::Sender<Result<Permit, ApiError>>>,
+}
+
+/// Held for a request's whole life; dropping it frees the slot, or hands it to the head of the queue.
+pub struct Permit {
+    inner: Option<Arc<Inner>>,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.take() {
+            inner.release();
+        }
+    }
+}
+
+impl Inner {
+    fn release(self: Arc<Self>) {
+        let mut st = self.state.lock().unwrap();
+        while let Some((_, tx)) = st.queue.pop_first() {
+            match tx.send(Ok(Permit { inner: Some(self.clone()) })) {
+                Ok(()) => return, // the slot stays taken, by the waiter
+                // The waiter is gone (its guard had not yet removed it): defuse the permit and try the next one.
+                Err(Ok(mut p)) => drop(p.inner.take()),
+                Err(Err(_)) => unreachable!("only slots are sent here"),
+            }
+        }
+        st.in_flight -= 1;
+    }
+}
+
+/// Removes a waiter from the queue when its request ends first (timeout, client gone).
+struct Waiting<'a> {
+    inner: &'a Inner,
+    key: (i64, u64),
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.inner.state.lock().unwrap().queue.remove(&self.key);
+    }
+}
 
 impl Admission {
+    /// No queue: the next request past capacity gets 429 at once (the seed's behaviour).
     pub fn new(capacity: usize) -> Self {
-        Admission { slots: Arc::new(Semaphore::new(capacity)), capacity }
+        Self::with_queue(capacity, 0, None)
     }
 
-    /// Never waits: a full server answers 429 instead of queueing unboundedly.
+    pub fn with_queue(capacity: usize, max_queued: usize, queue_timeout: Option<Duration>) -> Self {
+        let inner = Inner { capacity, max_queued, queue_timeout, state: Mutex::default() };
+        Admission { inner: Arc::new(inner) }
+    }
+
+    /// Never waits: a slot now, or 429.
     pub fn try_admit(&self) -> Result<Permit, ApiError> {
-        self.slots.clone().try_acquire_owned().map_err(|_| ApiError::Overloaded(self.capacity))
+        let mut st = self.inner.state.lock().unwrap();
+        self.take_free(&mut st).ok_or(ApiError::Overloaded(self.inner.capacity))
     }
 
+    /// A slot now, or a place in the queue until one frees (429 when the queue is full or the wait times out).
+    /// Dropping the future leaves the queue.
+    pub async fn admit(&self, priority: i64) -> Result<Permit, ApiError> {
+        let (key, rx) = {
+            let mut st = self.inner.state.lock().unwrap();
+            if let Some(p) = self.take_free(&mut st) {
+                return Ok(p);
+            }
+            if st.queue.len() >= self.inner.max_queued {
+                return Err(match self.inner.max_queued {
+                    0 => ApiError::Overloaded(self.inner.capacity),
+                    n => ApiError::QueueFull(n),
+                });
+            }
+            let key = (priority, st.next_seq);
+            st.next_seq += 1;
+            let (tx, rx) = oneshot::channel();
+            st.queue.insert(key, tx);
+            (key, rx)
+        };
+        let _waiting = Waiting { inner: &self.inner, key };
+        let handed = match self.inner.queue_timeout {
+            Some(t) => tokio::time::timeout(t, rx).await.map_err(|_| ApiError::QueueTimeout(t.as_secs_f64()))?,
+            None => rx.await,
+        };
+        // The sender lives in the queue until it sends: a closed channel cannot happen.
+        handed.map_err(|_| ApiError::Internal)?
+    }
+
+    /// Refuse every waiting request with `why` (the server is shutting down: a gateway retries them elsewhere).
+    pub fn refuse_waiting(&self, why: impl Fn() -> ApiError) {
+        let waiters = std::mem::take(&mut self.inner.state.lock().unwrap().queue);
+        for (_, tx) in waiters {
+            let _ = tx.send(Err(why()));
+        }
+    }
+
+    fn take_free(&self, st: &mut State) -> Option<Permit> {
+        // Nobody jumps the queue: a free slot with waiters is already theirs (`release` hands it over).
+        (st.in_flight < self.inner.capacity && st.queue.is_empty()).then(|| {
+            st.in_flight += 1;
+            Permit { inner: Some(self.inner.clone()) }
+        })
+    }
+
+    /// Requests holding a slot: running, or being converted and dispatched.
     pub fn in_flight(&self) -> usize {
-        self.capacity - self.slots.available_permits()
+        self.inner.state.lock().unwrap().in_flight
+    }
+
+    /// Requests waiting in the queue.
+    pub fn queued(&self) -> usize {
+        self.inner.state.lock().unwrap().queue.len()
     }
 
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.inner.capacity
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::future::Future;
 
     #[test]
     fn capacity_plus_one_is_rejected_and_a_drop_frees_a_slot() {
@@ -45,5 +163,77 @@ mod tests {
         assert_eq!(a.in_flight(), 2);
         drop(p1);
         assert!(a.try_admit().is_ok());
+    }
+
+    #[tokio::test]
+    async fn without_a_queue_admit_refuses_at_once() {
+        let a = Admission::new(1);
+        let _p = a.admit(0).await.unwrap();
+        assert!(matches!(a.admit(0).await, Err(ApiError::Overloaded(1))));
+    }
+
+    #[tokio::test]
+    async fn a_freed_slot_goes_to_the_lowest_priority_then_the_oldest() {
+        let a = Admission::with_queue(1, 8, None);
+        let held = a.admit(0).await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for (name, prio) in [("late-normal", 0), ("urgent", -5), ("later-normal", 0), ("low", 3)] {
+            let (waiter, order) = (a.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let p = waiter.admit(prio).await.unwrap();
+                order.lock().unwrap().push(name);
+                drop(p);
+            }));
+            while a.queued() < tasks.len() {
+                tokio::task::yield_now().await;
+            }
+        }
+        assert_eq!(a.in_flight(), 1);
+        // A newcomer does not jump the queue while the slot is held, nor after it frees.
+        assert!(a.try_admit().is_err());
+        drop(held);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), ["urgent", "late-normal", "later-normal", "low"]);
+        assert_eq!((a.in_flight(), a.queued()), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_and_a_long_wait_are_refused_and_a_dropped_waiter_leaves() {
+        let a = Admission::with_queue(1, 1, Some(Duration::from_millis(50)));
+        let held = a.admit(0).await.unwrap();
+        let waiter = tokio::spawn({
+            let a = a.clone();
+            async move { a.admit(0).await.map(drop) }
+        });
+        while a.queued() == 0 {
+            tokio::task::yield_now().await;
+        }
+        assert!(matches!(a.admit(0).await, Err(ApiError::QueueFull(1))));
+        assert!(matches!(waiter.await.unwrap(), Err(ApiError::QueueTimeout(_))));
+        assert_eq!(a.queued(), 0);
+
+        // A waiter whose future is dropped (client gone) leaves the queue at once, and the slot is not lost.
+        let mut fut = Box::pin(a.admit(0));
+        assert!(futures_poll_once(&mut fut).await.is_none());
+        assert_eq!(a.queued(), 1);
+        drop(fut);
+        assert_eq!(a.queued(), 0);
+        drop(held);
+        assert_eq!(a.in_flight(), 0);
+        assert!(a.try_admit().is_ok());
+    }
+
+    /// Poll a future once: `Some` if it finished.
+    async fn futures_poll_once<F: Future + Unpin>(f: &mut F) -> Option<F::Output> {
+        std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(match std::pin::Pin::new(&mut *f).poll(cx) {
+                std::task::Poll::Ready(v) => Some(v),
+                std::task::Poll::Pending => None,
+            })
+        })
+        .await
     }
 }

@@ -41,6 +41,12 @@ pub struct ServerConfig {
     /// kills every rank and exits non-zero; 0 disables the watchdog.
     #[pyo3(default = 300.0)]
     pub watchdog_timeout_s: f64,
+    /// Requests that may wait for a slot when all are taken; 0 refuses them with 429 at once.
+    #[pyo3(default = 0)]
+    pub max_queued_requests: usize,
+    /// Longest wait in that queue before a 429; 0 leaves only the request timeout to bound it.
+    #[pyo3(default = 0.0)]
+    pub queue_timeout_s: f64,
     /// The OpenAPI document served at /openapi.json (read at start-up).
     #[pyo3(default)]
     pub openapi: Option<String>,
@@ -62,6 +68,11 @@ impl ServerConfig {
     /// `None` means no per-request limit.
     pub fn request_timeout(&self) -> Option<Duration> {
         (self.request_timeout_s > 0.0).then(|| Duration::from_secs_f64(self.request_timeout_s))
+    }
+
+    /// The longest a queued request waits for a slot: `--queue-timeout`, else the request timeout, else no limit.
+    pub fn queue_timeout(&self) -> Option<Duration> {
+        (self.queue_timeout_s > 0.0).then(|| Duration::from_secs_f64(self.queue_timeout_s)).or(self.request_timeout())
     }
 
     pub fn client_timeout(&self) -> Duration {
@@ -86,6 +97,8 @@ impl ServerConfig {
             max_model_len: 4096,
             max_num_seqs: 4,
             request_timeout_s: 0.0,
+            max_queued_requests: 0,
+            queue_timeout_s: 0.0,
             max_body_bytes: 1 << 20,
             log_level: "info".into(),
             exit_on_rank_failure_s: 3.0,

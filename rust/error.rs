@@ -29,6 +29,10 @@ pub enum ApiError {
     BodyTimeout(f64),
     #[error("The server is at capacity: {0} requests are in flight. Retry later.")]
     Overloaded(usize),
+    #[error("The server is at capacity and its wait queue is full ({0} requests). Retry later.")]
+    QueueFull(usize),
+    #[error("The server is at capacity: the request waited {0:.3} s in the queue without a slot. Retry later.")]
+    QueueTimeout(f64),
     #[error("{0}")]
     Unavailable(String),
     #[error("The request did not finish within the request timeout of {0:.3} s.")]
@@ -100,6 +104,8 @@ impl ApiError {
             ),
             BodyTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "invalid_request_error", "body_timeout"),
             Overloaded(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "rate_limit_exceeded"),
+            QueueFull(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "queue_full"),
+            QueueTimeout(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "queue_timeout"),
             Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable_error", "service_unavailable"),
             Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "timeout_error", "request_timeout"),
             Engine(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", "engine_error"),
@@ -144,7 +150,7 @@ impl ApiError {
         let status = self.status();
         let body = protocol.envelope(&self);
         let mut resp = (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
-        if matches!(self, ApiError::Overloaded(_) | ApiError::EngineBusy(_)) {
+        if self.status() == StatusCode::TOO_MANY_REQUESTS || matches!(self, ApiError::EngineBusy(_)) {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         // The rest of the body was left unread: hyper closes the connection, so say so.

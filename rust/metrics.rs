@@ -59,7 +59,7 @@ impl Metrics {
                 .unwrap(),
             waiting: IntGauge::with_opts(opts(
                 "vllm:num_requests_waiting",
-                "Admitted requests waiting for a batch slot.",
+                "Requests waiting for a slot: in the wait queue, or admitted and waiting for a batch slot on a rank.",
             ))
             .unwrap(),
             kv_usage: Gauge::with_opts(opts(
@@ -80,7 +80,7 @@ impl Metrics {
             e2e: hist("vllm:e2e_request_latency_seconds", "Arrival to the last token.", LATENCY_BUCKETS),
             queue: hist(
                 "vllm:request_queue_time_seconds",
-                "Arrival until the request is handed to its rank (checks, admission, conversion, encoding).",
+                "Arrival until the request is handed to its rank (checks, the wait queue, conversion, encoding).",
                 LATENCY_BUCKETS,
             ),
             rejected: IntCounterVec::new(
@@ -207,7 +207,8 @@ impl Metrics {
     }
 
     /// The text exposition, with the rank-state gauges refreshed first.
-    pub fn render(&self, dispatcher: &Dispatcher, max_num_seqs: usize) -> String {
+    /// `queued`: requests in the admission wait queue.
+    pub fn render(&self, dispatcher: &Dispatcher, max_num_seqs: usize, queued: usize) -> String {
         let (mut running, mut waiting, mut kv) = (0usize, 0usize, 0f64);
         let (mut drafted, mut accepted, mut preempted) = (0u64, 0u64, 0u64);
         let now_ms = monotonic_ms();
@@ -233,7 +234,7 @@ impl Metrics {
         Self::advance(&self.spec_accepted_tokens, accepted);
         Self::advance(&self.preemptions, preempted);
         self.running.set(running as i64);
-        self.waiting.set(waiting as i64);
+        self.waiting.set((waiting + queued) as i64);
         self.kv_usage.set(kv);
         let mut out = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);

@@ -5,6 +5,7 @@ use crate::admission::Admission;
 use crate::codec::Codec;
 use crate::config::ServerConfig;
 use crate::dispatch::{Dispatcher, RankLink};
+use crate::error::ApiError;
 use crate::http::{self, AppState};
 use crate::listener;
 use crate::metrics::Metrics;
@@ -50,7 +51,7 @@ pub fn serve(
     let codec = Codec::start(codec, decode_batch, config.codec_threads);
     let capacity = dispatcher.ranks.len() * config.max_num_seqs as usize;
     let state = Arc::new(AppState {
-        admission: Admission::new(capacity),
+        admission: Admission::with_queue(capacity, config.max_queued_requests, config.queue_timeout()),
         codec: codec.clone(),
         dispatcher: dispatcher.clone(),
         draining: Default::default(),
@@ -95,10 +96,11 @@ async fn run(state: Arc<AppState>, pids: Vec<i32>) -> std::io::Result<i32> {
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
     tracing::info!(
-        "listening on http://{} (ranks {}, capacity {} requests)",
+        "listening on http://{} (ranks {}, capacity {} requests, queue {})",
         listener.local_addr()?,
         dispatcher.ranks.len(),
-        state.admission.capacity()
+        state.admission.capacity(),
+        state.config.max_queued_requests
     );
 
     let (code_tx, mut code_rx) = mpsc::unbounded_channel::<i32>();
@@ -159,6 +161,8 @@ async fn run(state: Arc<AppState>, pids: Vec<i32>) -> std::io::Result<i32> {
 /// turns the 0 into 1 if anything was cut.
 async fn drain(state: &AppState, why: &str) -> i32 {
     state.draining.store(true, Ordering::Release);
+    // Queued requests have not started: a 503 now lets a gateway send them to another replica.
+    state.admission.refuse_waiting(|| ApiError::Unavailable("The server is shutting down.".into()));
     let limit = Duration::from_secs_f64(state.config.drain_timeout_s);
     tracing::info!("{why}: draining {} in-flight requests (up to {limit:?})", state.admission.in_flight());
     let deadline = tokio::time::Instant::now() + limit;

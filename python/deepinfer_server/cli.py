@@ -87,6 +87,21 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto", "mimalloc", "system"),
         help="Memory allocator: auto preloads mimalloc when the system has it (libmimalloc2.0), else glibc's.",
     )
+    p.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=0,
+        help="Requests that may wait for a slot when all DP x --max-num-seqs are taken, admitted FIFO within "
+        "their 'priority' (lower first). A full queue answers 429 with Retry-After. 0 (the default) answers 429 "
+        "at once, with no queue.",
+    )
+    p.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=0.0,
+        help="Longest a queued request waits for a slot before a 429 with Retry-After; 0 leaves only "
+        "--request-timeout to bound the wait.",
+    )
     p.add_argument("--drain-timeout", type=float, default=30.0, help="Seconds to finish in-flight requests on SIGTERM.")
     p.add_argument(
         "--watchdog-timeout",
@@ -199,6 +214,8 @@ def check_args(args: argparse.Namespace) -> str | None:
     if not 0 <= args.port < 65536:
         return "--port must be in 0..65535 (0 picks a free port)"
     for flag in (
+        "max_queued_requests",
+        "queue_timeout",
         "startup_timeout",
         "request_timeout",
         "exit_on_rank_failure",

@@ -367,6 +367,8 @@ def run(args: argparse.Namespace) -> int:
             "max_model_len": args.max_model_len,
             "max_num_seqs": args.max_num_seqs,
             "request_timeout_s": args.request_timeout,
+            "max_queued_requests": args.max_queued_requests,
+            "queue_timeout_s": args.queue_timeout,
             "max_body_bytes": args.max_request_body_bytes,
             "log_level": args.log_level,
             "exit_on_rank_failure_s": args.exit_on_rank_failure,

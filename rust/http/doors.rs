@@ -7,7 +7,9 @@ use super::request::{GenerateRequest, body_and_model, opt_bool};
 use crate::error::ApiError;
 use serde_json::{Map, Value};
 
-fn generate(obj: &Map<String, Value>, model: String, top_k: i32, body: &Value) -> Result<GenerateRequest, ApiError> {
+fn generate(mut body: Value, model: String, top_k: i32) -> Result<GenerateRequest, ApiError> {
+    let obj = body.as_object_mut().ok_or(ApiError::Internal)?;
+    let priority = fields::take_priority(obj)?;
     Ok(GenerateRequest {
         model,
         stream: opt_bool(obj, "stream", "stream")?,
@@ -17,7 +19,8 @@ fn generate(obj: &Map<String, Value>, model: String, top_k: i32, body: &Value) -
         ignore_eos: opt_bool(obj, "ignore_eos", "ignore_eos")?,
         top_k,
         seed: None,
-        body: serde_json::to_vec(body).map_err(|_| ApiError::Internal)?,
+        priority,
+        body: serde_json::to_vec(&body).map_err(|_| ApiError::Internal)?,
     })
 }
 
@@ -60,7 +63,7 @@ pub fn messages(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiErr
     if !matches!(obj.get("metadata"), None | Some(Value::Null | Value::Object(_))) {
         return Err(ApiError::bad_param("metadata", "'metadata' must be an object."));
     }
-    generate(obj, model, top_k, &v)
+    generate(v, model, top_k)
 }
 
 /// Responses tools the server can run: function tools (and deepseek-recipe's `apply_patch` custom tool).
@@ -185,7 +188,7 @@ pub fn responses(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiEr
             format!("Structured output ('{kind}') is not supported yet; only \"text\" is."),
         ));
     }
-    generate(obj, model, top_k, &v)
+    generate(v, model, top_k)
 }
 
 /// `POST /v1/completions`: a raw prompt (a string, a list of one, or token IDs), optionally with a `suffix` for
@@ -195,6 +198,7 @@ pub fn completions(raw: &[u8], served: &[String]) -> Result<GenerateRequest, Api
     let obj = v.as_object_mut().ok_or(ApiError::Internal)?;
     fields::check(obj)?; // sampling and bookkeeping fields, as in chat
     let seed = fields::take_seed(obj)?;
+    let priority = fields::take_priority(obj)?;
     let prompt = match obj.get("prompt") {
         // OpenAI's default prompt is its end-of-text token: generation from the start of a document.
         None | Some(Value::Null) => Value::String(String::new()),
@@ -257,6 +261,7 @@ pub fn completions(raw: &[u8], served: &[String]) -> Result<GenerateRequest, Api
         ignore_eos,
         top_k,
         seed,
+        priority,
         body: serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?,
     })
 }

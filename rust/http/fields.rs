@@ -287,6 +287,17 @@ pub fn take_seed(obj: &mut Map<String, Value>) -> Result<Option<u64>, ApiError> 
     }
 }
 
+/// Take `priority` out of the body (vLLM's extension, on every door): lower values are admitted first from the
+/// wait queue. Any 64-bit integer; 0 when absent.
+pub fn take_priority(obj: &mut Map<String, Value>) -> Result<i64, ApiError> {
+    match obj.remove("priority") {
+        None | Some(Value::Null) => Ok(0),
+        Some(v) => integer(&v).ok_or_else(|| {
+            ApiError::bad_param("priority", format!("Invalid 'priority': expected an integer, got {}.", brief(&v)))
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -101,7 +101,12 @@ async fn handle(
     if let Some(err) = st.unavailable() {
         return Err(err);
     }
-    let permit = st.admission.try_admit()?;
+    // Past capacity the request may wait here (the wait queue); its response has not started, so a refusal is
+    // still a real status. A queued request whose client goes away is dropped, and leaves the queue with it.
+    let permit = st.admission.admit(req.priority).await?;
+    if let Some(err) = st.unavailable() {
+        return Err(err); // the server began to drain, or a rank failed, while the request waited
+    }
     let id = st.dispatcher.next_id();
     let prepare = PrepareRequest {
         protocol,

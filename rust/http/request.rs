@@ -17,6 +17,8 @@ pub struct GenerateRequest {
     pub ignore_eos: bool,
     pub top_k: i32,
     pub seed: Option<u64>,
+    /// Wait-queue order: lower first.
+    pub priority: i64,
     pub body: Vec<u8>,
 }
 
@@ -104,6 +106,7 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>
         fields::check_tools(tools)?;
     }
     let seed = fields::take_seed(obj)?;
+    let priority = fields::take_priority(obj)?;
 
     match obj.get_mut("messages") {
         Some(Value::Array(msgs)) if msgs.len() > MAX_MESSAGES => {
@@ -207,7 +210,7 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>
     }
 
     let body = serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?;
-    Ok(GenerateRequest { model, stream, include_usage, continuous_usage, ignore_eos, top_k, seed, body })
+    Ok(GenerateRequest { model, stream, include_usage, continuous_usage, ignore_eos, top_k, seed, priority, body })
 }
 
 /// The thinking switch clients written for vLLM or Qwen send, and gateways (smg) write into rewritten bodies:

@@ -45,19 +45,22 @@ pub async fn loads(State(st): State<Arc<AppState>>, q: Result<Query<LoadsQuery>,
         return ApiError::ModelNotFound(model).into_response();
     }
     let seqs = st.config.max_num_seqs as usize;
+    // The wait queue is the server's, not a rank's: spread it over the ranks, which its requests will go to.
+    let (queued, ranks) = (st.admission.queued(), st.dispatcher.ranks.len().max(1));
     let loads: Vec<Value> = st
         .dispatcher
         .ranks
         .iter()
         .map(|link| {
+            let waiting = queued / ranks + usize::from(link.index < queued % ranks);
             let n = link.in_flight();
             let capacity = link.output.aux(AUX_KV_CAPACITY_TOKENS);
             let usage = link.output.aux(AUX_KV_USAGE_PPM).min(1_000_000) as f64 / 1e6;
             json!({
                 "dp_rank": link.index,
                 "num_running_reqs": n.min(seqs),
-                "num_waiting_reqs": n.saturating_sub(seqs),
-                "num_total_reqs": n,
+                "num_waiting_reqs": n.saturating_sub(seqs) + waiting,
+                "num_total_reqs": n + waiting,
                 "num_waiting_uncached_tokens": link.output.aux(AUX_QUEUED_TOKENS),
                 "num_used_tokens": (usage * capacity as f64).round() as u64,
                 "max_total_num_tokens": capacity,
@@ -75,9 +78,9 @@ pub async fn loads(State(st): State<Arc<AppState>>, q: Result<Query<LoadsQuery>,
     .into_response()
 }
 
-/// vllm-router's power-of-two load: requests this replica holds (admitted and not yet done on a rank).
+/// vllm-router's power-of-two load: requests this replica holds (admitted and not yet done, or queued).
 pub async fn get_load(State(st): State<Arc<AppState>>) -> Response {
-    Json(json!({"load": st.admission.in_flight()})).into_response()
+    Json(json!({"load": st.admission.in_flight() + st.admission.queued()})).into_response()
 }
 
 pub async fn server_info(State(st): State<Arc<AppState>>) -> Response {
