@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""DeepInfer's prefill-vote interval against TTFT and ITL, on the fake engine (tests/fake_deepinfer).
+"""DeepInfer's prefill-vote interval against TTFT and ITL, on the sim (default) or on the fake engine.
 
-The fake is the one engine here that models the NORMAL scheduler's vote: a step is all prefill or all decode,
-prefill happens only at vote points (every `--prefill-attempt-interval` decode steps all DP ranks must want it,
-every `--prefill-any-attempt-interval` one is enough), each vote is an all-reduce over the DP group with a cost
-(`FAKE_DEEPINFER_VOTE_MS`), and an idle rank rides along. Every step, prefill or decode, costs `--step-ms`; the
-real engine's prefill steps cost more with the prompt, so this shows the vote's share of the trade-off only.
+DeepInfer's scheduler admits new prompts only at vote points: every `--prefill-attempt-interval` decode steps all
+DP ranks must want a prefill, every `--prefill-any-attempt-interval` one is enough, and each vote is an all-reduce
+over the DP group. `--engine sim` runs the sim on the replay's calibrated 8 x B200 cost model (`--sim-lockstep`,
+8.5 ms + 0.1 ms per sequence, 25 ms per 1k prefill tokens overlapped in 340-token chunks) with the vote modelled
+(`--sim-prefill-vote-ms`). `--engine fake` runs `--engine deepinfer` on tests/fake_deepinfer, whose NORMAL
+scheduler makes each step all prefill or all decode (`--step-ms` each) and holds the votes with a cost
+(`FAKE_DEEPINFER_VOTE_MS`).
 
-    python bench/prefill_intervals.py [--intervals 1,4,16] [--concurrency 16,64] [--requests 192] [--json-out F]
+    python bench/prefill_intervals.py [--engine sim|fake] [--intervals 1,4,16] [--concurrency 16,64]
+                                      [--requests 192] [--json-out F]
 
 For each interval N (both flags = N) and concurrency, one server (DP 2, 32 seqs/rank) and one loadgen run
 (256-token prompts, 128 output tokens, ignore_eos, a warm-up round first). Prints a Markdown table and JSON.
@@ -48,7 +51,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(ckpt: Path, interval: int, step_ms: float, vote_ms: float) -> tuple[subprocess.Popen[str], str]:
+CALIBRATED_SIM = [
+    "--sim-decode-step-ms", "8.5", "--sim-decode-ms-per-seq", "0.1", "--sim-prefill-ms-per-1k-tokens", "25",
+    "--sim-overlap-prefill", "--sim-prefill-chunk-tokens", "340", "--sim-lockstep",
+]  # fmt: skip
+
+
+def start(engine: str, ckpt: Path, interval: int, step_ms: float, vote_ms: float) -> tuple[subprocess.Popen[str], str]:
+    common = [
+        sys.executable, "-m", "deepinfer_server", "--host", "127.0.0.1", "--port", str(free_port()),
+        "--served-model-name", MODEL, "--dp", "2", "--max-num-seqs", "32", "--max-model-len", "4096",
+        "--prefill-attempt-interval", str(interval), "--prefill-any-attempt-interval", str(interval),
+    ]  # fmt: skip
+    if engine == "sim":
+        return launch([*common, *CALIBRATED_SIM, "--sim-prefill-vote-ms", str(vote_ms)], dict(os.environ))
     env = {
         **os.environ,
         "PYTHONPATH": f"{FAKE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
@@ -57,12 +73,10 @@ def start(ckpt: Path, interval: int, step_ms: float, vote_ms: float) -> tuple[su
         "FAKE_DEEPINFER_STEP_MS": str(step_ms),
         "FAKE_DEEPINFER_VOTE_MS": str(vote_ms),
     }
-    cmd = [
-        sys.executable, "-m", "deepinfer_server", "--engine", "deepinfer", "--host", "127.0.0.1",
-        "--port", str(free_port()), "--served-model-name", MODEL, "--dp", "2", "--max-num-seqs", "32",
-        "--max-model-len", "4096", "--prefill-attempt-interval", str(interval),
-        "--prefill-any-attempt-interval", str(interval), str(ckpt),
-    ]  # fmt: skip
+    return launch([*common, "--engine", "deepinfer", str(ckpt)], env)
+
+
+def launch(cmd: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     found: list[str] = []
     ready = threading.Event()
@@ -84,10 +98,11 @@ def start(ckpt: Path, interval: int, step_ms: float, vote_ms: float) -> tuple[su
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--engine", choices=("sim", "fake"), default="sim")
     ap.add_argument("--intervals", default="1,4,16")
     ap.add_argument("--concurrency", default="16,64")
     ap.add_argument("--requests", type=int, default=192)
-    ap.add_argument("--step-ms", type=float, default=9.0, help="a DeepInfer step on 8 x B200 (BENCHMARKS.md)")
+    ap.add_argument("--step-ms", type=float, default=9.0, help="fake: a DeepInfer step on 8 x B200 (BENCHMARKS.md)")
     ap.add_argument("--vote-ms", type=float, default=0.3, help="one gloo all-reduce over the DP group")
     ap.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
     ap.add_argument("--json-out", type=Path)
@@ -97,7 +112,7 @@ def main() -> int:
         ckpt = checkpoint(Path(tmp) / "ckpt")
         for interval in map(int, a.intervals.split(",")):
             for conc in map(int, a.concurrency.split(",")):
-                proc, url = start(ckpt, interval, a.step_ms, a.vote_ms)
+                proc, url = start(a.engine, ckpt, interval, a.step_ms, a.vote_ms)
                 try:
                     cmd = [
                         sys.executable, str(a.bench_dir / "loadgen.py"), "--base-url", url, "--model", MODEL,
@@ -124,7 +139,7 @@ def main() -> int:
             f"| {r['interval']} | {r['concurrency']} | {t['p50']} | {t['p99']} | {i['mean']} | {i['p95']} | "
             f"{r['tokens_per_s']} |"
         )
-    doc = {"step_ms": a.step_ms, "vote_ms": a.vote_ms, "requests": a.requests, "results": results}
+    doc = {"engine": a.engine, "step_ms": a.step_ms, "vote_ms": a.vote_ms, "requests": a.requests, "results": results}
     print(json.dumps(doc))
     if a.json_out:
         a.json_out.write_text(json.dumps(doc, indent=2))

@@ -77,6 +77,8 @@ impl ApiError {
             ),
             r if r.starts_with("xgrammar") => (rejected("invalid_grammar", "its grammar failed"), "grammar_error"),
             "ve_error" => (rejected("invalid_image", "an image could not be processed"), "ve_error"),
+            // An abort the server asked for never gets here (its entry is gone first): this one is the engine's own.
+            "abort" => (ApiError::Engine("The engine aborted the request.".into()), "engine_abort"),
             _ => (ApiError::Engine(format!("The engine could not complete the request: {reason}")), "engine_error"),
         }
     }

@@ -4,8 +4,8 @@
 
 use crate::dispatch::Dispatcher;
 use crate::ring::status::{
-    AUX_HEARTBEAT_MS, AUX_KV_USAGE_PPM, AUX_PREEMPTIONS, AUX_QUEUED_TOKENS, AUX_REQUESTS, AUX_SPEC_ACCEPTED_TOKENS,
-    AUX_SPEC_DRAFT_TOKENS, monotonic_ms,
+    AUX_HEARTBEAT_MS, AUX_KV_USAGE_PPM, AUX_PREEMPTIONS, AUX_QUEUED_TOKENS, AUX_REABORTS, AUX_REQUESTS,
+    AUX_SPEC_ACCEPTED_TOKENS, AUX_SPEC_DRAFT_TOKENS, monotonic_ms,
 };
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
@@ -35,6 +35,7 @@ pub struct Metrics {
     spec_draft_tokens: IntCounter,
     spec_accepted_tokens: IntCounter,
     preemptions: IntCounter,
+    reaborts: IntCounter,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -139,6 +140,11 @@ impl Metrics {
                 "Sequences the engine preempted (their KV freed; they are recomputed).",
             ))
             .unwrap(),
+            reaborts: IntCounter::new(
+                "deepinfer_engine_reaborted_requests_total",
+                "Aborts the engine lost (the request kept running), sent again by the rank.",
+            )
+            .unwrap(),
             registry,
         };
         m.register_all();
@@ -146,12 +152,19 @@ impl Metrics {
         for reason in ["stop", "length"] {
             m.success.with_label_values(&[reason]);
         }
-        for reason in ["invalid_request_error", "model_not_found", "payload_too_large", "rate_limit_exceeded"] {
+        for reason in
+            ["invalid_request_error", "model_not_found", "payload_too_large", "rate_limit_exceeded", "queue_full"]
+        {
             m.rejected.with_label_values(&[reason]);
         }
-        for reason in
-            ["client_disconnect", "timeout", "engine_error", "prompt_length_exceeded", "insufficient_system_resource"]
-        {
+        for reason in [
+            "client_disconnect",
+            "timeout",
+            "engine_error",
+            "engine_abort",
+            "prompt_length_exceeded",
+            "insufficient_system_resource",
+        ] {
             m.aborted.with_label_values(&[reason]);
         }
         m
@@ -180,6 +193,7 @@ impl Metrics {
             Box::new(self.spec_draft_tokens.clone()),
             Box::new(self.spec_accepted_tokens.clone()),
             Box::new(self.preemptions.clone()),
+            Box::new(self.reaborts.clone()),
         ];
         for c in all {
             r.register(c).expect("unique metric names");
@@ -210,7 +224,7 @@ impl Metrics {
     /// `queued`: requests in the admission wait queue.
     pub fn render(&self, dispatcher: &Dispatcher, max_num_seqs: usize, queued: usize) -> String {
         let (mut running, mut waiting, mut kv) = (0usize, 0usize, 0f64);
-        let (mut drafted, mut accepted, mut preempted) = (0u64, 0u64, 0u64);
+        let (mut drafted, mut accepted, mut preempted, mut reaborted) = (0u64, 0u64, 0u64, 0u64);
         let now_ms = monotonic_ms();
         for link in &dispatcher.ranks {
             let n = link.in_flight();
@@ -228,11 +242,13 @@ impl Metrics {
             drafted += link.output.aux(AUX_SPEC_DRAFT_TOKENS);
             accepted += link.output.aux(AUX_SPEC_ACCEPTED_TOKENS);
             preempted += link.output.aux(AUX_PREEMPTIONS);
+            reaborted += link.output.aux(AUX_REABORTS);
         }
         // The ranks keep running totals; a counter only moves forward (renders may race: the larger wins).
         Self::advance(&self.spec_draft_tokens, drafted);
         Self::advance(&self.spec_accepted_tokens, accepted);
         Self::advance(&self.preemptions, preempted);
+        Self::advance(&self.reaborts, reaborted);
         self.running.set(running as i64);
         self.waiting.set((waiting + queued) as i64);
         self.kv_usage.set(kv);

@@ -29,6 +29,7 @@ from conftest import (
     requests_across_idle_gaps,
     shm_segments,
     sse_has_text,
+    wait_for,
     wait_until_gone,
 )
 
@@ -227,6 +228,10 @@ def test_lost_abort_and_stop_sequence_free_engine_capacity(deepinfer_server) -> 
     assert finish == "stop" and "e" not in text
     r = chat(srv.client(timeout=10), "after", max_tokens=5, extra={"ignore_eos": True})
     assert r.usage.completion_tokens == 5
+    wait_for(
+        "the re-abort in /metrics",
+        lambda: "deepinfer_engine_reaborted_requests_total 1" in httpx.get(f"{srv.url}/metrics").text,
+    )
     log = stop_cleanly(srv)
     assert "lost_aborts=1" in log and "reaborted=1" in log, log
 

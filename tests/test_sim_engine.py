@@ -132,3 +132,43 @@ def test_quiet_steps_are_those_that_start_and_end_nothing() -> None:
         e.commit()
         quiet.append(e.quiet_step)
     assert quiet == [False, True, True, False]
+
+
+def test_the_prefill_vote_admits_new_prompts_only_at_vote_points_and_costs_its_all_reduce() -> None:
+    e = SimEngine(
+        SimConfig(
+            tokenizer_path=str(BUNDLED_TOKENIZER),
+            max_model_len=4096,
+            max_num_seqs=4,
+            max_num_batched_tokens=100,
+            decode_step_ms=1.0,
+            vote_ms=0.5,
+            vote_every_all=8,
+            vote_every_any=4,
+        )
+    )
+    submit(e, 1, 10)
+    cost, out = step(e)  # step 1 is no vote point, but nothing decodes yet: the prompt starts at once
+    assert out == {1: _native.FINISH_NONE} and cost == 1.0
+    submit(e, 2, 10)
+    firsts = []
+    for n in range(2, 10):
+        cost, out = step(e)
+        votes = (n % 8 == 0) + (n % 4 == 0)
+        assert cost == 1.0 + 0.5 * votes, n  # one all-reduce per vote point; at step 8 both votes fall
+        if 2 in out:
+            firsts.append(n)
+    assert firsts[0] == 4, "request 2 waited for the step-4 vote while request 1 was decoding"
+    e.ride_along()  # an idle rank's steps in lockstep still count (10, 11): its next step, 12, is a vote point
+    e.ride_along()
+    cost, _ = step(e)
+    assert cost == 1.5
+
+
+def test_without_the_vote_model_prompts_start_at_any_step() -> None:
+    e = engine(max_num_seqs=4)
+    submit(e, 1, 10)
+    step(e)
+    submit(e, 2, 10)
+    _, out = step(e)
+    assert 2 in out

@@ -162,6 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="Largest prefill chunk per request and step; 0 = budget.",
     )
     sim.add_argument(
+        "--sim-prefill-vote-ms",
+        type=float,
+        default=None,
+        help="Model DeepInfer's prefill vote: a decoding rank starts new prompts only at vote points, every "
+        "--prefill-any-attempt-interval / --prefill-attempt-interval steps, and each vote point adds this many ms "
+        "(an all-reduce over the DP group). Unset: no vote, prompts start at any step.",
+    )
+    sim.add_argument(
         "--sim-lockstep",
         action="store_true",
         help="DP ranks step together, each step as long as the slowest rank's (as DeepInfer's ranks do).",
@@ -230,6 +238,8 @@ def check_args(args: argparse.Namespace) -> str | None:
     ):
         if getattr(args, flag) < 0:
             return f"--{flag.replace('_', '-')} must not be negative"
+    if args.sim_prefill_vote_ms is not None and args.sim_prefill_vote_ms < 0:
+        return "--sim-prefill-vote-ms must not be negative"
     for flag in ("prefill_attempt_interval", "prefill_any_attempt_interval"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             return f"--{flag.replace('_', '-')} must be at least 1"

@@ -42,6 +42,12 @@ PREFILL_INTERVAL_FLAGS = {
 }
 
 
+def prefill_interval(args: argparse.Namespace, flag: str) -> int:
+    """A prefill-vote interval as DeepInfer sees it: the flag, else its environment variable, else 1."""
+    value = getattr(args, flag, None)
+    return int(value if value is not None else os.environ.get(PREFILL_INTERVAL_FLAGS[flag], "1"))
+
+
 class StartupError(Exception):
     pass
 
@@ -151,6 +157,9 @@ class Ranks:
                 "decode_ms_per_seq": a.sim_decode_ms_per_seq,
                 "overlap_prefill": a.sim_overlap_prefill,
                 "prefill_chunk_tokens": a.sim_prefill_chunk_tokens,
+                "vote_ms": a.sim_prefill_vote_ms,
+                "vote_every_all": prefill_interval(a, "prefill_attempt_interval"),
+                "vote_every_any": prefill_interval(a, "prefill_any_attempt_interval"),
             }
         return {
             "model": a.model_dir,

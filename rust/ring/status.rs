@@ -17,6 +17,8 @@ pub const AUX_SPEC_DRAFT_TOKENS: usize = 6;
 pub const AUX_SPEC_ACCEPTED_TOKENS: usize = 7;
 /// Sequences the engine preempted (and recomputes) since the rank started.
 pub const AUX_PREEMPTIONS: usize = 8;
+/// Aborts the engine lost (the request kept running), sent again by the rank, since the rank started.
+pub const AUX_REABORTS: usize = 10;
 
 /// Values of `aux[AUX_PHASE]`.
 pub const PHASE_STARTING: u64 = 0;
@@ -70,6 +72,7 @@ pub const EXPORTS: &[(&str, u64)] = &[
     ("AUX_SPEC_DRAFT_TOKENS", AUX_SPEC_DRAFT_TOKENS as u64),
     ("AUX_SPEC_ACCEPTED_TOKENS", AUX_SPEC_ACCEPTED_TOKENS as u64),
     ("AUX_PREEMPTIONS", AUX_PREEMPTIONS as u64),
+    ("AUX_REABORTS", AUX_REABORTS as u64),
     ("PHASE_STARTING", PHASE_STARTING),
     ("PHASE_IDLE", PHASE_IDLE),
     ("PHASE_ADD", PHASE_ADD),

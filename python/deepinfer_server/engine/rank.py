@@ -120,6 +120,9 @@ class Status:
             self.set_aux(_native.AUX_SPEC_ACCEPTED_TOKENS, accepted)
         if self.preemptions is not None:
             self.set_aux(_native.AUX_PREEMPTIONS, self.preemptions())
+        re_aborts = getattr(self.engine, "re_aborts", None)
+        if re_aborts is not None:
+            self.set_aux(_native.AUX_REABORTS, re_aborts)
         self.set_aux(_native.AUX_HEARTBEAT_MS, int(now * 1000))
 
 
@@ -244,6 +247,8 @@ def serve_sim_lockstep(
             status.phase(_native.PHASE_SYNC)
             any_busy, slowest = lock.sync(busy, cost)
             if any_busy:
+                if not busy:
+                    engine.ride_along()
                 status.phase(_native.PHASE_STEP)
                 step_ms = max(slowest, engine.cfg.decode_step_ms)
                 engine.wait_until(start, step_ms)

@@ -39,6 +39,13 @@ class SimConfig:
     decode_ms_per_seq: float = 0.0  # extra decode time per sequence in the batch
     overlap_prefill: bool = False  # step = max(decode, prefill) instead of their sum
     prefill_chunk_tokens: int = 0  # largest prefill chunk per request per step; 0 = the batched-token budget
+    # DeepInfer's prefill vote (None: not modelled, prompts start at any step). A rank that is decoding admits new
+    # prompts only at vote points, every `vote_every_any` (one rank's prompt wins) or `vote_every_all` decode steps
+    # (every rank must want one; the sim, which sees only its own rank, counts its own want), and each vote point
+    # adds `vote_ms` to its step, an all-reduce over the DP group. A rank with nothing decoding admits at once.
+    vote_ms: float | None = None
+    vote_every_all: int = 1
+    vote_every_any: int = 1
 
 
 class _Seq:
@@ -87,6 +94,7 @@ class SimEngine:
         # The last step gave no request its first token and ended none: the rank need not wake the server for it.
         self.quiet_step = False
         self._next_start = 0.0
+        self._steps = 0  # group steps taken (idle rides included), for the vote points
         self._entropy = random.Random()  # seeds unseeded requests without an os.urandom read each
 
     # -- request side --------------------------------------------------------------------------------------------
@@ -154,11 +162,12 @@ class SimEngine:
         """Schedule the next step (admission, decode batch, prefill chunks) and return its cost in ms."""
         cfg = self.cfg
         decoding, prefilling = self.decoding, self.prefilling
-        while self.waiting and len(decoding) + len(prefilling) < cfg.max_num_seqs:  # admitted into the next step
+        vote_ms, admit = self._vote()
+        while admit and self.waiting and len(decoding) + len(prefilling) < cfg.max_num_seqs:  # into the next step
             prefilling.append(self.waiting.popleft())
         if not decoding and not prefilling:
             self._batch = []
-            return 0.0
+            return vote_ms
         budget = cfg.max_num_batched_tokens - len(decoding)
         prefill_tokens = 0
         prefilled = []
@@ -180,7 +189,21 @@ class SimEngine:
         prefill_ms = prefill_tokens * cfg.prefill_ms_per_1k_tokens / 1000.0
         # overlap: a step is bound by the slower of memory-bound decode and compute-bound prefill (roofline);
         # otherwise prefill adds to the step.
-        return max(decode_ms, prefill_ms) if cfg.overlap_prefill else decode_ms + prefill_ms
+        return vote_ms + (max(decode_ms, prefill_ms) if cfg.overlap_prefill else decode_ms + prefill_ms)
+
+    def _vote(self) -> tuple[float, bool]:
+        """This step's vote cost, and whether waiting prompts may start in it."""
+        cfg = self.cfg
+        if cfg.vote_ms is None:
+            return 0.0, True
+        self._steps += 1
+        votes = (self._steps % cfg.vote_every_all == 0) + (self._steps % cfg.vote_every_any == 0)
+        return votes * cfg.vote_ms, votes > 0 or not self.decoding
+
+    def ride_along(self) -> None:
+        """An idle rank's step in lockstep: it still counts toward the group's vote points."""
+        if self.cfg.vote_ms is not None:
+            self._steps += 1
 
     def step_done(self, start: float, cost_ms: float) -> None:
         """Record a step run outside `step` (the lockstep loop), for `step_start`."""
