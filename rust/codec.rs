@@ -3,6 +3,8 @@
 
 use crate::error::ApiError;
 use crate::protocol::{Protocol, frame_into};
+use crate::ring::py::logprobs_to_py;
+use crate::ring::records::{Constraint, Logprobs};
 use axum::http::StatusCode;
 use bytes::BytesMut;
 use pyo3::prelude::*;
@@ -29,6 +31,9 @@ pub struct Prepared {
     pub max_tokens: u32,
     pub temperature: f32,
     pub top_p: f32,
+    /// Logprobs asked for: alternatives per token.
+    pub logprobs: Option<u32>,
+    pub constraint: Option<Constraint>,
     pub decoder: Py<PyAny>,
     /// Whether output must be decoded as it arrives (streams, stop sequences) or may wait for the end.
     pub incremental: bool,
@@ -49,6 +54,9 @@ pub struct Decoded {
     pub state: DecodeState,
     pub bytes: BytesMut,
 }
+
+/// One request's part of a decode batch.
+pub type DecodeItem<'a> = (&'a Py<PyAny>, &'a [u32], u32, Option<Logprobs<'a>>);
 
 /// Work for a codec thread: run with the GIL, then (the closure's own business) hand on its result without it.
 type Job = Box<dyn FnOnce(&Codec) + Send>;
@@ -178,6 +186,11 @@ impl Codec {
             max_tokens: get("max_tokens")?.extract().map_err(|e| internal(py, e))?,
             temperature: get("temperature")?.extract().map_err(|e| internal(py, e))?,
             top_p: get("top_p")?.extract().map_err(|e| internal(py, e))?,
+            logprobs: get("logprobs")?.extract().map_err(|e| internal(py, e))?,
+            constraint: get("constraint")?
+                .extract::<Option<(u32, String, Vec<u32>, Option<u32>)>>()
+                .map_err(|e| internal(py, e))?
+                .map(|(schema_type, schema, triggers, bound)| Constraint { schema_type, schema, triggers, bound }),
             decoder: get("decoder")?.unbind(),
             incremental: get("incremental")?.extract().map_err(|e| internal(py, e))?,
             first,
@@ -192,11 +205,16 @@ impl Codec {
         }
     }
 
-    /// Decode one batch: `(decoder, new tokens, engine finish code)` per request, one Python call in all.
-    pub fn decode(&self, py: Python<'_>, items: &[(&Py<PyAny>, &[u32], u32)]) -> PyResult<Vec<Decoded>> {
+    /// Decode one batch: `(decoder, new tokens, engine finish code, logprobs if asked for)` per request, one
+    /// Python call in all.
+    pub fn decode(&self, py: Python<'_>, items: &[DecodeItem<'_>]) -> PyResult<Vec<Decoded>> {
         let list = PyList::empty(py);
-        for (decoder, tokens, finish) in items {
-            list.append((decoder.bind(py), PyList::new(py, tokens.iter())?, *finish))?;
+        for (decoder, tokens, finish, logprobs) in items {
+            let tokens = PyList::new(py, tokens.iter())?;
+            match logprobs {
+                None => list.append((decoder.bind(py), tokens, *finish))?,
+                Some(lp) => list.append((decoder.bind(py), tokens, *finish, logprobs_to_py(py, lp)?))?,
+            }
         }
         let out = self.decode_batch.bind(py).call1((list,))?;
         let mut decoded = Vec::with_capacity(items.len());

@@ -29,13 +29,48 @@ pub struct Inflight {
     pub arrival: Instant,
     /// False for a non-stream without stop sequences: its tokens are held here and decoded once at the end.
     pub incremental: bool,
-    held: Mutex<Vec<u32>>,
+    held: Mutex<Held>,
     /// Token timing, written by the rank_io thread only.
     timing: Mutex<Timing>,
     /// The admission slot: freed as the request leaves its rank (`RankLink::take`), however it ends, and before
     /// its last bytes go to the client, who may send its next request the moment it has them. A client that is
     /// still (slowly) reading must not hold engine capacity either.
     permit: Mutex<Option<Permit>>,
+}
+
+/// Tokens held for a later decode.
+#[derive(Default)]
+struct Held {
+    tokens: Vec<u32>,
+    logprobs: Option<TokenLogprobs>,
+}
+
+/// The logprobs of a run of tokens, in the output record's byte layout (`ring::records::Logprobs`), owned.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TokenLogprobs {
+    pub top: u32,
+    pub values: Vec<u8>,
+    pub alternatives: Vec<u8>,
+}
+
+impl TokenLogprobs {
+    pub fn new(top: u32) -> Self {
+        TokenLogprobs { top, ..Default::default() }
+    }
+
+    pub fn extend(&mut self, other: &TokenLogprobs) {
+        self.values.extend_from_slice(&other.values);
+        self.alternatives.extend_from_slice(&other.alternatives);
+    }
+
+    pub fn extend_from_record(&mut self, lp: &records::Logprobs<'_>) {
+        self.values.extend_from_slice(lp.values);
+        self.alternatives.extend_from_slice(lp.alternatives);
+    }
+
+    pub fn view(&self) -> records::Logprobs<'_> {
+        records::Logprobs { top: self.top, values: &self.values, alternatives: &self.alternatives }
+    }
 }
 
 #[derive(Default)]
@@ -70,19 +105,26 @@ impl Inflight {
         self.timing.lock().unwrap().sent = Some(now);
     }
 
-    /// Keep tokens for a single decode at the end.
-    pub fn hold(&self, tokens: &[u32]) {
-        self.held.lock().unwrap().extend_from_slice(tokens);
+    /// Keep tokens (and their logprobs) for a later decode.
+    pub fn hold(&self, tokens: &[u32], logprobs: Option<&TokenLogprobs>) {
+        let mut held = self.held.lock().unwrap();
+        held.tokens.extend_from_slice(tokens);
+        if let Some(lp) = logprobs {
+            held.logprobs.get_or_insert_with(|| TokenLogprobs::new(lp.top)).extend(lp);
+        }
     }
 
-    /// Everything held so far followed by `last`.
-    pub fn held_then(&self, last: Vec<u32>) -> Vec<u32> {
+    /// Everything held so far followed by `tokens` (and their logprobs).
+    pub fn held_then(&self, tokens: Vec<u32>, logprobs: Option<TokenLogprobs>) -> (Vec<u32>, Option<TokenLogprobs>) {
         let mut held = std::mem::take(&mut *self.held.lock().unwrap());
-        if held.is_empty() {
-            return last;
+        if held.tokens.is_empty() {
+            return (tokens, logprobs);
         }
-        held.extend_from_slice(&last);
-        held
+        held.tokens.extend_from_slice(&tokens);
+        if let Some(lp) = &logprobs {
+            held.logprobs.get_or_insert_with(|| TokenLogprobs::new(lp.top)).extend(lp);
+        }
+        (held.tokens, held.logprobs.or(logprobs))
     }
 
     /// Free the admission slot now, before the client hears the request ended: a client that sends its next

@@ -8,7 +8,7 @@
 //! engine faster than that interval cannot make every token an event of its own.
 
 use crate::codec::{Codec, DecodeState};
-use crate::dispatch::{Dispatcher, Inflight, RankLink};
+use crate::dispatch::{Dispatcher, Inflight, RankLink, TokenLogprobs};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::ring::records::{self, FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_NONE};
@@ -34,6 +34,14 @@ struct Batch {
     tokens: Vec<u32>,
     finish: u32,
     reason: Option<String>,
+    /// Only for a request that asked for them.
+    logprobs: Option<TokenLogprobs>,
+}
+
+impl Batch {
+    fn new(id: u64) -> Self {
+        Batch { id, tokens: Vec::new(), finish: FINISH_NONE, reason: None, logprobs: None }
+    }
 }
 
 /// Streams whose tokens wait for their next event (`stream_interval_ms`), by request id, with when it is due.
@@ -85,7 +93,7 @@ fn add_due(waiting: &mut Waiting, batches: &mut Vec<Batch>) {
         if *due > now {
             return true;
         }
-        batches.push(Batch { id: *id, tokens: Vec::new(), finish: FINISH_NONE, reason: None });
+        batches.push(Batch::new(*id));
         false
     });
 }
@@ -114,7 +122,7 @@ fn drain(link: &RankLink) -> Vec<Batch> {
                 }
             };
             let slot = *index.entry(e.request_id).or_insert_with(|| {
-                out.push(Batch { id: e.request_id, tokens: Vec::new(), finish: FINISH_NONE, reason: None });
+                out.push(Batch::new(e.request_id));
                 out.len() - 1
             });
             let b = &mut out[slot];
@@ -122,6 +130,9 @@ fn drain(link: &RankLink) -> Vec<Batch> {
                 b.tokens.extend(e.tokens.iter());
                 b.finish = e.finish;
                 b.reason = e.reason.map(str::to_owned);
+                if let Some(lp) = &e.logprobs {
+                    b.logprobs.get_or_insert_with(|| TokenLogprobs::new(lp.top)).extend_from_record(lp);
+                }
             }
         }
     });
@@ -171,16 +182,16 @@ fn deliver(
         let sent = entry.last_sent();
         if b.finish == FINISH_NONE {
             if !entry.incremental {
-                entry.hold(&b.tokens);
+                entry.hold(&b.tokens, b.logprobs.as_ref());
                 continue;
             }
             if let Some(due) = sent.map(|t| t + interval).filter(|due| *due > now) {
-                entry.hold(&b.tokens);
+                entry.hold(&b.tokens, b.logprobs.as_ref());
                 waiting.insert(b.id, due);
                 continue;
             }
         }
-        b.tokens = entry.held_then(b.tokens);
+        (b.tokens, b.logprobs) = entry.held_then(b.tokens, b.logprobs.take());
         // A stream whose client has seen no token output yet: its first tokens may decode to nothing visible (a
         // leading newline the parser drops, half a character), so it stays in the fast lane until something shows.
         if entry.incremental && sent.is_none() { first.push((entry, b)) } else { bulk.push((entry, b)) }
@@ -199,7 +210,10 @@ type Work = (Arc<Inflight>, Batch);
 /// One Python call for the whole batch, then each request's bytes to its outlet.
 fn decode_and_send(link: &RankLink, metrics: &Metrics, codec: &Codec, work: Vec<Work>) {
     Python::attach(|py| {
-        let items: Vec<_> = work.iter().map(|(e, b)| (&e.decoder, b.tokens.as_slice(), b.finish)).collect();
+        let items: Vec<_> = work
+            .iter()
+            .map(|(e, b)| (&e.decoder, b.tokens.as_slice(), b.finish, b.logprobs.as_ref().map(TokenLogprobs::view)))
+            .collect();
         match codec.decode(py, &items) {
             Ok(decoded) => {
                 let now = Instant::now();

@@ -141,6 +141,8 @@ mod tests {
             top_k: -1,
             seed: None,
             ignore_eos: false,
+            logprobs: None,
+            constraint: None,
         };
         let meta = RequestMeta { id: d.next_id(), request_id: "r".into(), arrival: Instant::now() };
         let permit = admission.try_admit().unwrap();

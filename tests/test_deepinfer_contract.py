@@ -176,6 +176,8 @@ def test_the_adapter_source_yields_a_non_trivial_list_of_names() -> None:
     assert {"add_request", "abort_request", "step", "flush_inflight_reqs", "close"} <= set(u.engine_methods)
     assert {"user_id", "request_id", "sampling_params", "prompt_token_ids"} <= u.engine_methods["add_request"]
     assert {"get_request_id", "get_token_id", "get_finished", "get_finish_reason"} <= u.output_accessors
+    assert {"get_token_logprobs", "get_top_logprobs", "get_top_token_ids"} <= u.output_accessors  # logprobs
+    assert {"top_logprobs", "so_args"} <= u.sampling_kw
     assert {"temperature", "top_p", "top_k", "max_tokens", "ignore_eos", "seq_seed"} <= u.sampling_kw
     assert u.pg_methods == {"cpu_data_parallel_group"}
     assert u.cache_config_attrs == {"num_gpu_blocks", "block_size"} and "get_num_free_gpu_blocks" in u.scheduler_methods

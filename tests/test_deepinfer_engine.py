@@ -338,7 +338,7 @@ def run_until_idle(e, limit: int = 2000) -> dict[int, tuple[list[int], int, str 
             out, flushed = e.flush(), True
         else:
             return done
-        for rid, toks, fin, reason in out:
+        for rid, toks, fin, reason, *_ in out:
             prev = done.get(rid, ([], 0, None))[0]
             assert done.get(rid, ([], 0, None))[1] == 0, f"output after finish for {rid}"
             done[rid] = (prev + toks, fin, reason)
@@ -369,6 +369,38 @@ def test_adapter_finish_codes_clamping_and_rejections(fake_modules, checkpoint) 
     assert (fin == _native.FINISH_STOP and toks[-1] == 1) or (fin == _native.FINISH_LENGTH and len(toks) == 40)
     assert len(done[6][0]) == 3
     assert not e.live
+    e.close()
+
+
+def test_adapter_maps_logprobs_and_so_args(fake_modules, checkpoint) -> None:
+    """token_logprobs, top_token_ids and top_logprobs become the ring's logprobs, for the requests that asked only;
+    so_args reach SamplingParams as they are."""
+    from deepinfer_server.engine.base import Submit
+
+    e = build_engine(checkpoint)
+    made: list[object] = []
+    real_sp = e._sp
+    e._sp = lambda **kw: made.append(real_sp(**kw)) or made[-1]
+    so = {"schema_type": "json", "schema": '{"type":"object"}', "trigger_token_ids": [5], "bound_token_id": 1}
+    assert e.add(Submit(1, [0, 5, 6], 6, 1.0, 1.0, -1, 1, True, 3, so)) == []
+    assert e.add(Submit(2, [0, 5, 6], 6, 1.0, 1.0, -1, 1, True)) == []
+    assert (made[0].so_args, made[0].top_logprobs, made[1].so_args, made[1].top_logprobs) == (so, 3, None, 0)
+    rows: dict[int, list[object]] = {1: [], 2: []}
+    for _ in range(50):
+        busy, _ = e.sync(e.has_work(), False)
+        out = e.step() if busy else e.flush()
+        for rid, toks, _fin, _reason, lp in out:
+            if rid == 1:
+                assert lp is not None and len(lp) == len(toks)
+                for tok, (value, alts) in zip(toks, lp, strict=True):
+                    assert len(alts) == 3 and alts[0] == (tok, value) and value <= 0
+                rows[1] += lp
+            else:
+                assert lp is None  # no logprobs asked for: none carried
+                rows[2] += toks
+        if not busy and not e.has_work():
+            break
+    assert len(rows[1]) == 6 and len(rows[2]) == 6
     e.close()
 
 

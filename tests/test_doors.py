@@ -362,7 +362,7 @@ def test_completions_stop_special_text_and_refusals(server: Server) -> None:
     special = c.completions.create(model=MODEL, prompt="<｜User｜>", max_tokens=1)
     assert special.usage is not None and special.usage.prompt_tokens == len(tokenize(server, prompt="<｜User｜>")) > 2
     with pytest.raises(openai.BadRequestError) as e:
-        c.completions.create(model=MODEL, prompt="x", max_tokens=3, logprobs=2)
+        c.completions.create(model=MODEL, prompt="x", max_tokens=3, logprobs=21)
     assert e.value.body["param"] == "logprobs"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as e:
         c.completions.create(model=MODEL, prompt=["a", "b"], max_tokens=3)

@@ -29,7 +29,7 @@ def envelope(r: httpx.Response) -> dict:
         ({"model": MODEL}, 400, "messages"),
         ({"model": MODEL, "messages": []}, 400, "messages"),
         ({"model": MODEL, "messages": MSG, "n": 2}, 400, "n"),
-        ({"model": MODEL, "messages": MSG, "logprobs": True}, 400, "logprobs"),
+        ({"model": MODEL, "messages": MSG, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
         ({"model": MODEL, "messages": MSG, "response_format": {"type": "json_object"}}, 400, "response_format"),
         ({"model": MODEL, "messages": MSG, "tool_choice": "required"}, 400, "tool_choice"),
         ({"model": MODEL, "messages": MSG, "max_tokens": 0}, 400, "max_tokens"),

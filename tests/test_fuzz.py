@@ -239,7 +239,19 @@ def test_request_records_round_trip(ring_path: Any, ops: list[tuple[Any, ...]]) 
                 arg = b"".join(struct.pack("<I", t) for t in prompt) if as_bytes else prompt
                 prod.push_submit(rid, arg, max_tokens, temp, top_p, top_k, seed, ignore_eos, timeout=0)
                 expected.append(
-                    (1, rid, prompt, max_tokens, f32_round_trip(temp), f32_round_trip(top_p), top_k, seed, ignore_eos)
+                    (
+                        1,
+                        rid,
+                        prompt,
+                        max_tokens,
+                        f32_round_trip(temp),
+                        f32_round_trip(top_p),
+                        top_k,
+                        seed,
+                        ignore_eos,
+                        None,
+                        None,
+                    )
                 )
             elif op[0] == "abort":
                 prod.push_abort(op[1], timeout=0)

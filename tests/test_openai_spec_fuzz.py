@@ -45,7 +45,11 @@ def _says(pattern: str) -> Callable[[Body, Error], bool]:
 # (reason, test on the error object). First match wins.
 BY_DESIGN: list[tuple[str, Callable[[Body, Error], bool]]] = [
     ("n > 1, best_of > 1: one choice per request", _param("n|best_of")),
-    ("logprobs: not served yet (generation-controls issue)", _param("logprobs|top_logprobs")),
+    (
+        "logprobs: top_logprobs in [0, 20] and only with logprobs true (OpenAI's rule); Completions' logprobs in "
+        "[0, 20], not with echo",
+        _param("logprobs|top_logprobs|echo"),
+    ),
     ("forced tool choice: not served yet (generation-controls issue)", _param("tool_choice")),
     ("structured output: not served yet (generation-controls issue)", _param(r"response_format|text\.format")),
     (

@@ -51,9 +51,9 @@ def test_request_round_trip(ring_path) -> None:
     assert cons.wait(0)
     got = cons.drain_requests()
     assert got == [
-        (1, 7, [1, 2, 3, 2**32 - 1], 128, 0.7, 0.95, 40, 1234, True),
-        (1, 8, [5, 6], 16, 0.0, 1.0, -1, None, False),
-        (1, 9, [], 1, 1.0, 1.0, -1, None, False),
+        (1, 7, [1, 2, 3, 2**32 - 1], 128, 0.7, 0.95, 40, 1234, True, None, None),
+        (1, 8, [5, 6], 16, 0.0, 1.0, -1, None, False, None, None),
+        (1, 9, [], 1, 1.0, 1.0, -1, None, False, None, None),
         (2, 7),
         (3,),
     ]
@@ -201,7 +201,7 @@ CHILD_ECHO = textwrap.dedent(
             elif r[0] == 2:
                 batch.append((r[1], [], 3))
             else:
-                _, rid, prompt, max_tokens, temp, top_p, top_k, seed, ignore_eos = r
+                _, rid, prompt, max_tokens, temp, top_p, top_k, seed, ignore_eos = r[:9]
                 echo = [max_tokens, top_k & 0xFFFFFFFF, seed or 0, int(ignore_eos)]
                 batch.append((rid, prompt[::-1] + echo, FINISH_STOP))
         for k in range(0, len(batch), 32):  # keep each record well under capacity / 2

@@ -55,6 +55,7 @@ MODEL_PATH = re.compile(r"^/v1/models/.+")
 EXTENSIONS = {
     "choices.*.message.reasoning_content",  # DeepSeek: the thinking text
     "choices.*.delta.reasoning_content",
+    "choices.*.logprobs.reasoning_content",  # the thinking tokens' logprobs, as deepseek-recipe writes them
     "usage.prompt_cache_hit_tokens",  # DeepSeek's cache accounting
     "usage.prompt_cache_miss_tokens",
     # vLLM's model card fields, read by benchmark clients and gateways

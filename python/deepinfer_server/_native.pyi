@@ -13,6 +13,9 @@ FINISH_STOP: int
 FINISH_LENGTH: int
 FINISH_ABORT: int
 FINISH_ERROR: int
+SCHEMA_JSON: int
+SCHEMA_REGEX: int
+SCHEMA_EBNF: int
 AUX_STATE: int
 AUX_REQUESTS: int
 AUX_QUEUED_TOKENS: int
@@ -44,7 +47,15 @@ class RingError(Exception): ...
 # (1, request_id, prompt_ids, max_tokens, temperature, top_p, top_k, seed, ignore_eos) | (2, request_id) | (3,)
 RequestTuple = tuple[Any, ...]
 # (request_id, tokens, finish) or (request_id, tokens, finish, reason)
-OutputEntry = tuple[int, Sequence[int] | int, int] | tuple[int, Sequence[int] | int, int, str | None]
+# One token's logprob and its alternatives (token id, logprob), best first.
+TokenLogprob = tuple[float, Sequence[tuple[int, float]]]
+OutputEntry = (
+    tuple[int, Sequence[int] | int, int]
+    | tuple[int, Sequence[int] | int, int, str | None]
+    | tuple[int, Sequence[int] | int, int, str | None, Sequence[TokenLogprob] | None]
+)
+# (schema_type, schema, trigger token ids, bound token id)
+ConstraintTuple = tuple[int, str, Sequence[int], int | None]
 
 class Ring:
     """A single-producer single-consumer shared-memory ring of records in /dev/shm."""
@@ -77,13 +88,15 @@ class Ring:
         seed: int | None = None,
         ignore_eos: bool = False,
         timeout: float | None = None,
+        logprobs: int | None = None,
+        constraint: ConstraintTuple | None = None,
     ) -> None: ...
     def push_abort(self, request_id: int, timeout: float | None = None) -> None: ...
     def push_shutdown(self, timeout: float | None = None) -> None: ...
     def drain_requests(self, max_bytes: int = ...) -> list[RequestTuple]: ...
     def publish(self, entries: Sequence[OutputEntry], timeout: float | None = None, wake: bool = True) -> None: ...
     def wake_consumer(self) -> None: ...
-    def drain_tokens(self, max_bytes: int = ...) -> list[tuple[int, list[int], int, str | None]]: ...
+    def drain_tokens(self, max_bytes: int = ...) -> list[tuple[Any, ...]]: ...
 
 class Lockstep:
     """A cross-process barrier: simulated DP ranks step together, each step as long as the slowest rank's."""

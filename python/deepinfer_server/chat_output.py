@@ -52,7 +52,7 @@ class Decoder(BaseDecoder):
                     self.final.accumulate(ch)
             if not last:
                 return []
-            body = _conform_response(self.final.to_json())
+            body = _conform_response(self._mend_logprobs(self.final.to_json()))
             spliced = self._splice_usage(body)
             if spliced is not None:
                 return spliced
@@ -62,12 +62,27 @@ class Decoder(BaseDecoder):
         out = [
             ch if isinstance(ch, str) else ch.to_json() for ch in chunks if isinstance(ch, (str, ChatCompletionChunk))
         ]
+        if self.token_strings is not None:
+            out = [self._mend_logprobs(js) for js in out]
         if last:
             return self._finish_stream(out)
         if self.continuous:
             tail = self._usage_tail()
             out = [js[:-13] + tail if js.endswith('"usage":null}') else js for js in out]
         return out
+
+    def _mend_logprobs(self, js: str) -> str:
+        """A chunk or response with its logprobs' token strings spelling the text (`TokenStrings`)."""
+        if self.token_strings is None or '"logprobs":{' not in js:
+            return js
+        d = json.loads(js)
+        for choice in d.get("choices") or []:
+            lp = choice.get("logprobs")
+            if isinstance(lp, dict):
+                self.token_strings.fix(lp)
+                lp.setdefault("content", None)  # OpenAI's schema requires both, null when there are none
+                lp.setdefault("refusal", None)
+        return _dumps(d)
 
     def _usage_tail(self) -> str:
         n = self.n_out + self.dropped_eos

@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Union
 
 from deepseek_recipe import (
     ChatCompletionRequest,
@@ -44,6 +45,7 @@ from deepinfer_server.decoding import (
     byte_level_table,
     detokenizer,
 )
+from deepinfer_server.engine.base import TokenLogprob
 from deepinfer_server.event_output import EventDecoder
 from deepinfer_server.prompt_encoder import LengthGuard, PromptTooLong
 from deepinfer_server.prompt_encoder import build as build_prompt_encoder
@@ -126,6 +128,8 @@ class Prepared:
     decoder: BaseDecoder | CompletionDecoder
     first_chunks: list[str]
     incremental: bool  # decode as tokens arrive (streams, stop sequences), or once at the end
+    logprobs: int | None = None  # logprobs asked for: alternatives per token
+    constraint: tuple[int, str, list[int], int | None] | None = None  # (schema_type, schema, triggers, bound)
 
 
 class Codec:
@@ -174,6 +178,9 @@ class Codec:
         self.vocab_size = vocab_size
         self.fim = fim_tokens(added)
         self.think_end_id = tokenizer.encode(SpecialToken.ThinkingEnd.default_str())[0]
+        # Kept for requests with logprobs, which deepseek-recipe's processor takes as token IDs (about 50 MB for
+        # DeepSeek's vocabulary).
+        self.recipe_tokenizer = tokenizer
 
     def prepare(
         self,
@@ -221,6 +228,7 @@ class Codec:
             decoder=decoder,
             first_chunks=decoder.start(),
             incremental=conv.stream or bool(conv.parsing_options.stop_sequences),
+            logprobs=decoder.logprobs,
         )
 
     def _prepare_completion(
@@ -250,8 +258,11 @@ class Codec:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         echo = "" if not d.get("echo") else prompt if isinstance(prompt, str) else self.text_of(ids)
         stream = bool(d.get("stream"))
+        logprobs = d.get("logprobs")
+        if logprobs is not None and echo:
+            return 400, error_body("'logprobs' with 'echo' (the prompt's logprobs) is not supported", param="echo")
         decoder = CompletionDecoder(
-            self, response_id, model, n_prompt, stream, ignore_eos, include_usage, continuous, stops, echo
+            self, response_id, model, n_prompt, stream, ignore_eos, include_usage, continuous, stops, echo, logprobs
         )
         temperature, top_p = d.get("temperature"), d.get("top_p")
         return Prepared(
@@ -262,6 +273,7 @@ class Codec:
             decoder=decoder,
             first_chunks=decoder.start(),
             incremental=stream or bool(stops),
+            logprobs=logprobs,
         )
 
     def completion_prompt(self, prompt: str | list[int], suffix: str | None) -> list[int]:
@@ -369,8 +381,12 @@ def fim_tokens(added: dict[str, int]) -> tuple[int, int, int] | None:
     return (ids[0], ids[1], ids[2]) if None not in ids else None  # type: ignore[return-value]
 
 
-def decode_batch(
-    items: list[tuple[BaseDecoder | CompletionDecoder, list[int], int]],
-) -> list[tuple[int, list[str] | str]]:
-    """One call per batch of rank outputs: (decoder, new tokens, engine finish code) -> (state, output)."""
-    return [decoder.push(tokens, finish) for decoder, tokens, finish in items]
+DecodeItem = Union[  # noqa: UP007
+    tuple[BaseDecoder | CompletionDecoder, list[int], int],
+    tuple[BaseDecoder | CompletionDecoder, list[int], int, list[TokenLogprob]],
+]
+
+
+def decode_batch(items: list[DecodeItem]) -> list[tuple[int, list[str] | str]]:
+    """One call per batch of rank outputs: (decoder, new tokens, engine finish code[, logprobs]) -> (state, output)."""
+    return [item[0].push(*item[1:]) for item in items]

@@ -3,12 +3,14 @@ not the model's chat turn, so deepseek-recipe's stream processor has nothing to 
 
 from __future__ import annotations
 
+import codecs
 import json
 import time
 from typing import TYPE_CHECKING
 
 from deepinfer_server import _native
 from deepinfer_server.decoding import FINISHED, RUNNING, STOPPED_EARLY, detokenizer
+from deepinfer_server.engine.base import TokenLogprob
 
 if TYPE_CHECKING:
     from deepinfer_server.codec import Codec
@@ -30,6 +32,7 @@ class CompletionDecoder:
         "head",
         "ignore_eos",
         "include_usage",
+        "logprobs",
         "n_out",
         "n_prompt",
         "pending",
@@ -52,8 +55,10 @@ class CompletionDecoder:
         continuous_usage: bool,
         stop: list[str],
         echo: str,
+        logprobs: int | None = None,
     ) -> None:
         self.text = detokenizer(codec)
+        self.logprobs = _Logprobs(codec, len(echo)) if logprobs is not None else None
         created = int(time.time())
         common = f'"id":{_json(response_id)},"object":"text_completion","created":{created},"model":{_json(model)}'
         fingerprint = f'"system_fingerprint":{_json(codec.fingerprint)}'
@@ -75,15 +80,21 @@ class CompletionDecoder:
             return []
         return [f'{self.head}{_json(self.echo)},"logprobs":null,"finish_reason":null}}]}}']
 
-    def push(self, tokens: list[int], finish: int) -> tuple[int, list[str] | str]:
+    def push(
+        self, tokens: list[int], finish: int, logprobs: list[TokenLogprob] | None = None
+    ) -> tuple[int, list[str] | str]:
         if self.done:
             return FINISHED, []
         if self.ignore_eos:
-            kept = [t for t in tokens if t != self.eos_id]
-            self.dropped_eos += len(tokens) - len(kept)
-            tokens = kept
+            keep = [i for i, t in enumerate(tokens) if t != self.eos_id]
+            self.dropped_eos += len(tokens) - len(keep)
+            tokens = [tokens[i] for i in keep]
+            logprobs = [logprobs[i] for i in keep] if logprobs is not None else None
         elif finish == _native.FINISH_STOP and tokens and tokens[-1] == self.eos_id:
             tokens = tokens[:-1]  # the engine's EOS is never text
+            logprobs = logprobs[:-1] if logprobs is not None else None
+        if self.logprobs is not None and logprobs is not None:
+            self.logprobs.add(tokens, logprobs)
         self.n_out += len(tokens)
         ended = finish in (_native.FINISH_STOP, _native.FINISH_LENGTH)
         self.pending += self.text.feed(tokens) if tokens else ""
@@ -111,17 +122,25 @@ class CompletionDecoder:
         return text[: len(text) - keep], None
 
     def _emit(self, text: str, reason: str | None) -> list[str] | str:
+        lp = self.logprobs
         if not self.stream:
             self.sent.append(text)
+            if lp is not None:
+                lp.sent(len(text), reason is not None)
             if reason is None:
                 return []
             whole = "".join(self.sent)
-            return f'{self.head}{_json(whole)},"logprobs":null,"finish_reason":"{reason}"}}],"usage":{self._usage()}}}'
+            lps = lp.take() if lp is not None else "null"
+            return f'{self.head}{_json(whole)},"logprobs":{lps},"finish_reason":"{reason}"}}],"usage":{self._usage()}}}'
         out = []
         if text or reason is not None:
             finish = "null" if reason is None else f'"{reason}"'
             usage = f',"usage":{self._usage()}' if self.continuous else ""
-            out.append(f'{self.head}{_json(text)},"logprobs":null,"finish_reason":{finish}}}]{usage}}}')
+            lps = "null"
+            if lp is not None:
+                lp.sent(len(text), reason is not None)
+                lps = lp.take()
+            out.append(f'{self.head}{_json(text)},"logprobs":{lps},"finish_reason":{finish}}}]{usage}}}')
         if reason is not None and self.include_usage:
             out.append(f"{self.usage_head}{self._usage()}}}")
         return out
@@ -129,6 +148,63 @@ class CompletionDecoder:
     def _usage(self) -> str:
         n = self.n_out + self.dropped_eos
         return f'{{"prompt_tokens":{self.n_prompt},"completion_tokens":{n},"total_tokens":{self.n_prompt + n}}}'
+
+
+class _Logprobs:
+    """Completions' logprobs object (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`) for the text that
+    went out. A token's string is the text it adds: a character split across tokens belongs to the token that
+    completes it. Tokens past a stop string, whose text never goes out, are not reported."""
+
+    __slots__ = ("done", "entries", "offset", "out", "table", "tokenizer", "utf8", "visible")
+
+    def __init__(self, codec: Codec, echo_len: int) -> None:
+        self.table = codec.token_bytes
+        self.tokenizer = codec.detokenizer
+        self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self.offset = echo_len  # where the next token's text starts (the echoed prompt comes first)
+        self.visible = echo_len  # how much of the text went out
+        self.entries: list[tuple[str, float, dict[str, float], int]] = []  # not sent yet
+        self.out: list[tuple[str, float, dict[str, float], int]] = []
+        self.done = False
+
+    def _bytes(self, token: int) -> bytes:
+        if self.table is not None:
+            return self.table[token] if token < len(self.table) else b""
+        assert self.tokenizer is not None
+        return str(self.tokenizer.decode([token], False)).encode()
+
+    def add(self, tokens: list[int], logprobs: list[TokenLogprob]) -> None:
+        for token, (value, alternatives) in zip(tokens, logprobs, strict=True):
+            text = str(self.utf8.decode(self._bytes(token)))
+            top: dict[str, float] = {}
+            for alt, alt_value in alternatives:
+                name = text if alt == token else self._bytes(alt).decode("utf-8", "backslashreplace")
+                top.setdefault(name, alt_value)
+            self.entries.append((text, value, top, self.offset))
+            self.offset += len(text)
+
+    def sent(self, n_chars: int, last: bool) -> None:
+        """`n_chars` more characters of text went out (`last`: the output ended there)."""
+        self.visible += n_chars
+        k = 0
+        while k < len(self.entries) and self.entries[k][3] < self.visible:
+            k += 1
+        if last:
+            k = len(self.entries) if self.visible >= self.offset else k
+        self.out += self.entries[:k]
+        del self.entries[:k]
+
+    def take(self) -> str:
+        out, self.out = self.out, []
+        return json.dumps(
+            {
+                "tokens": [e[0] for e in out],
+                "token_logprobs": [e[1] for e in out],
+                "top_logprobs": [e[2] for e in out],
+                "text_offset": [e[3] for e in out],
+            },
+            ensure_ascii=False,
+        )
 
 
 def _overlap(text: str, stop: str) -> int:

@@ -34,6 +34,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.decoders import DecodeStream
 
 from deepinfer_server import _native
+from deepinfer_server.engine.base import TokenLogprob
 
 if TYPE_CHECKING:
     from deepinfer_server.codec import Codec
@@ -139,9 +140,71 @@ class _StreamText:
         return text
 
 
+class TokenStrings:
+    """Logprob entries' `token` strings that spell the text exactly: a character split across tokens belongs to
+    the token that completes it (the ones before it spell ""), while `bytes` keeps each token's own bytes.
+    deepseek-recipe writes a partial character as `\\xNN` escapes, which would not add up to the text."""
+
+    __slots__ = ("utf8",)
+
+    def __init__(self) -> None:
+        self.utf8: dict[str, codecs.IncrementalDecoder] = {}
+
+    def fix(self, logprobs: object) -> None:
+        """Rewrite the `token` of each entry of a logprobs object (`{"content": [...], "reasoning_content": ...}`)."""
+        if not isinstance(logprobs, dict):
+            return
+        for field, entries in logprobs.items():
+            if not isinstance(entries, list):
+                continue
+            utf8 = self.utf8.get(field)
+            if utf8 is None:
+                utf8 = self.utf8[field] = codecs.getincrementaldecoder("utf-8")("replace")
+            for entry in entries:
+                self.fix_entry(entry, utf8)
+
+    def fix_list(self, entries: object, key: str | None = None) -> None:
+        """Entries of one list: continuing the text of earlier lists under `key` (a stream's deltas), or on
+        their own (`key` None: a list that holds the whole text, as a done event or a response does)."""
+        if not isinstance(entries, list):
+            return
+        fresh: codecs.IncrementalDecoder = codecs.getincrementaldecoder("utf-8")("replace")
+        utf8 = fresh if key is None else self.utf8.setdefault(key, fresh)
+        for entry in entries:
+            if isinstance(entry, dict):
+                self.fix_entry(entry, utf8)
+
+    def fix_all(self, d: object) -> None:
+        """Every `logprobs` list anywhere in `d`, each on its own."""
+        if isinstance(d, dict):
+            for k, v in d.items():
+                if k == "logprobs" and isinstance(v, list):
+                    self.fix_list(v)
+                else:
+                    self.fix_all(v)
+        elif isinstance(d, list):
+            for v in d:
+                self.fix_all(v)
+
+    @staticmethod
+    def fix_entry(entry: dict[str, object], utf8: codecs.IncrementalDecoder) -> None:
+        data = entry.get("bytes")
+        if not isinstance(data, list):
+            return
+        raw = bytes(data)
+        old = entry.get("token")
+        entry["token"] = text = str(utf8.decode(raw))
+        for alt in cast(list[dict[str, object]], entry.get("top_logprobs") or []):
+            if alt.get("token") == old and alt.get("bytes") == data:
+                alt["token"] = text
+
+
 class BaseDecoder:
     """One request's output side, whatever its protocol: engine tokens -> text -> a deepseek-recipe StreamProcessor.
-    A subclass turns the processor's chunks into its protocol's wire output (`_emit`)."""
+    A subclass turns the processor's chunks into its protocol's wire output (`_emit`).
+
+    A request with logprobs goes to the processor as token IDs with their logprobs instead (it needs the tokenizer
+    then), and deepseek-recipe writes the logprobs objects; `TokenStrings` mends their token strings."""
 
     __slots__ = (
         "done",
@@ -149,6 +212,7 @@ class BaseDecoder:
         "eos_id",
         "fingerprint",
         "ignore_eos",
+        "logprobs",
         "n_out",
         "n_prompt",
         "proc",
@@ -157,13 +221,20 @@ class BaseDecoder:
         "text",
         "text_ids",
         "think_end_id",
+        "token_strings",
     )
 
     def __init__(
         self, codec: Codec, conv: ConversationRequest, generator: Generator, n_prompt: int, ignore_eos: bool
     ) -> None:
         options = conv.parsing_options
-        self.proc = StreamProcessor(generator, options)  # text in: see the module docstring
+        opts = conv.inference_options
+        self.logprobs: int | None = (opts.top_logprobs or 0) if opts.logprobs else None
+        self.token_strings = TokenStrings() if self.logprobs is not None else None
+        if self.logprobs is None:
+            self.proc = StreamProcessor(generator, options)  # text in: see the module docstring
+        else:
+            self.proc = StreamProcessor(generator, options, codec.recipe_tokenizer)
         self.text = detokenizer(codec)
         self.text_ids = 0  # token IDs fed since the last text went out: that text's token count
         stage = options.thinking_initial_stage
@@ -187,8 +258,11 @@ class BaseDecoder:
         out = self._emit(self.proc.push(ready), last=False)
         return out if isinstance(out, list) else []
 
-    def push(self, tokens: list[int], finish: int) -> tuple[int, list[str] | str]:
-        """Feed one batch of engine tokens (and the engine's finish code) and return (state, output).
+    def push(
+        self, tokens: list[int], finish: int, logprobs: list[TokenLogprob] | None = None
+    ) -> tuple[int, list[str] | str]:
+        """Feed one batch of engine tokens (and the engine's finish code, and the tokens' logprobs if the request
+        asked for them) and return (state, output).
 
         Output is a list of events for a stream (JSON text, or `event: <name>\ndata: <JSON>` for named events), or
         the whole response JSON once a non-stream finishes.
@@ -197,24 +271,29 @@ class BaseDecoder:
             return FINISHED, []
         if self.ignore_eos:
             if self.eos_id in tokens:
-                kept = [t for t in tokens if t != self.eos_id]
-                self.dropped_eos += len(tokens) - len(kept)
-                tokens = kept
+                keep = [i for i, t in enumerate(tokens) if t != self.eos_id]
+                self.dropped_eos += len(tokens) - len(keep)
+                tokens = [tokens[i] for i in keep]
+                logprobs = [logprobs[i] for i in keep] if logprobs is not None else None
         elif finish == _native.FINISH_STOP and tokens and tokens[-1] == self.eos_id:
             tokens = tokens[:-1]  # the engine's EOS is never text
+            logprobs = logprobs[:-1] if logprobs is not None else None
         proc = self.proc
         chunks: list[object] = []
         if tokens:
             self.n_out += len(tokens)
             self._count_reasoning(tokens)
-            chunks.extend(self._push_text(tokens))
+            if self.logprobs is None:
+                chunks.extend(self._push_text(tokens))
+            else:
+                chunks.extend(proc.push(InferenceChunk.tokens(tokens, logprobs)))
         state = RUNNING
         if proc.finished:  # a stop sequence matched: the rank must be told to abort
             chunks += proc.finish()
             state = FINISHED if finish in _ENGINE_FINISH else STOPPED_EARLY
         elif finish in _ENGINE_FINISH:
             rest = self.text.flush()  # the output ends inside a character: its bytes become U+FFFD
-            if rest or self.text_ids:
+            if self.logprobs is None and (rest or self.text_ids):
                 chunks += proc.push(InferenceChunk.text(rest, self.text_ids))
             chunks += self._flushed(proc.push(InferenceChunk.finish(_ENGINE_FINISH[finish])) + proc.finish())
             state = FINISHED

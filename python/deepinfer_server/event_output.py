@@ -23,6 +23,7 @@ _CALL_EVENTS = ("event: response.output_item.added\n", "event: response.function
 _USAGE_EVENTS = ("event: message_delta\n", "event: response.completed\n", "event: response.incomplete\n")
 # Only usage objects have these keys unescaped (a JSON string escapes its quotes).
 _OUTPUT_TOKENS = re.compile(r'("(?:output_tokens|total_tokens)":)(\d+)')
+_TEXT_EVENTS = ("event: response.output_text.delta", "event: response.output_text.done")
 # deepseek-recipe puts the message's service tier in `message_delta`'s usage too, where Anthropic's type has none.
 _DELTA_TIER = ',"service_tier":"standard"'
 
@@ -58,6 +59,32 @@ class EventDecoder(BaseDecoder):
         return [_trim_event(f"event: {name(ev)}\ndata: {ev.to_json()}") for ev in chunks]  # type: ignore[arg-type]
 
     def _emit(self, chunks: Sequence[object], last: bool) -> list[str] | str:
+        out = self._emit_events(chunks, last)
+        if self.token_strings is None:
+            return out
+        if isinstance(out, str):
+            return self._mend_logprobs(out)
+        return [self._mend_logprobs(e) for e in out]
+
+    def _mend_logprobs(self, event: str) -> str:
+        """Logprobs' token strings that spell the text (`TokenStrings`): a delta's continue the ones before it."""
+        if '"logprobs":[{' not in event:
+            return event
+        head, _, data = event.rpartition("\ndata: ") if event.startswith("event: ") else ("", "", event)
+        d = json.loads(data)
+        assert self.token_strings is not None
+        if head == "event: response.output_text.delta":
+            self.token_strings.fix_list(d.get("logprobs"), "text")
+        else:
+            self.token_strings.fix_all(d)
+        if head in _TEXT_EVENTS:  # OpenAI's ResponseLogProb, in these events, has no bytes
+            for entry in d.get("logprobs") or []:
+                entry.pop("bytes", None)
+                for alt in entry.get("top_logprobs") or []:
+                    alt.pop("bytes", None)
+        return f"{head}\ndata: {dumps(d)}" if head else dumps(d)
+
+    def _emit_events(self, chunks: Sequence[object], last: bool) -> list[str] | str:
         events = cast(Sequence[MessagesStreamEvent], chunks)
         if self.opened and not last and self.final is None:  # a stream's deltas: the hot path, nothing to mend
             name = self.name

@@ -176,9 +176,7 @@ pub fn responses(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiEr
         }
     }
     fields::check_tool_choice(obj)?;
-    if obj.get("top_logprobs").and_then(integer).is_some_and(|n| n > 0) {
-        return Err(ApiError::bad_param("top_logprobs", "logprobs are not supported yet."));
-    }
+    fields::top_logprobs(obj, "top_logprobs")?;
     if let Some(kind) =
         obj.get("text").and_then(|t| t.get("format")).and_then(|f| f.get("type")).and_then(Value::as_str)
         && kind != "text"
@@ -228,8 +226,8 @@ pub fn completions(raw: &[u8], served: &[String]) -> Result<GenerateRequest, Api
             return Err(ApiError::bad_param(key, format!("Only {key} = 1 is supported.")));
         }
     }
-    if !matches!(obj.get("logprobs"), None | Some(Value::Null)) {
-        return Err(ApiError::bad_param("logprobs", "logprobs are not supported yet."));
+    if let Some(n) = fields::top_logprobs(obj, "logprobs")? {
+        obj.insert("logprobs".into(), Value::from(n));
     }
     let max_tokens = super::request::opt_u64(obj, "max_tokens")?;
     obj.insert("max_tokens".into(), Value::from(max_tokens.unwrap_or(16))); // OpenAI's default for completions
@@ -335,7 +333,7 @@ mod tests {
             (json!({"model": "m", "prompt": ["a", "b"]}), "prompt"),
             (json!({"model": "m", "prompt": [-1]}), "prompt"),
             (json!({"model": "m", "prompt": "x", "n": 2}), "n"),
-            (json!({"model": "m", "prompt": "x", "logprobs": 2}), "logprobs"),
+            (json!({"model": "m", "prompt": "x", "logprobs": 21}), "logprobs"),
             (json!({"model": "m", "prompt": "x", "suffix": 5}), "suffix"),
             (json!({"model": "m", "prompt": "x", "suffix": "y", "echo": true}), "echo"),
             (json!({"model": "m", "prompt": "x", "temperature": 9}), "temperature"),
@@ -354,7 +352,7 @@ mod tests {
             (json!({"background": true}), "background"),
             (json!({"tools": [{"type": "web_search"}]}), "tools[0].type"),
             (json!({"tools": [{"type": "function", "name": "f"}, {"type": "file_search"}]}), "tools[1].type"),
-            (json!({"top_logprobs": 3}), "top_logprobs"),
+            (json!({"top_logprobs": 21}), "top_logprobs"),
             (json!({"tools": [{"type": "custom", "name": "sql"}]}), "tools[0].type"),
             (json!({"text": {"format": {"type": "json_object"}}}), "text.format"),
             (json!({"input": []}), "input"),

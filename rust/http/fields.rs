@@ -245,6 +245,23 @@ fn range(min: f64, max: f64, open_min: bool) -> String {
     if max == f64::MAX { format!("a number > {min}") } else { format!("a number in {open}{min}, {max}]") }
 }
 
+/// Most logprob alternatives per token a request may ask for (OpenAI's limit, and deepseek-recipe's).
+pub const MAX_TOP_LOGPROBS: i64 = 20;
+
+/// An optional count of logprob alternatives (`top_logprobs`, Completions' integer `logprobs`): [0, 20].
+pub fn top_logprobs(obj: &Map<String, Value>, key: &str) -> Result<Option<u32>, ApiError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match integer(v) {
+            Some(n) if (0..=MAX_TOP_LOGPROBS).contains(&n) => Ok(Some(n as u32)),
+            _ => Err(ApiError::bad_param(
+                key,
+                format!("Invalid '{key}': expected an integer in [0, {MAX_TOP_LOGPROBS}], got {}.", brief(v)),
+            )),
+        },
+    }
+}
+
 /// `top_p` 0 keeps only the most likely token; OpenAI allows it and deepseek-recipe wants (0, 1], so it becomes
 /// top_k 1. So does a top_p too small for the engine's f32, which would round to 0. True if it was.
 pub fn take_greedy_top_p(obj: &mut Map<String, Value>) -> bool {

@@ -143,6 +143,8 @@ async fn handle(
                     top_k,
                     seed,
                     ignore_eos,
+                    logprobs: prepared.logprobs,
+                    constraint: prepared.constraint,
                 },
                 incremental: prepared.incremental,
             };

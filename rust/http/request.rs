@@ -168,8 +168,12 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>
         }
         Some(_) => return Err(ApiError::bad_param("n", "Only n = 1 is supported.")),
     }
-    if opt_bool(obj, "logprobs", "logprobs")? || !matches!(obj.get("top_logprobs"), None | Some(Value::Null)) {
-        return Err(ApiError::bad_param("logprobs", "logprobs are not supported."));
+    let logprobs = opt_bool(obj, "logprobs", "logprobs")?;
+    if let Some(top) = fields::top_logprobs(obj, "top_logprobs")? {
+        if !logprobs {
+            return Err(ApiError::bad_param("top_logprobs", "Invalid 'top_logprobs': it needs \"logprobs\": true."));
+        }
+        obj.insert("top_logprobs".into(), Value::from(top));
     }
     fields::check_tool_choice(obj)?;
     match obj.get("response_format") {
@@ -289,11 +293,11 @@ mod tests {
     fn unsupported_features_are_400() {
         for extra in [
             json!({"n": 2}),
-            json!({"logprobs": true}),
+            json!({"logprobs": "yes"}),
             json!({"top_logprobs": 2}),
-            json!({"tool_choice": "required"}),
-            json!({"tool_choice": {"type": "function", "function": {"name": "f"}}}),
-            json!({"response_format": {"type": "json_object"}}),
+            json!({"logprobs": true, "top_logprobs": 21}),
+            json!({"logprobs": true, "top_logprobs": -1}),
+            json!({"logprobs": true, "top_logprobs": 1.5}),
             json!({"stream_options": {"include_usage": true}}),
             json!({"max_tokens": 0}),
             json!({"max_completion_tokens": -3}),
@@ -306,6 +310,22 @@ mod tests {
             {"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]});
         let e = err(with(img));
         assert!(e.envelope().contains("messages[0].content[1].type"));
+    }
+
+    #[test]
+    fn logprobs_checks_name_the_field() {
+        let param = |extra: Value| {
+            let env: Value = serde_json::from_str(&err(with(extra)).envelope()).unwrap();
+            env["error"]["param"].as_str().unwrap().to_string()
+        };
+        assert_eq!(param(json!({"top_logprobs": 2})), "top_logprobs");
+        assert_eq!(param(json!({"logprobs": true, "top_logprobs": 21})), "top_logprobs");
+        assert_eq!(param(json!({"logprobs": 1})), "logprobs");
+        let body: Value =
+            serde_json::from_slice(&ok(with(json!({"logprobs": true, "top_logprobs": 20.0}))).body).unwrap();
+        assert_eq!(body["top_logprobs"], 20);
+        ok(with(json!({"logprobs": true})));
+        ok(with(json!({"logprobs": false, "top_logprobs": null})));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use super::layout::AUX_WORDS;
-use super::records::{self, Request, Submit, TokenEntry};
+use super::records::{self, Constraint, Logprobs, Request, Submit, TokenEntry};
 use super::{Ring, RingError as CoreError};
 
 pyo3::create_exception!(deepinfer_server._native, RingClosed, PyException, "The ring was closed by either side.");
@@ -43,6 +43,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("FINISH_LENGTH", records::FINISH_LENGTH),
         ("FINISH_ABORT", records::FINISH_ABORT),
         ("FINISH_ERROR", records::FINISH_ERROR),
+        ("SCHEMA_JSON", records::SCHEMA_JSON),
+        ("SCHEMA_REGEX", records::SCHEMA_REGEX),
+        ("SCHEMA_EBNF", records::SCHEMA_EBNF),
     ] {
         m.add(name, v)?;
     }
@@ -164,11 +167,23 @@ impl PyRing {
 }
 
 /// A step's entries parsed from Python: every entry's tokens in one buffer, so an entry of one token (the usual
-/// decode step) costs no allocation of its own.
+/// decode step) costs no allocation of its own. Logprobs, for the entries that carry them, go to two more buffers
+/// already in the record's byte layout.
 #[derive(Default)]
 struct Parsed {
-    entries: Vec<(u64, u32, std::ops::Range<usize>, Option<String>)>,
+    entries: Vec<ParsedEntry>,
     tokens: Vec<u32>,
+    values: Vec<u8>,
+    alternatives: Vec<u8>,
+}
+
+struct ParsedEntry {
+    request_id: u64,
+    finish: u32,
+    tokens: std::ops::Range<usize>,
+    reason: Option<String>,
+    /// (alternatives per token, range in `values`, range in `alternatives`)
+    logprobs: Option<(u32, std::ops::Range<usize>, std::ops::Range<usize>)>,
 }
 
 impl Parsed {
@@ -176,10 +191,10 @@ impl Parsed {
         let t = item.cast::<PyTuple>()?;
         let reason = match t.len() {
             3 => None,
-            4 => t.get_borrowed_item(3)?.extract::<Option<String>>()?,
+            4 | 5 => t.get_borrowed_item(3)?.extract::<Option<String>>()?,
             n => {
                 return Err(PyValueError::new_err(format!(
-                    "token entry must be (request_id, tokens or token, finish[, reason]), got {n} items"
+                    "token entry must be (request_id, tokens or token, finish[, reason[, logprobs]]), got {n} items"
                 )));
             }
         };
@@ -198,21 +213,94 @@ impl Parsed {
         } else {
             self.tokens.extend(tokens.extract::<Vec<u32>>()?);
         }
-        self.entries.push((t.get_borrowed_item(0)?.extract()?, finish, start..self.tokens.len(), reason));
+        let n = self.tokens.len() - start;
+        let logprobs = match t.len() {
+            5 => {
+                let lp = t.get_borrowed_item(4)?;
+                if lp.is_none() { None } else { Some(self.logprobs(&lp, n)?) }
+            }
+            _ => None,
+        };
+        let request_id = t.get_borrowed_item(0)?.extract()?;
+        self.entries.push(ParsedEntry { request_id, finish, tokens: start..self.tokens.len(), reason, logprobs });
         Ok(())
+    }
+
+    /// One `(logprob, [(token, logprob), ...])` per token, every token with as many alternatives.
+    fn logprobs(
+        &mut self,
+        lp: &Bound<'_, PyAny>,
+        n: usize,
+    ) -> PyResult<(u32, std::ops::Range<usize>, std::ops::Range<usize>)> {
+        let (v0, a0) = (self.values.len(), self.alternatives.len());
+        let mut top: Option<usize> = None;
+        let mut count = 0;
+        for item in lp.try_iter()? {
+            let item = item?;
+            let pair = item.cast::<PyTuple>()?;
+            let value: f32 = pair.get_borrowed_item(0)?.extract()?;
+            self.values.extend_from_slice(&value.to_le_bytes());
+            let alts = pair.get_borrowed_item(1)?;
+            let mut k = 0;
+            for alt in alts.try_iter()? {
+                let (token, value): (u32, f32) = alt?.extract()?;
+                self.alternatives.extend_from_slice(&token.to_le_bytes());
+                self.alternatives.extend_from_slice(&value.to_le_bytes());
+                k += 1;
+            }
+            if *top.get_or_insert(k) != k {
+                return Err(PyValueError::new_err("every token needs as many logprob alternatives"));
+            }
+            count += 1;
+        }
+        let top = top.unwrap_or(0);
+        if count != n || top > records::MAX_TOP_LOGPROBS as usize {
+            return Err(PyValueError::new_err(format!(
+                "logprobs: {count} entries for {n} tokens, {top} alternatives (at most {})",
+                records::MAX_TOP_LOGPROBS
+            )));
+        }
+        Ok((top as u32, v0..self.values.len(), a0..self.alternatives.len()))
     }
 
     fn token_entries(&self) -> Vec<TokenEntry<'_, &[u32]>> {
         self.entries
             .iter()
-            .map(|(request_id, finish, range, reason)| TokenEntry {
-                request_id: *request_id,
-                finish: *finish,
-                tokens: &self.tokens[range.clone()],
-                reason: reason.as_deref(),
+            .map(|e| TokenEntry {
+                request_id: e.request_id,
+                finish: e.finish,
+                tokens: &self.tokens[e.tokens.clone()],
+                reason: e.reason.as_deref(),
+                logprobs: e.logprobs.as_ref().map(|(top, v, a)| Logprobs {
+                    top: *top,
+                    values: &self.values[v.clone()],
+                    alternatives: &self.alternatives[a.clone()],
+                }),
             })
             .collect()
     }
+}
+
+/// An entry's logprobs as Python reads them: `[(logprob, [(token, logprob), ...]), ...]`, one per token.
+pub fn logprobs_to_py<'py>(py: Python<'py>, lp: &Logprobs<'_>) -> PyResult<Bound<'py, PyList>> {
+    let out = PyList::empty(py);
+    let top = lp.top as usize;
+    let f32_at = |b: &[u8], i: usize| f32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    for (i, v) in lp.values.chunks_exact(4).enumerate() {
+        let alts = PyList::empty(py);
+        for j in 0..top {
+            let o = 8 * (i * top + j);
+            let token = u32::from_le_bytes([
+                lp.alternatives[o],
+                lp.alternatives[o + 1],
+                lp.alternatives[o + 2],
+                lp.alternatives[o + 3],
+            ]);
+            alts.append((token, f64::from(f32_at(lp.alternatives, o + 4))))?;
+        }
+        out.append((f64::from(f32_at(v, 0)), alts))?;
+    }
+    Ok(out)
 }
 
 fn prompt_ids(prompt: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
@@ -302,7 +390,7 @@ impl PyRing {
 
     // ------------------------------------------------------- request side
 
-    #[pyo3(signature = (request_id, prompt, max_tokens, temperature=1.0, top_p=1.0, top_k=-1, seed=None, ignore_eos=false, timeout=None))]
+    #[pyo3(signature = (request_id, prompt, max_tokens, temperature=1.0, top_p=1.0, top_k=-1, seed=None, ignore_eos=false, timeout=None, logprobs=None, constraint=None))]
     #[allow(clippy::too_many_arguments)]
     fn push_submit(
         &self,
@@ -316,10 +404,28 @@ impl PyRing {
         seed: Option<u64>,
         ignore_eos: bool,
         timeout: Option<f64>,
+        logprobs: Option<u32>,
+        constraint: Option<(u32, String, Vec<u32>, Option<u32>)>,
     ) -> PyResult<()> {
         let prompt = prompt_ids(prompt)?;
-        let s =
-            Submit { request_id, prompt: prompt.as_slice(), max_tokens, temperature, top_p, top_k, seed, ignore_eos };
+        let constraint = constraint.map(|(schema_type, schema, triggers, bound)| Constraint {
+            schema_type,
+            schema,
+            triggers,
+            bound,
+        });
+        let s = Submit {
+            request_id,
+            prompt: prompt.as_slice(),
+            max_tokens,
+            temperature,
+            top_p,
+            top_k,
+            seed,
+            ignore_eos,
+            logprobs,
+            constraint,
+        };
         let s = &s;
         self.push_with(py, records::SUBMIT, s.encoded_len(), timeout, move |b| s.write(b))
     }
@@ -336,7 +442,8 @@ impl PyRing {
     }
 
     /// Consumes available request records: `(1, request_id, prompt_ids,
-    /// max_tokens, temperature, top_p, top_k, seed|None, ignore_eos)`,
+    /// max_tokens, temperature, top_p, top_k, seed|None, ignore_eos,
+    /// logprobs top|None, (schema_type, schema, triggers, bound|None)|None)`,
     /// `(2, request_id)`, `(3,)`. A malformed record (a peer bug) raises
     /// `RingError`; everything drained by that call is consumed and lost.
     #[pyo3(signature = (max_bytes=1 << 26))]
@@ -360,6 +467,8 @@ impl PyRing {
                             s.top_k,
                             s.seed,
                             s.ignore_eos,
+                            s.logprobs,
+                            s.constraint.map(|c| (c.schema_type, c.schema, c.triggers, c.bound)),
                         )
                             .into_pyobject(py)
                             .map(Bound::into_any)
@@ -401,7 +510,8 @@ impl PyRing {
     }
 
     /// Consumes available TOKENS records and returns their entries,
-    /// flattened: `(request_id, tokens, finish, reason|None)`. Malformed data
+    /// flattened: `(request_id, tokens, finish, reason|None)`, with a fifth item, the logprobs, on entries that
+    /// carry them. Malformed data
     /// raises `RingError` (what that call drained is consumed and lost).
     #[pyo3(signature = (max_bytes=1 << 26))]
     fn drain_tokens<'py>(&self, py: Python<'py>, max_bytes: usize) -> PyResult<Bound<'py, PyList>> {
@@ -420,7 +530,12 @@ impl PyRing {
                     for e in batch {
                         let e = e.map_err(|e| RingError::new_err(e.to_string()))?;
                         let tokens = PyList::new(py, e.tokens.iter())?;
-                        out.append((e.request_id, tokens, e.finish, e.reason))?;
+                        match &e.logprobs {
+                            None => out.append((e.request_id, tokens, e.finish, e.reason))?,
+                            Some(l) => {
+                                out.append((e.request_id, tokens, e.finish, e.reason, logprobs_to_py(py, l)?))?
+                            }
+                        }
                     }
                     Ok(())
                 })();

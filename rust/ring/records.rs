@@ -6,13 +6,20 @@
 //!
 //! ```text
 //! SUBMIT:  request_id u64 | max_tokens u32 | flags u32 | temperature f32 | top_p f32
-//!          | top_k i32 | reserved u32 | seed u64 | n_prompt u32 | pad u32 | n_prompt x u32
+//!          | top_k i32 | top_logprobs u32 | seed u64 | n_prompt u32 | pad u32 | n_prompt x u32
+//!          | [FLAG_CONSTRAINT: schema_type u32 | bound_token u32 | n_trigger u32 | schema_len u32
+//!             | n_trigger x u32 | utf-8 schema]
 //! ABORT:   request_id u64
 //! SHUTDOWN: (empty)
 //! TOKENS:  n_entries u32 | pad u32 | entries...
 //!   entry: request_id u64 | finish u32 | n_tokens u32 | n_tokens x u32
+//!          | [logprobs: n_tokens x f32 | n_tokens x top x (token u32 | logprob f32)]
 //!          | [finish == FINISH_ERROR: reason_len u32 | utf-8 reason] | pad to 8
 //! ```
+//!
+//! An entry's `finish` word holds the finish code in its low 16 bits and, for a request that asked for logprobs,
+//! `top + 1` in its high 16 bits (`top` alternatives per token follow each token's own logprob). A request
+//! without logprobs has 0 there and pays no byte for them; nor does a request without a constraint.
 //!
 //! Encoders write straight into the ring mapping (`Ring::try_push_with`);
 //! decoders never panic on malformed input and never assume alignment.
@@ -35,6 +42,21 @@ pub const FINISH_ERROR: u32 = 4;
 
 pub const FLAG_IGNORE_EOS: u32 = 1 << 0;
 pub const FLAG_HAS_SEED: u32 = 1 << 1;
+/// The request wants each token's logprob (and `top_logprobs` alternatives).
+pub const FLAG_LOGPROBS: u32 = 1 << 2;
+/// A grammar constrains the output: the constraint trailer follows the prompt.
+pub const FLAG_CONSTRAINT: u32 = 1 << 3;
+
+/// `schema_type` of a constraint, as DeepInfer's `so_args` names them.
+pub const SCHEMA_JSON: u32 = 1;
+pub const SCHEMA_REGEX: u32 = 2;
+pub const SCHEMA_EBNF: u32 = 3;
+/// Most alternatives per token an entry may carry (DeepInfer's own limit).
+pub const MAX_TOP_LOGPROBS: u32 = 1000;
+/// `bound_token` when the constraint has none.
+const NO_BOUND: u32 = u32::MAX;
+/// Fixed part of the constraint trailer.
+const CONSTRAINT_HEADER: usize = 16;
 
 /// Fixed part of a SUBMIT payload.
 pub const SUBMIT_HEADER: usize = 48;
@@ -52,8 +74,10 @@ pub enum RecordError {
     UnknownKind(u32),
     #[error("unknown finish code {0}")]
     BadFinish(u32),
-    #[error("error reason is not valid utf-8")]
+    #[error("error reason or schema is not valid utf-8")]
     BadUtf8,
+    #[error("too many logprob alternatives ({0})")]
+    BadTop(u32),
 }
 
 /// A little-endian `u32` array borrowed from a record (any alignment).
@@ -97,6 +121,27 @@ pub struct Submit<P> {
     pub top_k: i32,
     pub seed: Option<u64>,
     pub ignore_eos: bool,
+    /// Logprobs wanted: `Some(top)` with `top` alternatives per token (0 for the sampled token's alone).
+    pub logprobs: Option<u32>,
+    /// A grammar the output must follow.
+    pub constraint: Option<Constraint>,
+}
+
+/// A structured-output constraint, as DeepInfer's `so_args` carries it: `schema_type` (`SCHEMA_*`), the schema
+/// text (JSON schema, regex or EBNF), the tokens after which it starts (`</think>` in thinking mode; empty: from
+/// the first token), and the token that ends it (`bound_token_id`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Constraint {
+    pub schema_type: u32,
+    pub schema: String,
+    pub triggers: Vec<u32>,
+    pub bound: Option<u32>,
+}
+
+impl Constraint {
+    fn encoded_len(&self) -> usize {
+        CONSTRAINT_HEADER + 4 * self.triggers.len() + self.schema.len()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +164,22 @@ pub struct TokenEntry<'a, T> {
     pub finish: u32,
     pub tokens: T,
     pub reason: Option<&'a str>,
+    pub logprobs: Option<Logprobs<'a>>,
+}
+
+/// The logprobs of an entry's tokens, as the record holds them (little-endian, any alignment): one f32 per
+/// token, then `top` (token u32, logprob f32) pairs per token, best first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Logprobs<'a> {
+    pub top: u32,
+    pub values: &'a [u8],
+    pub alternatives: &'a [u8],
+}
+
+impl Logprobs<'_> {
+    fn encoded_len(&self) -> usize {
+        self.values.len() + self.alternatives.len()
+    }
 }
 
 // ------------------------------------------------------------------ writing
@@ -156,14 +217,17 @@ impl Writer<'_> {
 
 impl<P: AsRef<[u32]>> Submit<P> {
     pub fn encoded_len(&self) -> usize {
-        SUBMIT_HEADER + 4 * self.prompt.as_ref().len()
+        SUBMIT_HEADER + 4 * self.prompt.as_ref().len() + self.constraint.as_ref().map_or(0, Constraint::encoded_len)
     }
 
     /// Writes the payload into `buf` (exactly `encoded_len()` bytes).
     pub fn write(&self, buf: &mut [u8]) {
         let prompt = self.prompt.as_ref();
-        let flags =
-            if self.ignore_eos { FLAG_IGNORE_EOS } else { 0 } | if self.seed.is_some() { FLAG_HAS_SEED } else { 0 };
+        let flag = |on: bool, f: u32| if on { f } else { 0 };
+        let flags = flag(self.ignore_eos, FLAG_IGNORE_EOS)
+            | flag(self.seed.is_some(), FLAG_HAS_SEED)
+            | flag(self.logprobs.is_some(), FLAG_LOGPROBS)
+            | flag(self.constraint.is_some(), FLAG_CONSTRAINT);
         let mut w = Writer { buf, off: 0 };
         w.u64(self.request_id);
         w.u32(self.max_tokens);
@@ -171,11 +235,19 @@ impl<P: AsRef<[u32]>> Submit<P> {
         w.bytes(&self.temperature.to_le_bytes());
         w.bytes(&self.top_p.to_le_bytes());
         w.bytes(&self.top_k.to_le_bytes());
-        w.u32(0);
+        w.u32(self.logprobs.unwrap_or(0));
         w.u64(self.seed.unwrap_or(0));
         w.u32(prompt.len() as u32);
         w.u32(0);
         w.u32s(prompt);
+        if let Some(c) = &self.constraint {
+            w.u32(c.schema_type);
+            w.u32(c.bound.unwrap_or(NO_BOUND));
+            w.u32(c.triggers.len() as u32);
+            w.u32(c.schema.len() as u32);
+            w.u32s(&c.triggers);
+            w.bytes(c.schema.as_bytes());
+        }
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -196,7 +268,7 @@ fn entry_len<T: AsRef<[u32]>>(e: &TokenEntry<'_, T>) -> usize {
         (FINISH_ERROR, r) => 4 + r.map_or(0, str::len),
         _ => 0,
     };
-    align8(ENTRY_HEADER + 4 * e.tokens.as_ref().len() + reason)
+    align8(ENTRY_HEADER + 4 * e.tokens.as_ref().len() + e.logprobs.as_ref().map_or(0, Logprobs::encoded_len) + reason)
 }
 
 /// Payload size of a TOKENS record holding `entries`.
@@ -212,9 +284,13 @@ pub fn write_tokens<T: AsRef<[u32]>>(entries: &[TokenEntry<'_, T>], buf: &mut [u
     for e in entries {
         let tokens = e.tokens.as_ref();
         w.u64(e.request_id);
-        w.u32(e.finish);
+        w.u32(e.finish | e.logprobs.as_ref().map_or(0, |l| (l.top + 1) << 16));
         w.u32(tokens.len() as u32);
         w.u32s(tokens);
+        if let Some(l) = &e.logprobs {
+            w.bytes(l.values);
+            w.bytes(l.alternatives);
+        }
         if e.finish == FINISH_ERROR {
             let r = e.reason.unwrap_or("");
             w.u32(r.len() as u32);
@@ -303,11 +379,27 @@ pub fn decode_request(kind: u32, payload: &[u8]) -> Result<Request<'_>, RecordEr
             let temperature = f32::from_le_bytes(r.arr()?);
             let top_p = f32::from_le_bytes(r.arr()?);
             let top_k = i32::from_le_bytes(r.arr()?);
-            let _reserved = r.u32()?;
+            let top_logprobs = r.u32()?;
             let seed = r.u64()?;
             let n_prompt = r.u32()?;
             let _pad = r.u32()?;
             let prompt = r.u32s(n_prompt)?;
+            let constraint = if flags & FLAG_CONSTRAINT != 0 {
+                let schema_type = r.u32()?;
+                let bound = r.u32()?;
+                let n_trigger = r.u32()?;
+                let schema_len = r.u32()?;
+                let triggers = r.u32s(n_trigger)?.to_vec();
+                let schema = std::str::from_utf8(r.take(schema_len as usize)?).map_err(|_| RecordError::BadUtf8)?;
+                Some(Constraint {
+                    schema_type,
+                    schema: schema.to_owned(),
+                    triggers,
+                    bound: (bound != NO_BOUND).then_some(bound),
+                })
+            } else {
+                None
+            };
             Request::Submit(Submit {
                 request_id,
                 prompt,
@@ -317,6 +409,8 @@ pub fn decode_request(kind: u32, payload: &[u8]) -> Result<Request<'_>, RecordEr
                 top_k,
                 seed: (flags & FLAG_HAS_SEED != 0).then_some(seed),
                 ignore_eos: flags & FLAG_IGNORE_EOS != 0,
+                logprobs: (flags & FLAG_LOGPROBS != 0).then_some(top_logprobs),
+                constraint,
             })
         }
         ABORT => Request::Abort(Abort { request_id: r.u64()? }),
@@ -355,9 +449,19 @@ impl<'a> TokenBatch<'a> {
     fn entry(&mut self) -> Result<TokenEntry<'a, U32s<'a>>, RecordError> {
         let start = self.r.buf.len();
         let request_id = self.r.u64()?;
-        let finish = self.r.u32()?;
+        let word = self.r.u32()?;
+        let (finish, top) = (word & 0xffff, word >> 16);
         let n = self.r.u32()?;
         let tokens = self.r.u32s(n)?;
+        let logprobs = match top {
+            0 => None,
+            t if t - 1 > MAX_TOP_LOGPROBS => return Err(RecordError::BadTop(t - 1)),
+            t => {
+                let values = self.r.take(4 * n as usize)?;
+                let alternatives = self.r.take(8 * n as usize * (t as usize - 1))?;
+                Some(Logprobs { top: t - 1, values, alternatives })
+            }
+        };
         let reason = match finish {
             FINISH_NONE..FINISH_ERROR => None,
             FINISH_ERROR => {
@@ -369,7 +473,7 @@ impl<'a> TokenBatch<'a> {
         };
         let used = start - self.r.buf.len();
         self.r.take(align8(used) - used)?;
-        Ok(TokenEntry { request_id, finish, tokens, reason })
+        Ok(TokenEntry { request_id, finish, tokens, reason, logprobs })
     }
 }
 
@@ -422,6 +526,8 @@ mod tests {
                 top_k: -1,
                 seed,
                 ignore_eos,
+                logprobs: None,
+                constraint: None,
             };
             let bytes = s.encode();
             assert_eq!(bytes.len(), SUBMIT_HEADER + 4 * prompt.len());
@@ -435,6 +541,61 @@ mod tests {
             );
             assert_eq!((d.seed, d.ignore_eos), (seed, ignore_eos));
         }
+    }
+
+    #[test]
+    fn submit_with_logprobs_and_constraint_round_trip() {
+        let prompt = [5u32, 6];
+        let constraint = Constraint {
+            schema_type: SCHEMA_JSON,
+            schema: r#"{"type":"object"} ü"#.into(),
+            triggers: vec![128_822],
+            bound: Some(1),
+        };
+        for (logprobs, constraint) in [(Some(5), Some(constraint.clone())), (Some(0), None), (None, Some(constraint))] {
+            let s = Submit {
+                request_id: 7,
+                prompt: &prompt[..],
+                max_tokens: 9,
+                temperature: 1.0,
+                top_p: 1.0,
+                top_k: -1,
+                seed: None,
+                ignore_eos: false,
+                logprobs,
+                constraint: constraint.clone(),
+            };
+            let bytes = s.encode();
+            let Request::Submit(d) = decode_request(SUBMIT, &bytes).unwrap() else { panic!("not a submit") };
+            assert_eq!((d.prompt.to_vec(), d.logprobs, d.constraint), (prompt.to_vec(), logprobs, constraint));
+            for cut in 0..bytes.len() {
+                assert!(decode_request(SUBMIT, &bytes[..cut]).is_err(), "cut {cut}");
+            }
+        }
+    }
+
+    #[test]
+    fn tokens_with_logprobs_round_trip() {
+        let tokens = [10u32, 11];
+        let values: Vec<u8> = [-0.5f32, -1.25].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let alternatives: Vec<u8> = [(10u32, -0.5f32), (3, -2.0), (11, -1.25), (4, -1.5)]
+            .iter()
+            .flat_map(|(t, l)| t.to_le_bytes().into_iter().chain(l.to_le_bytes()))
+            .collect();
+        let lp = Logprobs { top: 2, values: &values, alternatives: &alternatives };
+        let entries = [
+            TokenEntry { request_id: 1, finish: FINISH_LENGTH, tokens: &tokens[..], reason: None, logprobs: Some(lp) },
+            TokenEntry { request_id: 2, finish: FINISH_NONE, tokens: &tokens[..1], reason: None, logprobs: None },
+        ];
+        let bytes = encode_tokens(&entries);
+        let got: Vec<_> = decode_tokens(&bytes).unwrap().map(Result::unwrap).collect();
+        assert_eq!((got[0].finish, got[0].logprobs), (FINISH_LENGTH, Some(lp)));
+        assert_eq!((got[1].finish, got[1].logprobs, got[1].tokens.to_vec()), (FINISH_NONE, None, vec![10]));
+        // Without logprobs an entry is exactly as large as before they existed.
+        assert_eq!(encode_tokens(&entries[1..]).len(), TOKENS_HEADER + align8(ENTRY_HEADER + 4));
+        let mut bad = bytes.clone();
+        bad[16..20].copy_from_slice(&(FINISH_NONE | (MAX_TOP_LOGPROBS + 2) << 16).to_le_bytes());
+        assert!(matches!(decode_tokens(&bad).unwrap().next(), Some(Err(RecordError::BadTop(_)))));
     }
 
     #[test]
@@ -452,12 +613,18 @@ mod tests {
         let t1 = [1u32, 2, 3];
         let t2: [u32; 0] = [];
         let entries = [
-            TokenEntry { request_id: 1, finish: FINISH_NONE, tokens: &t1[..], reason: None },
-            TokenEntry { request_id: 2, finish: FINISH_STOP, tokens: &t2[..], reason: None },
-            TokenEntry { request_id: 3, finish: FINISH_ERROR, tokens: &t1[..1], reason: Some("boom ü") },
-            TokenEntry { request_id: 4, finish: FINISH_ERROR, tokens: &t2[..], reason: None },
+            TokenEntry { request_id: 1, finish: FINISH_NONE, tokens: &t1[..], reason: None, logprobs: None },
+            TokenEntry { request_id: 2, finish: FINISH_STOP, tokens: &t2[..], reason: None, logprobs: None },
+            TokenEntry {
+                request_id: 3,
+                finish: FINISH_ERROR,
+                tokens: &t1[..1],
+                reason: Some("boom ü"),
+                logprobs: None,
+            },
+            TokenEntry { request_id: 4, finish: FINISH_ERROR, tokens: &t2[..], reason: None, logprobs: None },
             // A reason on a non-error entry is not encoded.
-            TokenEntry { request_id: 5, finish: FINISH_LENGTH, tokens: &t1[..2], reason: Some("x") },
+            TokenEntry { request_id: 5, finish: FINISH_LENGTH, tokens: &t1[..2], reason: Some("x"), logprobs: None },
         ];
         let bytes = encode_tokens(&entries);
         assert_eq!(bytes.len() % 8, 0);
@@ -486,7 +653,7 @@ mod tests {
     #[test]
     fn malformed_tokens_are_errors() {
         let t = [5u32; 3];
-        let e = [TokenEntry { request_id: 1, finish: FINISH_NONE, tokens: &t[..], reason: None }];
+        let e = [TokenEntry { request_id: 1, finish: FINISH_NONE, tokens: &t[..], reason: None, logprobs: None }];
         let bytes = encode_tokens(&e);
         for cut in 0..bytes.len() {
             let r = decode_tokens(&bytes[..cut]).map(|b| b.collect::<Result<Vec<_>, _>>());

@@ -18,10 +18,37 @@ class Submit:
     top_k: int
     seed: int | None
     ignore_eos: bool
+    # Logprobs wanted: None, or how many alternatives per token (0: the sampled token's own logprob alone).
+    logprobs: int | None = None
+    # A grammar on the output: DeepInfer's so_args, {"schema_type", "schema", "trigger_token_ids", "bound_token_id"}.
+    so_args: dict[str, object] | None = None
 
 
-# (request_id, new token ids or one token id, finish code[, error reason]): the rows of one output-ring TOKENS record.
-Output = tuple[int, list[int] | int, int] | tuple[int, list[int] | int, int, str | None]
+# One token's logprob and its alternatives [(token id, logprob), ...], best first.
+TokenLogprob = tuple[float, list[tuple[int, float]]]
+
+# (request_id, new token ids or one token id, finish code[, error reason[, logprobs]]): the rows of one output-ring
+# TOKENS record. Logprobs, one per token, only for a request that asked for them.
+Output = (
+    tuple[int, list[int] | int, int]
+    | tuple[int, list[int] | int, int, str | None]
+    | tuple[int, list[int] | int, int, str | None, list[TokenLogprob] | None]
+)
+
+SCHEMA_TYPES = {1: "json", 2: "regex", 3: "ebnf"}  # _native.SCHEMA_* -> so_args' schema_type
+
+
+def so_args(constraint: tuple[int, str, list[int], int | None] | None) -> dict[str, object] | None:
+    """A SUBMIT record's constraint as DeepInfer's `SamplingParams.so_args`."""
+    if constraint is None:
+        return None
+    schema_type, schema, triggers, bound = constraint
+    args: dict[str, object] = {"schema_type": SCHEMA_TYPES[schema_type], "schema": schema}
+    if triggers:
+        args["trigger_token_ids"] = list(triggers)
+    if bound is not None:
+        args["bound_token_id"] = bound
+    return args
 
 
 class Engine(Protocol):

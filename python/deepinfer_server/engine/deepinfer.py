@@ -327,6 +327,7 @@ class DeepInferEngine:
         self._group = dp_group
         self.group_size = int(dp_group.size()) if dp_group is not None else 1
         self.live: set[int] = set()  # requests the server still waits for
+        self.logprobs: dict[int, int] = {}  # requests that asked for logprobs -> alternatives per token
         self.re_aborts = 0
         self.drafted = 0  # speculative decoding: draft tokens proposed, and accepted, since start
         self.accepted = 0
@@ -352,6 +353,8 @@ class DeepInferEngine:
                 max_tokens=max_tokens,
                 ignore_eos=req.ignore_eos,
                 seq_seed=req.seed,
+                top_logprobs=req.logprobs or 0,
+                so_args=req.so_args,
             )
             ids = self._np.ascontiguousarray(self._np.asarray(prompt, dtype=self._np.int32))
             seq = self.engine.add_request(
@@ -372,6 +375,8 @@ class DeepInferEngine:
         if seq is None:  # dropped by the engine: token ids outside [0, vocab_size)
             return [(rid, [], _native.FINISH_ERROR, "prompt contains a token id outside the vocabulary")]
         self.live.add(rid)
+        if req.logprobs is not None:
+            self.logprobs[rid] = req.logprobs
         return []
 
     def abort(self, request_ids: list[int]) -> None:
@@ -380,6 +385,7 @@ class DeepInferEngine:
             return
         for rid in ids:
             self.live.discard(rid)
+            self.logprobs.pop(rid, None)
         self.engine.abort_request([str(rid) for rid in ids])
 
     # -- state -------------------------------------------------------------------------------------------------
@@ -467,7 +473,7 @@ class DeepInferEngine:
                     if not ro.get_finished(p) and sid not in re_abort:
                         re_abort.append(sid)
                     continue
-                row = rows[rid] = [[], _native.FINISH_NONE, None]
+                row = rows[rid] = [[], _native.FINISH_NONE, None, [] if rid in self.logprobs else None]
             elif row[1] != _native.FINISH_NONE:
                 continue  # after the finish in this step (the engine trims these; be safe)
             drafted = ro.get_draft_tok(p)  # set on a request's last token of a speculative step, else 0
@@ -477,6 +483,11 @@ class DeepInferEngine:
             reason = ro.get_finish_reason(p)
             if reason in _REAL_TOKEN_REASONS:
                 row[0].append(int(ro.get_token_id(p)))
+                if row[3] is not None:  # DeepInfer returns token_logprobs always, alternatives when asked
+                    top = self.logprobs[rid]
+                    ids, values = ro.get_top_token_ids(p), ro.get_top_logprobs(p)
+                    alts = [(int(t), float(v)) for t, v in zip(list(ids)[:top], list(values)[:top], strict=False)]
+                    row[3].append((float(ro.get_token_logprobs(p)), alts))
                 if ro.get_finished(p):
                     row[1] = _native.FINISH_STOP if reason == "stop" else _native.FINISH_LENGTH
             else:  # terminal without a token: its token_id is a prompt or earlier token
@@ -484,11 +495,12 @@ class DeepInferEngine:
                 row[2] = reason
             if row[1] != _native.FINISH_NONE:
                 self.live.discard(rid)
+                self.logprobs.pop(rid, None)
         if re_abort:
             self.re_aborts += len(re_abort)
             log.info("re-aborting %d request(s) whose abort was lost: %s", len(re_abort), ", ".join(re_abort[:8]))
             self.engine.abort_request(re_abort)
-        return [(rid, row[0], row[1], row[2]) for rid, row in rows.items()]
+        return [(rid, row[0], row[1], row[2], row[3]) for rid, row in rows.items()]
 
     def close(self) -> None:
         """Collective close (all ranks leave the loop at the same iteration). After a failed collective, skip it."""

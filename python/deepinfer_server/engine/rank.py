@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from deepinfer_server import _native, logs
-from deepinfer_server.engine.base import Engine, Output, Submit
+from deepinfer_server.engine.base import Engine, Output, Submit, so_args
 
 if TYPE_CHECKING:
     from deepinfer_server.engine.sim import SimEngine
@@ -153,8 +153,11 @@ def take_requests(engine: Engine, requests: _native.Ring) -> tuple[list[Output],
     for msg in requests.drain_requests():
         tag = msg[0]
         if tag == _native.KIND_SUBMIT:
-            _, rid, prompt, max_tokens, temperature, top_p, top_k, seed, ignore_eos = msg
-            published += engine.add(Submit(rid, prompt, max_tokens, temperature, top_p, top_k, seed, ignore_eos))
+            _, rid, prompt, max_tokens, temperature, top_p, top_k, seed, ignore_eos, logprobs, constraint = msg
+            req = Submit(
+                rid, prompt, max_tokens, temperature, top_p, top_k, seed, ignore_eos, logprobs, so_args(constraint)
+            )
+            published += engine.add(req)
         elif tag == _native.KIND_ABORT:
             aborts.append(msg[1])
         elif tag == _native.KIND_SHUTDOWN:

@@ -4,6 +4,11 @@ Output is text from a bundled corpus tokenized by the serving tokenizer, determi
 seed. Like a real model it reads the prompt: a prompt ending in `<think>` gets a reasoning part and `</think>`
 first; a prompt that offers tools (and does not end in a tool result) gets a well-formed DSML tool call. The
 engine's EOS token ends the output at a plausible length unless `ignore_eos`.
+
+A request that asks for logprobs is sampled, token by token, from a distribution (`sampling.py`): the scripted
+token is the most likely, its shorter spellings (prefixes of its bytes) and a few other tokens less so, with the
+request's temperature, top-k and top-p applied; the logprobs it returns are that distribution's. A request
+without logprobs follows its script and pays nothing for them.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from tokenizers import Tokenizer
 
 from deepinfer_server import _native
 from deepinfer_server.engine.base import Output, Submit
+from deepinfer_server.engine.sampling import Sampler, Vocabulary
 
 CORPUS = Path(__file__).with_name("sim_corpus.txt")
 ANCHOR_SLACK_S = 0.001
@@ -49,7 +55,7 @@ class SimConfig:
 
 
 class _Seq:
-    __slots__ = ("generated", "max_tokens", "offset", "plan", "prompt_left", "prompt_len", "rid")
+    __slots__ = ("generated", "max_tokens", "offset", "plan", "prompt_left", "prompt_len", "rid", "sampler")
 
     def __init__(self, rid: int, prompt_len: int, max_tokens: int, plan: list[int], offset: int) -> None:
         self.rid = rid
@@ -59,6 +65,7 @@ class _Seq:
         self.plan = plan  # scripted tokens; past its end the corpus continues (ignore_eos)
         self.offset = offset
         self.generated = 0
+        self.sampler: Sampler | None = None  # requests with logprobs: sampled token by token
 
 
 class SimEngine:
@@ -84,6 +91,7 @@ class SimEngine:
                     j += 1
                 self.starts.append(j % len(self.corpus))
         self.words = [w for w in re.findall(r"[A-Za-z]{4,}", CORPUS.read_text(encoding="utf-8"))]
+        self.vocab = Vocabulary(cfg.tokenizer_path)
         self.waiting: deque[_Seq] = deque()
         # Admitted requests, split so a step's batch is one list concatenation: past their prompt (decoding), and
         # still in prefill, in admission order (chunked prefill serves them in that order).
@@ -108,9 +116,10 @@ class SimEngine:
             return [(req.request_id, [], _native.FINISH_ERROR, "prompt_length_exceeded")]
         max_tokens = max(1, min(req.max_tokens, self.cfg.max_model_len - len(prompt)))
         rng = self._rng(req)
-        seq = _Seq(
-            req.request_id, len(prompt), max_tokens, self._plan(prompt, rng, req.ignore_eos), rng.randrange(1 << 30)
-        )
+        plan = self._plan(prompt, rng, req.ignore_eos)
+        seq = _Seq(req.request_id, len(prompt), max_tokens, plan, rng.randrange(1 << 30))
+        if req.logprobs is not None:
+            seq.sampler = Sampler(self.vocab, plan, self._free_text(plan), req, random.Random(rng.getrandbits(64)))
         self.waiting.append(seq)
         self.by_id[req.request_id] = seq
         return []
@@ -217,6 +226,9 @@ class SimEngine:
         running, stop, length = _native.FINISH_NONE, _native.FINISH_STOP, _native.FINISH_LENGTH
         for s in self._batch:
             i = s.generated
+            if s.sampler is not None:
+                finished |= self._commit_sampled(s, out)
+                continue
             plan = s.plan
             tok = plan[i] if i < len(plan) else corpus[(s.offset + i) % n_corpus]
             s.generated = i + 1
@@ -231,6 +243,27 @@ class SimEngine:
             self.decoding = [s for s in self.decoding if s.rid in self.by_id]
         self._batch = []
         return out
+
+    def _commit_sampled(self, s: _Seq, out: list[Output]) -> bool:
+        """One sampled token of a request with logprobs; True if it ended the request."""
+        sampler = s.sampler
+        assert sampler is not None
+        s.generated += 1
+        tok, lp, scripted_end = sampler.next(lambda j: self.corpus[(s.offset + j) % len(self.corpus)])
+        eos_stop = tok == self.eos and scripted_end
+        if s.generated < s.max_tokens and not eos_stop:
+            out.append((s.rid, [tok], _native.FINISH_NONE, None, [lp]))
+            return False
+        out.append((s.rid, [tok], _native.FINISH_STOP if eos_stop else _native.FINISH_LENGTH, None, [lp]))
+        del self.by_id[s.rid]
+        return True
+
+    def _free_text(self, plan: list[int]) -> int:
+        """Where a plan's free text ends (a tool call's markup, which a stray token would break, starts)."""
+        if self.dsml is None or self.dsml not in plan:
+            return len(plan)
+        k = plan.index(self.dsml)
+        return max(0, k - 4)  # the call's opening "\n\n<" comes just before
 
     @staticmethod
     def wait_until(t0: float, cost_ms: float) -> None:

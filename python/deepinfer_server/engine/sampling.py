@@ -1,0 +1,171 @@
+"""The simulated engine's sampler, for the requests that need one (logprobs, a grammar): a distribution over a few
+candidate tokens per step, sampled with the request's temperature, top-k and top-p, whose logprobs are what the
+request gets back.
+
+The candidates at each step are the token the script (or, under a grammar, the scripted valid output) has next,
+which is the most likely; its shorter spellings, tokens whose bytes begin it, which are less likely and, when
+sampled, leave the rest of its bytes for the next steps, so the text stays the script's; and a few other tokens
+for the alternatives list, which in free text are possible (unlikely) and elsewhere impossible (a stray token in
+a tool call's markup would break it). As in DeepInfer, an impossible token's logprob is clamped at -9999.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from deepinfer_server.decoding import byte_level_table
+from deepinfer_server.engine.base import Submit, TokenLogprob
+
+# DeepInfer clamps token logprobs at -9999: what an impossible token reports.
+IMPOSSIBLE = -9999.0
+# Below this temperature DeepInfer samples greedily (sampling_params.py: 1e-5).
+GREEDY_BELOW = 1e-5
+DISTRACTORS = 4  # other tokens per step, at least (more when more alternatives are asked for)
+
+
+class Vocabulary:
+    """Token bytes both ways, and which tokens are special (a grammar or the sampler never splits those)."""
+
+    def __init__(self, tokenizer_path: str | Path) -> None:
+        tokenizer_json = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))
+        table = byte_level_table(tokenizer_json)
+        if table is None:
+            raise ValueError("the simulated engine's sampler needs a byte-level BPE tokenizer")
+        self.bytes = table
+        self.special = {int(t["id"]) for t in tokenizer_json.get("added_tokens") or []}
+        self.by_bytes = {b: i for i, b in enumerate(table) if b and i not in self.special}
+        self.plain = sorted(self.by_bytes.values())
+        # Other tokens offered as alternatives: whole characters (a lone continuation byte is no likely guess).
+        self.others = [t for t in self.plain if _whole_text(table[t])]
+        self.longest = max(len(b) for b in self.by_bytes)
+
+    def spell(self, data: bytes) -> list[int]:
+        """Tokens for `data`, longest match first (every single byte is a token in a byte-level vocabulary)."""
+        out, i = [], 0
+        while i < len(data):
+            for n in range(min(self.longest, len(data) - i), 0, -1):
+                t = self.by_bytes.get(data[i : i + n])
+                if t is not None:
+                    out.append(t)
+                    i += n
+                    break
+            else:
+                raise ValueError(f"byte {data[i]:#x} has no token")
+        return out
+
+
+Allowed = Callable[[int], bool]
+
+
+class Sampler:
+    """One request's sampling, step by step, along its scripted tokens (`plan`; past it, the corpus)."""
+
+    __slots__ = ("cursor", "free_end", "pending", "plan", "rng", "temperature", "top", "top_k", "top_p", "vocab")
+
+    def __init__(self, vocab: Vocabulary, plan: list[int], free_end: int, req: Submit, rng: random.Random) -> None:
+        self.vocab = vocab
+        self.plan = plan
+        self.free_end = free_end  # scripted tokens from here on are markup: no stray alternatives
+        self.cursor = 0
+        self.pending: deque[int] = deque()  # the rest of a token whose shorter spelling was sampled
+        self.rng = rng
+        self.top = req.logprobs or 0
+        self.temperature = req.temperature
+        self.top_k = req.top_k
+        self.top_p = req.top_p
+
+    def scripted(self, corpus_at: Callable[[int], int]) -> tuple[int, bool]:
+        """The token the script has next, and whether it is the script's own (not the corpus past its end)."""
+        if self.pending:
+            return self.pending[0], False
+        if self.cursor < len(self.plan):
+            return self.plan[self.cursor], True
+        return corpus_at(self.cursor), False
+
+    def next(self, corpus_at: Callable[[int], int], allowed: Allowed | None = None) -> tuple[int, TokenLogprob, bool]:
+        """Sample one token: (token, its logprob entry, whether it is the script's EOS-or-last token)."""
+        scripted, own = self.scripted(corpus_at)
+        vocab, rng = self.vocab, self.rng
+        free = scripted not in vocab.special and (self.cursor >= len(self.plan) or self.cursor < self.free_end)
+        logits: dict[int, float] = {}
+        if allowed is None or allowed(scripted):
+            logits[scripted] = 0.0
+        data = vocab.bytes[scripted] if scripted not in vocab.special else b""
+        for n in range(len(data) - 1, 0, -1):
+            t = vocab.by_bytes.get(data[:n])
+            if t is not None and t not in logits and (allowed is None or allowed(t)):
+                logits[t] = -(2.0 + 0.75 * (len(data) - n) + rng.random())
+        for j in range(max(DISTRACTORS, self.top)):
+            t = vocab.others[rng.randrange(len(vocab.others))]
+            if t not in logits:
+                ok = free and (allowed is None or allowed(t))
+                logits[t] = -(6.0 + j + rng.random()) if ok else IMPOSSIBLE
+        if not any(v > IMPOSSIBLE for v in logits.values()):
+            raise NoCandidate(scripted)
+        logprobs = self._distribution(logits)
+        token = self._draw(logprobs)
+        self._advance(scripted, token, data)
+        ranked = sorted(logprobs.items(), key=lambda kv: -kv[1])[: self.top]
+        return token, (logprobs[token], ranked), own and token == scripted
+
+    def _distribution(self, logits: dict[int, float]) -> dict[int, float]:
+        """Logprobs of the distribution sampled from: temperature, then top-k and top-p, renormalized."""
+        ranked = sorted(logits.items(), key=lambda kv: -kv[1])
+        keep = len(ranked) if self.top_k < 1 else min(self.top_k, len(ranked))
+        keep = 1 if self.temperature < GREEDY_BELOW else keep
+        live = [(t, v / max(self.temperature, GREEDY_BELOW)) for t, v in ranked[:keep] if v > IMPOSSIBLE]
+        peak = live[0][1]
+        weights = [(t, math.exp(v - peak)) for t, v in live]
+        total = sum(w for _, w in weights)
+        probs = [(t, w / total) for t, w in weights]
+        if self.top_p < 1.0:
+            cut, mass = [], 0.0
+            for t, p in probs:
+                cut.append((t, p))
+                mass += p
+                if mass >= self.top_p:
+                    break
+            total = sum(p for _, p in cut)
+            probs = [(t, p / total) for t, p in cut]
+        out = dict.fromkeys(logits, IMPOSSIBLE)
+        for t, p in probs:
+            out[t] = max(IMPOSSIBLE, math.log(p)) if p > 0 else IMPOSSIBLE
+        return out
+
+    def _draw(self, logprobs: dict[int, float]) -> int:
+        x = self.rng.random()
+        last = None
+        for t, lp in sorted(logprobs.items(), key=lambda kv: -kv[1]):
+            if lp <= IMPOSSIBLE:
+                break
+            last = t
+            x -= math.exp(lp)
+            if x < 0:
+                return t
+        assert last is not None
+        return last
+
+    def _advance(self, scripted: int, token: int, data: bytes) -> None:
+        if self.pending:
+            self.pending.popleft()
+        else:
+            self.cursor += 1
+        if token != scripted and data and data.startswith(self.vocab.bytes[token]):
+            # A shorter spelling: the rest of the scripted token's bytes come next.
+            self.pending.extendleft(reversed(self.vocab.spell(data[len(self.vocab.bytes[token]) :])))
+
+
+def _whole_text(data: bytes) -> bool:
+    try:
+        return data.decode("utf-8").isprintable()
+    except UnicodeDecodeError:
+        return False
+
+
+class NoCandidate(Exception):
+    """No token the grammar allows is left to the sampler."""
