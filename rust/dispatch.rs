@@ -10,6 +10,7 @@ use crate::ring::records::{self, Abort, Submit};
 use crate::ring::status::{AUX_QUEUED_TOKENS, monotonic_ms};
 use crate::ring::{Doorbell, Ring, Sender};
 use crate::stream::Outlet;
+use crate::ttft::{RankClock, Stamps};
 use pyo3::prelude::*;
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -27,6 +28,8 @@ pub struct Inflight {
     pub decoder: Py<PyAny>,
     pub outlet: Outlet,
     pub arrival: Instant,
+    /// Where its time to first token goes (`ttft`).
+    pub stamps: Stamps,
     /// False for a non-stream without stop sequences: its tokens are held here and decoded once at the end.
     pub incremental: bool,
     held: Mutex<Held>,
@@ -101,6 +104,11 @@ impl Inflight {
         self.timing.lock().unwrap().sent
     }
 
+    /// When the server read its first token.
+    pub fn first_token_at(&self) -> Option<Instant> {
+        self.timing.lock().unwrap().first
+    }
+
     pub fn mark_sent(&self, now: Instant) {
         self.timing.lock().unwrap().sent = Some(now);
     }
@@ -157,6 +165,9 @@ pub struct RequestMeta {
     pub id: u64,
     pub request_id: String,
     pub arrival: Instant,
+    /// When its body had been checked, and when it got its admission slot.
+    pub parsed: Instant,
+    pub admitted: Instant,
 }
 
 /// One data-parallel rank as the server sees it.
@@ -207,6 +218,17 @@ impl RankLink {
     /// See `busy_since_ms`.
     pub fn busy_since_ms(&self) -> u64 {
         self.busy_since_ms.load(Ordering::Relaxed)
+    }
+
+    /// Keep the rank's times of first tokens (its TIMING records) with their requests.
+    pub fn note_rank_stamps(&self, stamps: &[records::RankStamps]) {
+        let clock = RankClock::now();
+        let map = self.inflight.lock().unwrap();
+        for s in stamps {
+            if let Some(entry) = map.get(&s.request_id) {
+                entry.stamps.rank(s, &clock);
+            }
+        }
     }
 
     /// Look up the requests of a batch under one lock.
@@ -297,7 +319,8 @@ impl Dispatcher {
         permit: Permit,
     ) -> Result<Ticket, ApiError> {
         let rank = self.pick().ok_or_else(|| ApiError::Unavailable("no engine rank is running".into()))?;
-        let RequestMeta { id, request_id, arrival } = meta;
+        let encoded = Instant::now(); // the codec calls this right after converting and encoding the request
+        let RequestMeta { id, request_id, arrival, parsed, admitted } = meta;
         let prompt_tokens = job.submit.prompt.len();
         let entry = Arc::new(Inflight {
             id,
@@ -307,12 +330,13 @@ impl Dispatcher {
             decoder,
             outlet,
             arrival,
+            stamps: Stamps::new(parsed, admitted, encoded),
             incremental: job.incremental,
             held: Mutex::default(),
             timing: Mutex::default(),
             permit: Mutex::new(Some(permit)),
         });
-        rank.inflight.lock().unwrap().insert(id, entry);
+        rank.inflight.lock().unwrap().insert(id, entry.clone());
         // Stored before the count rises, so a watchdog that sees the new count sees the new time too.
         if rank.count.load(Ordering::Relaxed) == 0 {
             rank.busy_since_ms.store(monotonic_ms(), Ordering::Relaxed);
@@ -323,7 +347,9 @@ impl Dispatcher {
             tracing::error!(rank = rank.index, "cannot send request to rank: {e}");
             return Err(ApiError::Unavailable(format!("engine rank {} is not accepting requests", rank.index)));
         }
-        self.metrics.queue.observe(arrival.elapsed().as_secs_f64());
+        let written = Instant::now();
+        entry.stamps.written(written);
+        self.metrics.queue.observe((written - arrival).as_secs_f64());
         self.metrics.prompt_tokens.inc_by(prompt_tokens as u64);
         Ok(Ticket { dispatcher: self.clone(), rank: rank.index, id, abort_reason: "client_disconnect" })
     }

@@ -16,6 +16,7 @@ pub mod ring;
 pub mod server;
 pub mod stream;
 pub mod supervisor;
+pub mod ttft;
 pub mod watchdog;
 
 use pyo3::prelude::*;

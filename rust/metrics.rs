@@ -8,8 +8,8 @@ use crate::ring::status::{
     AUX_SPEC_ACCEPTED_TOKENS, AUX_SPEC_DRAFT_TOKENS, monotonic_ms,
 };
 use prometheus::{
-    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 use std::time::Duration;
 
@@ -25,6 +25,9 @@ pub struct Metrics {
     pub itl: Histogram,
     pub e2e: Histogram,
     pub queue: Histogram,
+    /// The TTFT breakdown (`crate::ttft`), and vLLM's name for its prefill stage.
+    ttft_stages: HistogramVec,
+    prefill: Histogram,
     pub rejected: IntCounterVec,
     pub aborted: IntCounterVec,
     rank_requests: IntGaugeVec,
@@ -41,6 +44,10 @@ pub struct Metrics {
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
     80.0, 160.0, 640.0, 2560.0,
+];
+const STAGE_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    30.0, 120.0,
 ];
 const ITL_BUCKETS: &[f64] =
     &[0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5];
@@ -83,6 +90,22 @@ impl Metrics {
                 "vllm:request_queue_time_seconds",
                 "Arrival until the request is handed to its rank (checks, the wait queue, conversion, encoding).",
                 LATENCY_BUCKETS,
+            ),
+            ttft_stages: HistogramVec::new(
+                HistogramOpts::new(
+                    "deepinfer_ttft_stage_seconds",
+                    "Where the time to first token goes, by stage: parse, queue, encode, dispatch, ring, \
+                     engine_queue, prefill, publish (they add up to the TTFT), then sse (first token read to its \
+                     event written, streams).",
+                )
+                .buckets(STAGE_BUCKETS.to_vec()),
+                &["stage"],
+            )
+            .unwrap(),
+            prefill: hist(
+                "vllm:request_prefill_time_seconds",
+                "From the engine step that starts the request's prefill to its first token, on the rank.",
+                STAGE_BUCKETS,
             ),
             rejected: IntCounterVec::new(
                 Opts::new("deepinfer_rejected_requests_total", "Requests refused before running, by reason."),
@@ -148,6 +171,9 @@ impl Metrics {
             registry,
         };
         m.register_all();
+        for stage in crate::ttft::STAGES {
+            m.ttft_stages.with_label_values(&[stage]);
+        }
         // Export every label value from the start, so dashboards and rate() see zeros rather than gaps.
         for reason in ["stop", "length"] {
             m.success.with_label_values(&[reason]);
@@ -183,6 +209,8 @@ impl Metrics {
             Box::new(self.itl.clone()),
             Box::new(self.e2e.clone()),
             Box::new(self.queue.clone()),
+            Box::new(self.ttft_stages.clone()),
+            Box::new(self.prefill.clone()),
             Box::new(self.rejected.clone()),
             Box::new(self.aborted.clone()),
             Box::new(self.rank_requests.clone()),
@@ -198,6 +226,21 @@ impl Metrics {
         for c in all {
             r.register(c).expect("unique metric names");
         }
+    }
+
+    /// Observe a request's TTFT stages (`Stamps::stages`).
+    pub fn observe_ttft_stages(&self, stages: &[(&'static str, Duration)]) {
+        for (stage, d) in stages {
+            self.ttft_stages.with_label_values(&[stage]).observe(d.as_secs_f64());
+            if *stage == "prefill" {
+                self.prefill.observe(d.as_secs_f64());
+            }
+        }
+    }
+
+    /// The `sse` stage's histogram, for the stream that observes it when its first token's event is written.
+    pub fn sse_stage(&self) -> Histogram {
+        self.ttft_stages.with_label_values(&["sse"])
     }
 
     /// Observe `n` tokens that arrived `gap` after the previous ones.

@@ -11,7 +11,7 @@ use crate::codec::{Codec, DecodeState};
 use crate::dispatch::{Dispatcher, Inflight, RankLink, TokenLogprobs};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::ring::records::{self, FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_NONE};
+use crate::ring::records::{self, FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_NONE, RankStamps};
 use crate::stream::Outlet;
 use bytes::Bytes;
 use pyo3::prelude::*;
@@ -67,7 +67,14 @@ fn run(dispatcher: &Dispatcher, codec: &Codec, rank: usize, interval: Duration) 
             }
             continue;
         }
-        let mut batches = if readable { drain(link) } else { Vec::new() };
+        let mut batches = Vec::new();
+        if readable {
+            let stamps;
+            (batches, stamps) = drain(link);
+            if !stamps.is_empty() {
+                link.note_rank_stamps(&stamps);
+            }
+        }
         add_due(&mut waiting, &mut batches);
         if batches.is_empty() {
             if link.output.is_closed() {
@@ -98,10 +105,19 @@ fn add_due(waiting: &mut Waiting, batches: &mut Vec<Batch>) {
     });
 }
 
-fn drain(link: &RankLink) -> Vec<Batch> {
+/// Everything ready in the output ring: each request's tokens merged across steps, and the rank's TIMING stamps.
+fn drain(link: &RankLink) -> (Vec<Batch>, Vec<RankStamps>) {
     let mut out: Vec<Batch> = Vec::new();
+    let mut stamps: Vec<RankStamps> = Vec::new();
     let mut index: FxHashMap<u64, usize> = FxHashMap::default();
     let drained = link.output.drain(DRAIN_MAX_BYTES, |kind, payload| {
+        if kind == records::TIMING {
+            match records::decode_timing(payload) {
+                Ok(s) => stamps.extend(s),
+                Err(err) => tracing::error!(rank = link.index, "malformed timing record: {err}"),
+            }
+            return;
+        }
         if kind != records::TOKENS {
             tracing::error!(rank = link.index, kind, "unexpected record kind on the output ring");
             return;
@@ -140,7 +156,7 @@ fn drain(link: &RankLink) -> Vec<Batch> {
         tracing::error!(rank = link.index, "output ring unreadable: {err}; closing it");
         link.output.close();
     }
-    out
+    (out, stamps)
 }
 
 fn deliver(
@@ -174,6 +190,7 @@ fn deliver(
             let (ttft, gap) = entry.tokens_arrived(now, b.tokens.len());
             if let Some(t) = ttft {
                 metrics.ttft.observe(t.as_secs_f64());
+                metrics.observe_ttft_stages(&entry.stamps.stages(entry.arrival, now));
             }
             metrics.observe_tokens(b.tokens.len(), gap);
         }
@@ -219,6 +236,12 @@ fn decode_and_send(link: &RankLink, metrics: &Metrics, codec: &Codec, work: Vec<
                 let now = Instant::now();
                 for ((entry, b), d) in work.iter().zip(decoded) {
                     if entry.incremental && !d.bytes.is_empty() {
+                        if let (Outlet::Stream(s), None, Some(read)) =
+                            (&entry.outlet, entry.last_sent(), entry.first_token_at())
+                        {
+                            let sse = metrics.sse_stage(); // the first visible event: time its write
+                            s.on_written(Box::new(move |at| sse.observe((at - read).as_secs_f64())));
+                        }
                         entry.mark_sent(now); // the stream interval counts from events the client can see
                     }
                     if finish_one(link, entry, d.state, d.bytes.freeze()) {

@@ -22,7 +22,12 @@ use tokio::time::{Instant, Sleep};
 struct Pending {
     buf: BytesMut,
     done: bool,
+    /// Called when the body takes bytes past this offset of `buf` (see `on_written`).
+    probe: Option<(usize, Probe)>,
 }
+
+/// Told when the bytes it waits for leave for the client.
+pub type Probe = Box<dyn FnOnce(std::time::Instant) + Send>;
 
 /// Bytes produced for a streaming request and not yet taken by its HTTP body.
 pub struct StreamBuf {
@@ -68,6 +73,14 @@ impl StreamBuf {
         self.waker.wake();
     }
 
+    /// Call `probe` when the body hands hyper the bytes pushed after this call (the next push): the `sse` stage
+    /// of the TTFT breakdown. Bytes already pending do not count.
+    pub fn on_written(&self, probe: Probe) {
+        let mut p = self.pending.lock().unwrap();
+        let at = p.buf.len();
+        p.probe = Some((at, probe));
+    }
+
     pub fn is_done(&self) -> bool {
         self.pending.lock().unwrap().done
     }
@@ -76,7 +89,21 @@ impl StreamBuf {
         self.waker.register(cx.waker());
         let mut p = self.pending.lock().unwrap();
         if !p.buf.is_empty() {
-            return Poll::Ready(Some(p.buf.split().freeze()));
+            let len = p.buf.len();
+            let fire = match &mut p.probe {
+                Some((at, _)) if len > *at => p.probe.take().map(|(_, f)| f),
+                Some((at, _)) => {
+                    *at = 0; // only older bytes go now; the awaited ones will start the buffer
+                    None
+                }
+                None => None,
+            };
+            let bytes = p.buf.split().freeze();
+            drop(p);
+            if let Some(f) = fire {
+                f(std::time::Instant::now());
+            }
+            return Poll::Ready(Some(bytes));
         }
         if p.done { Poll::Ready(None) } else { Poll::Pending }
     }
@@ -213,5 +240,33 @@ mod tests {
         assert!(matches!(s.poll_take(&mut cx), Poll::Ready(None)));
         s.push(b"late", false); // ignored once done
         assert!(matches!(s.poll_take(&mut cx), Poll::Ready(None)));
+    }
+
+    #[test]
+    fn a_probe_fires_when_the_bytes_pushed_after_it_are_taken_not_older_ones() {
+        let s = StreamBuf::new(Protocol::Chat);
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let fired = Arc::new(Mutex::new(0));
+        let probe = |fired: &Arc<Mutex<i32>>| -> Probe {
+            let fired = fired.clone();
+            Box::new(move |_| *fired.lock().unwrap() += 1)
+        };
+        s.push(b"data: role\n\n", false);
+        s.on_written(probe(&fired));
+        assert!(matches!(s.poll_take(&mut cx), Poll::Ready(Some(_)))); // the role chunk only: not yet
+        assert_eq!(*fired.lock().unwrap(), 0);
+        s.push(b"data: token\n\n", false);
+        assert!(matches!(s.poll_take(&mut cx), Poll::Ready(Some(_))));
+        assert_eq!(*fired.lock().unwrap(), 1);
+        s.push(b"data: more\n\n", false);
+        let _ = s.poll_take(&mut cx);
+        assert_eq!(*fired.lock().unwrap(), 1, "once");
+        // Armed while older bytes are pending: those and the new ones leave together, which is its write.
+        s.push(b"data: old\n\n", false);
+        s.on_written(probe(&fired));
+        s.push(b"data: new\n\n", false);
+        let _ = s.poll_take(&mut cx);
+        assert_eq!(*fired.lock().unwrap(), 2);
     }
 }

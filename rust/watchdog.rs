@@ -144,7 +144,8 @@ mod tests {
             logprobs: None,
             constraint: None,
         };
-        let meta = RequestMeta { id: d.next_id(), request_id: "r".into(), arrival: Instant::now() };
+        let now = Instant::now();
+        let meta = RequestMeta { id: d.next_id(), request_id: "r".into(), arrival: now, parsed: now, admitted: now };
         let permit = admission.try_admit().unwrap();
         d.submit(meta, Job { submit, incremental: true }, decoder, outlet, permit).unwrap()
     }

@@ -780,3 +780,18 @@ def test_preempted_requests_are_recomputed_whole_and_counted_in_the_metrics(deep
     log = stop_cleanly(srv)
     engine = sum(int(n) for n in re.findall(r"preempted=(\d+)", log))
     assert metric and engine > 0 and int(metric.group(1)) == engine, (metric, engine)
+
+
+def test_the_adapter_sends_its_first_token_times(deepinfer_server) -> None:
+    # The TTFT breakdown's rank stages come from the adapter (taken, the step launched before the call that
+    # returned the first token under async scheduling, published): none falls back to the whole-engine stage.
+    srv = deepinfer_server("--dp", "2", FAKE_DEEPINFER_STEP_MS="10")
+    for i in range(2):
+        text, _, _ = stream_text(srv.client(timeout=30), content=f"time it {i}", max_tokens=4)
+        assert text
+    metrics = httpx.get(f"{srv.url}/metrics").text
+    count = dict(re.findall(r'^deepinfer_ttft_stage_seconds_count\{stage="(\w+)"\} (\S+)$', metrics, re.M))
+    assert count["prefill"] == count["ring"] == count["sse"] == "2" and count["engine"] == "0", count
+    total = dict(re.findall(r'^deepinfer_ttft_stage_seconds_sum\{stage="(\w+)"\} (\S+)$', metrics, re.M))
+    assert float(total["prefill"]) >= 2 * 0.010, total  # at least the fake's 10 ms step each
+    stop_cleanly(srv)

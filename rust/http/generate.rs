@@ -98,12 +98,14 @@ async fn handle(
 ) -> Result<Response, ApiError> {
     let body = read_body(st, body)?;
     let req = parse(protocol, &body, &st.config.served_model_names)?;
+    let parsed = Instant::now();
     if let Some(err) = st.unavailable() {
         return Err(err);
     }
     // Past capacity the request may wait here (the wait queue); its response has not started, so a refusal is
     // still a real status. A queued request whose client goes away is dropped, and leaves the queue with it.
     let permit = st.admission.admit(req.priority).await?;
+    let admitted = Instant::now();
     if let Some(err) = st.unavailable() {
         return Err(err); // the server began to drain, or a rank failed, while the request waited
     }
@@ -148,7 +150,7 @@ async fn handle(
                 },
                 incremental: prepared.incremental,
             };
-            let meta = RequestMeta { id, request_id, arrival };
+            let meta = RequestMeta { id, request_id, arrival, parsed, admitted };
             dispatcher.submit(meta, job, prepared.decoder, outlet, permit)
         })
         .await?;

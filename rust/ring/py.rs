@@ -13,6 +13,7 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use super::layout::AUX_WORDS;
 use super::records::{self, Constraint, Logprobs, Request, Submit, TokenEntry};
+use super::status::monotonic_us;
 use super::{Ring, RingError as CoreError};
 
 pyo3::create_exception!(deepinfer_server._native, RingClosed, PyException, "The ring was closed by either side.");
@@ -38,6 +39,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("KIND_ABORT", records::ABORT),
         ("KIND_SHUTDOWN", records::SHUTDOWN),
         ("KIND_TOKENS", records::TOKENS),
+        ("KIND_TIMING", records::TIMING),
         ("FINISH_NONE", records::FINISH_NONE),
         ("FINISH_STOP", records::FINISH_STOP),
         ("FINISH_LENGTH", records::FINISH_LENGTH),
@@ -492,8 +494,26 @@ impl PyRing {
     /// full. Raises RingClosed, TimeoutError, or RingError (too large).
     /// `wake=False` leaves a sleeping consumer asleep (call `wake_consumer`
     /// before relying on it reading the record).
-    #[pyo3(signature = (entries, timeout=None, wake=true))]
-    fn publish(&self, py: Python<'_>, entries: &Bound<'_, PyAny>, timeout: Option<f64>, wake: bool) -> PyResult<()> {
+    /// `timings`: `(request_id, taken, scheduled)` (time.monotonic() seconds) for the requests whose first
+    /// tokens these entries carry; they go first, in one TIMING record stamped with the publish time.
+    #[pyo3(signature = (entries, timeout=None, wake=true, timings=None))]
+    fn publish(
+        &self,
+        py: Python<'_>,
+        entries: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+        wake: bool,
+        timings: Option<Vec<(u64, f64, f64)>>,
+    ) -> PyResult<()> {
+        if let Some(t) = timings.filter(|t| !t.is_empty()) {
+            let us = |s: f64| (s.max(0.0) * 1e6) as u64;
+            let stamps: Vec<(u64, u64, u64)> = t.iter().map(|&(id, taken, sched)| (id, us(taken), us(sched))).collect();
+            let (stamps, published) = (stamps.as_slice(), monotonic_us());
+            let len = records::timing_encoded_len(stamps.len());
+            self.push_quietly_with(py, records::TIMING, len, timeout, false, move |b| {
+                records::write_timing(published, stamps, b)
+            })?;
+        }
         let mut parsed = Parsed::default();
         for item in entries.try_iter()? {
             parsed.push(&item?)?;
@@ -523,6 +543,9 @@ impl PyRing {
                     return;
                 }
                 let res = (|| -> PyResult<()> {
+                    if kind == records::TIMING {
+                        return Ok(()); // the server's TTFT breakdown; nothing for a Python reader
+                    }
                     if kind != records::TOKENS {
                         return Err(RingError::new_err(format!("unexpected record kind {kind} on output ring")));
                     }

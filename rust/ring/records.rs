@@ -15,11 +15,17 @@
 //!   entry: request_id u64 | finish u32 | n_tokens u32 | n_tokens x u32
 //!          | [logprobs: n_tokens x f32 | n_tokens x top x (token u32 | logprob f32)]
 //!          | [finish == FINISH_ERROR: reason_len u32 | utf-8 reason] | pad to 8
+//! TIMING:  n_entries u32 | pad u32 | published_us u64
+//!          | n_entries x (request_id u64 | taken_us u64 | scheduled_us u64)
 //! ```
 //!
 //! An entry's `finish` word holds the finish code in its low 16 bits and, for a request that asked for logprobs,
 //! `top + 1` in its high 16 bits (`top` alternatives per token follow each token's own logprob). A request
 //! without logprobs has 0 there and pays no byte for them; nor does a request without a constraint.
+//!
+//! A TIMING record goes just before the TOKENS record that carries the first tokens of its requests: when the
+//! rank took each from its ring, when the engine step that carries its prefill began, and when the rank published
+//! (CLOCK_MONOTONIC, microseconds). It is sent once per request, never per token.
 //!
 //! Encoders write straight into the ring mapping (`Ring::try_push_with`);
 //! decoders never panic on malformed input and never assume alignment.
@@ -33,6 +39,7 @@ pub const SUBMIT: u32 = 1;
 pub const ABORT: u32 = 2;
 pub const SHUTDOWN: u32 = 3;
 pub const TOKENS: u32 = 16;
+pub const TIMING: u32 = 17;
 
 pub const FINISH_NONE: u32 = 0;
 pub const FINISH_STOP: u32 = 1;
@@ -63,6 +70,9 @@ pub const SUBMIT_HEADER: usize = 48;
 /// Fixed part of a TOKENS payload / of one entry.
 pub const TOKENS_HEADER: usize = 8;
 pub const ENTRY_HEADER: usize = 16;
+/// Fixed part of a TIMING payload / one entry.
+pub const TIMING_HEADER: usize = 16;
+pub const TIMING_ENTRY: usize = 24;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {
@@ -329,6 +339,33 @@ pub fn push_tokens<T: AsRef<[u32]>>(
     ring.push_blocking_with(TOKENS, len, timeout, |b| write_tokens(entries, b))
 }
 
+/// A rank's times for one request's first token (CLOCK_MONOTONIC, µs): see the TIMING record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankStamps {
+    pub request_id: u64,
+    pub taken_us: u64,
+    pub scheduled_us: u64,
+    pub published_us: u64,
+}
+
+/// Payload size of a TIMING record of `n` requests.
+pub fn timing_encoded_len(n: usize) -> usize {
+    TIMING_HEADER + n * TIMING_ENTRY
+}
+
+/// Writes a TIMING payload of (request_id, taken_us, scheduled_us) entries published at `published_us`.
+pub fn write_timing(published_us: u64, entries: &[(u64, u64, u64)], buf: &mut [u8]) {
+    let mut w = Writer { buf, off: 0 };
+    w.u32(entries.len() as u32);
+    w.u32(0);
+    w.u64(published_us);
+    for &(id, taken, scheduled) in entries {
+        w.u64(id);
+        w.u64(taken);
+        w.u64(scheduled);
+    }
+}
+
 // ------------------------------------------------------------------ reading
 
 /// Bounds-checked little-endian reader; every read may fail, none panics.
@@ -431,6 +468,24 @@ pub fn decode_tokens(payload: &[u8]) -> Result<TokenBatch<'_>, RecordError> {
         return Err(RecordError::Truncated);
     }
     Ok(TokenBatch { r, left: n })
+}
+
+/// Decodes a TIMING payload.
+pub fn decode_timing(payload: &[u8]) -> Result<Vec<RankStamps>, RecordError> {
+    let mut r = Reader { buf: payload };
+    let n = r.u32()? as usize;
+    let _pad = r.u32()?;
+    let published_us = r.u64()?;
+    if n > r.buf.len() / TIMING_ENTRY {
+        return Err(RecordError::Truncated);
+    }
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (request_id, taken_us, scheduled_us) = (r.u64()?, r.u64()?, r.u64()?);
+        out.push(RankStamps { request_id, taken_us, scheduled_us, published_us });
+    }
+    r.finish()?;
+    Ok(out)
 }
 
 /// Iterator over the entries of one TOKENS record. Yields at most one error,
@@ -689,5 +744,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn timing_round_trips_and_rejects_bad_lengths() {
+        let entries = [(7, 100, 250), (9, 101, 260)];
+        let mut buf = vec![0; timing_encoded_len(entries.len())];
+        write_timing(300, &entries, &mut buf);
+        let got = decode_timing(&buf).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                RankStamps { request_id: 7, taken_us: 100, scheduled_us: 250, published_us: 300 },
+                RankStamps { request_id: 9, taken_us: 101, scheduled_us: 260, published_us: 300 },
+            ]
+        );
+        assert_eq!(decode_timing(&buf[..buf.len() - 1]), Err(RecordError::Truncated));
+        let mut long = buf.clone();
+        long.extend_from_slice(&[0; 8]);
+        assert_eq!(decode_timing(&long), Err(RecordError::TrailingBytes(8)));
+        let mut huge = buf;
+        huge[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(decode_timing(&huge), Err(RecordError::Truncated));
     }
 }

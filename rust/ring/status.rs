@@ -47,8 +47,13 @@ pub fn phase_name(phase: u64) -> &'static str {
 
 /// `CLOCK_MONOTONIC` in ms: the clock of `AUX_HEARTBEAT_MS` (the ranks stamp it with Python's time.monotonic()).
 pub fn monotonic_ms() -> u64 {
+    monotonic_us() / 1000
+}
+
+/// `CLOCK_MONOTONIC` in µs: the clock of the ranks' TIMING records (Python's time.monotonic()).
+pub fn monotonic_us() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000
+    t.tv_sec as u64 * 1_000_000 + t.tv_nsec as u64 / 1_000
 }
 /// KV-cache capacity in tokens (0 when the engine does not say), written once the engine is built.
 pub const AUX_KV_CAPACITY_TOKENS: usize = 9;

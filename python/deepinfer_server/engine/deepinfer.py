@@ -30,6 +30,7 @@ import errno
 import logging
 import os
 import socket
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -326,6 +327,11 @@ class DeepInferEngine:
         self._sp = sampling_params
         self._group = dp_group
         self.group_size = int(dp_group.size()) if dp_group is not None else 1
+        # Requests without a first token yet: when the rank took each (time.monotonic()), for the server's TTFT
+        # breakdown; `firsts` holds (request, taken, step start) for first tokens not yet published.
+        self.fresh: dict[int, float] = {}
+        self.firsts: list[tuple[int, float, float]] = []
+        self.launched = 0.0  # when the step whose outputs the next call returns was launched
         self.live: set[int] = set()  # requests the server still waits for
         self.logprobs: dict[int, int] = {}  # requests that asked for logprobs -> alternatives per token
         self.re_aborts = 0
@@ -375,6 +381,7 @@ class DeepInferEngine:
         if seq is None:  # dropped by the engine: token ids outside [0, vocab_size)
             return [(rid, [], _native.FINISH_ERROR, "prompt contains a token id outside the vocabulary")]
         self.live.add(rid)
+        self.fresh[rid] = time.monotonic()
         if req.logprobs is not None:
             self.logprobs[rid] = req.logprobs
         return []
@@ -386,6 +393,7 @@ class DeepInferEngine:
         for rid in ids:
             self.live.discard(rid)
             self.logprobs.pop(rid, None)
+            self.fresh.pop(rid, None)
         self.engine.abort_request([str(rid) for rid in ids])
 
     # -- state -------------------------------------------------------------------------------------------------
@@ -396,6 +404,11 @@ class DeepInferEngine:
     def load(self) -> tuple[int, int]:
         _, waiting_tokens = self.engine.scheduler.get_sum_prompt_len_waiting()
         return len(self.live), int(waiting_tokens)
+
+    def first_token_times(self) -> list[tuple[int, float, float]]:
+        """(request, taken, step start) of the first tokens in the outputs just returned, once each."""
+        out, self.firsts = self.firsts, []
+        return out
 
     def spec_tokens(self) -> tuple[int, int]:
         """(draft tokens proposed, accepted) since start, for vllm:spec_decode_* on /metrics."""
@@ -437,10 +450,13 @@ class DeepInferEngine:
             raise
 
     def step(self) -> list[Output]:
+        started = time.monotonic()
         with self._breaks_on_error():
             ptrs = self.engine.step()
         self.stepped = True
-        return self._collect(ptrs)
+        out = self._collect(ptrs)
+        self.launched = started  # under async scheduling (ZOS) this step's tokens come back from the next call
+        return out
 
     def flush(self) -> list[Output]:
         """Post-process the step still in flight (async scheduling) when the group goes idle."""
@@ -448,6 +464,7 @@ class DeepInferEngine:
             ptrs = self.engine.flush_inflight_reqs()
         self.stepped = False
         out = self._collect(ptrs)
+        self.fresh.clear()  # idle now: whatever is left never got a token
         if self.live and not self.has_work():
             # Nothing left in the engine, yet the server still waits: the engine dropped these without an output.
             for rid in sorted(self.live):
@@ -474,6 +491,10 @@ class DeepInferEngine:
                         re_abort.append(sid)
                     continue
                 row = rows[rid] = [[], _native.FINISH_NONE, None, [] if rid in self.logprobs else None]
+                if self.fresh:  # its first output: its prefill ran in the step launched before this call
+                    taken = self.fresh.pop(rid, None)
+                    if taken is not None:
+                        self.firsts.append((rid, taken, max(taken, self.launched)))
             elif row[1] != _native.FINISH_NONE:
                 continue  # after the finish in this step (the engine trims these; be safe)
             drafted = ro.get_draft_tok(p)  # set on a request's last token of a speculative step, else 0

@@ -28,7 +28,7 @@ from typing import Protocol, cast
 
 from deepinfer_server import _native
 from deepinfer_server.engine.base import Engine, Output
-from deepinfer_server.engine.rank import GroupSleep, Status, take_requests
+from deepinfer_server.engine.rank import GroupSleep, Status, first_token_times, take_requests
 
 log = logging.getLogger("deepinfer_server.lockstep")
 
@@ -50,6 +50,7 @@ def serve_lockstep(any_engine: Engine, requests: _native.Ring, outputs: _native.
     engine = cast(LockstepEngine, any_engine)
     status = Status(engine, outputs)
     idle = GroupSleep(bell, requests)
+    first_times = first_token_times(engine)
     stopping = False  # this rank wants to stop (SHUTDOWN or the server closed the rings)
     flushed = True  # nothing in flight since the last flush
     while True:
@@ -78,7 +79,7 @@ def serve_lockstep(any_engine: Engine, requests: _native.Ring, outputs: _native.
         if published and not stopping:
             status.phase(_native.PHASE_PUBLISH)
             try:
-                outputs.publish(published)
+                outputs.publish(published, timings=first_times())
             except _native.RingClosed:
                 stopping = True  # leave at the next all-reduce, together with the peers
         status.update(force=not busy)

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from deepinfer_server import _native, logs
@@ -145,6 +146,13 @@ class GroupSleep:
         self.bell.wait(self.seen, IDLE_WAIT_S)
 
 
+def first_token_times(engine: Engine) -> Callable[[], list[tuple[int, float, float]] | None]:
+    """The engine's (request, taken, step start) times of the first tokens it just returned, for the server's
+    TTFT breakdown; engines that keep none report nothing."""
+    times = getattr(engine, "first_token_times", None)
+    return times if callable(times) else lambda: None
+
+
 def take_requests(engine: Engine, requests: _native.Ring) -> tuple[list[Output], bool]:
     """Feed everything waiting in the request ring to the engine: (immediate outputs, shutdown asked)."""
     published: list[Output] = []
@@ -168,13 +176,18 @@ def take_requests(engine: Engine, requests: _native.Ring) -> tuple[list[Output],
 
 
 def publish(
-    outputs: _native.Ring, published: list[Output], requests: _native.Ring | None = None, wake: bool = True
+    outputs: _native.Ring,
+    published: list[Output],
+    requests: _native.Ring | None = None,
+    wake: bool = True,
+    timings: list[tuple[int, float, float]] | None = None,
 ) -> None:
-    """One TOKENS record per step; then let the server catch up if it fell more than a few steps behind.
+    """One TOKENS record per step (after a TIMING record for the first tokens in it, see `first_token_times`);
+    then let the server catch up if it fell more than a few steps behind.
 
     While waiting, a new request ends the wait at once (the server wakes the rank when it sends one): its first
     token then lands in the server's next drain instead of behind another backlog."""
-    outputs.publish(published, wake=wake)
+    outputs.publish(published, wake=wake, timings=timings)
     ahead = RUN_AHEAD_STEPS * (8 + 24 * len(published))  # about the size of this step's record
     if not wake and outputs.used_bytes > ahead:
         outputs.wake_consumer()
@@ -207,6 +220,7 @@ def serve_rank(engine: Engine, requests: _native.Ring, outputs: _native.Ring, st
     """The loop. Returns on SHUTDOWN or when the server closes the rings."""
     status = Status(engine, outputs)
     wake_policy = WakePolicy(stream_interval_ms)
+    first_times = first_token_times(engine)
     while True:
         if not engine.has_work():
             status.phase(_native.PHASE_IDLE)
@@ -225,7 +239,7 @@ def serve_rank(engine: Engine, requests: _native.Ring, outputs: _native.Ring, st
             quiet = quiet and engine.quiet_step
         if published:
             status.phase(_native.PHASE_PUBLISH)
-            publish(outputs, published, requests, wake_policy(quiet, time.monotonic()))
+            publish(outputs, published, requests, wake_policy(quiet, time.monotonic()), first_times())
         status.update(force=not engine.has_work())
 
 
@@ -237,6 +251,7 @@ def serve_sim_lockstep(
     group's doorbell, as engine/lockstep.py explains: a request on any rank wakes the whole group, nobody polls."""
     status = Status(engine, outputs)
     idle = GroupSleep(bell, requests)
+    first_times = first_token_times(engine)
     try:
         while True:
             idle.round()
@@ -259,7 +274,7 @@ def serve_sim_lockstep(
                 published += engine.commit()
             if published:
                 status.phase(_native.PHASE_PUBLISH)
-                publish(outputs, published)
+                publish(outputs, published, timings=first_times())
             status.update(force=not busy)
             if not any_busy:
                 status.phase(_native.PHASE_IDLE)

@@ -55,7 +55,18 @@ class SimConfig:
 
 
 class _Seq:
-    __slots__ = ("generated", "max_tokens", "offset", "plan", "prompt_left", "prompt_len", "rid", "sampler")
+    __slots__ = (
+        "generated",
+        "max_tokens",
+        "offset",
+        "plan",
+        "prompt_left",
+        "prompt_len",
+        "rid",
+        "sampler",
+        "scheduled",
+        "taken",
+    )
 
     def __init__(self, rid: int, prompt_len: int, max_tokens: int, plan: list[int], offset: int) -> None:
         self.rid = rid
@@ -66,6 +77,9 @@ class _Seq:
         self.offset = offset
         self.generated = 0
         self.sampler: Sampler | None = None  # requests with logprobs: sampled token by token
+        # For the server's TTFT breakdown (CLOCK_MONOTONIC s): taken from the ring, first prefill chunk's step start.
+        self.taken = time.perf_counter()
+        self.scheduled = 0.0
 
 
 class SimEngine:
@@ -103,6 +117,8 @@ class SimEngine:
         self.quiet_step = False
         self._next_start = 0.0
         self._steps = 0  # group steps taken (idle rides included), for the vote points
+        self._step_t0 = 0.0  # when the step being planned starts
+        self._firsts: list[tuple[int, float, float]] = []  # see first_token_times
         self._entropy = random.Random()  # seeds unseeded requests without an os.urandom read each
 
     # -- request side --------------------------------------------------------------------------------------------
@@ -165,7 +181,8 @@ class SimEngine:
         """When the next step starts: back to back with the previous one if the rank loop's own work between
         steps took less than a millisecond, so that work and sleep overshoot do not stretch the step period."""
         now = time.perf_counter()
-        return self._next_start if 0.0 <= now - self._next_start < ANCHOR_SLACK_S else now
+        self._step_t0 = self._next_start if 0.0 <= now - self._next_start < ANCHOR_SLACK_S else now
+        return self._step_t0
 
     def plan(self) -> float:
         """Schedule the next step (admission, decode batch, prefill chunks) and return its cost in ms."""
@@ -184,11 +201,14 @@ class SimEngine:
             if budget <= 0:
                 break
             take = min(s.prompt_left, budget, cfg.prefill_chunk_tokens or s.prompt_left)
+            if s.prompt_left == s.prompt_len:
+                s.scheduled = self._step_t0  # the step that carries its prefill (its first chunk) starts
             s.prompt_left -= take
             budget -= take
             prefill_tokens += take
             if not s.prompt_left:
                 prefilled.append(s)  # prefill ends with the request's first token
+                self._firsts.append((s.rid, s.taken, s.scheduled))
         self.quiet_step = not prefilled
         if prefilled:
             self.prefilling = [s for s in prefilling if s.prompt_left]
@@ -208,6 +228,11 @@ class SimEngine:
         self._steps += 1
         votes = (self._steps % cfg.vote_every_all == 0) + (self._steps % cfg.vote_every_any == 0)
         return votes * cfg.vote_ms, votes > 0 or not self.decoding
+
+    def first_token_times(self) -> list[tuple[int, float, float]]:
+        """(request, taken, step start) of the first tokens of the step just committed, once each."""
+        out, self._firsts = self._firsts, []
+        return out
 
     def ride_along(self) -> None:
         """An idle rank's step in lockstep: it still counts toward the group's vote points."""
