@@ -17,8 +17,9 @@ Scenarios:
          2,048-token prompts arriving over 4 s: ITL and TTFT against the ideal, also for the 32 ramp arrivals
          alone (no stream's next request); ours again on the roofline cost model (--sim-overlap-prefill)
   idle   ours only: 1,000 open streams on a 1 s decode step: server RSS and idle CPU
-  replay ours only: the original 8 x B200 benchmark's shape (DP 8, 100 requests, 16 concurrent, 8,192-token
-         prompts, 1,024 output tokens) on the calibrated sim cost model, beside the seed's two columns
+  replay the original 8 x B200 benchmark's shape (DP 8, 16 seqs/rank, 8,192-token prompts, ignore_eos, closed
+         loop), ours and the peer on the same engine cost model: calibrated (1,024 output tokens) and additive (512),
+         at 16, 64 and 128 streams, 3 alternating rounds, each run on a fresh server; median [min-max] per figure
 Prints one JSON summary and a table.
 """
 
@@ -32,6 +33,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -558,41 +560,119 @@ REPLAY_SIM = [
 ]
 
 
-def scenario_replay(bench_dir: Path, quick: bool) -> dict:
-    """The original benchmark's shape through the real server: DP 8, 16 concurrent, 8,192 / 1,024 tokens."""
-    n = 32 if quick else 100
-    flags = ["--dp", "8", "--max-num-seqs", "16", "--max-num-batched-tokens", "32768", "--max-model-len", "32768"]
-    srv = launch("ours", ours_cmd(18730, *flags, *REPLAY_SIM), 18730)
+# The replay's two engine cost models, as (our sim's flags, the peer's flags, output tokens): the calibrated one
+# above, and the additive one (a step is 8.7 ms plus the whole prefill of that step's new prompts).
+REPLAY_MODELS: dict[str, tuple[list[str], list[str], int]] = {
+    "calibrated": (
+        REPLAY_SIM,
+        [
+            "--itl-ms",
+            "8.5",
+            "--decode-ms-per-seq",
+            "0.1",
+            "--prefill-ms-per-1k-tokens",
+            "25",
+            "--overlap-prefill",
+            "--prefill-chunk-tokens",
+            "340",
+        ],
+        1024,
+    ),
+    "additive": (
+        ["--sim-decode-step-ms", "8.7", "--sim-prefill-ms-per-1k-tokens", "25", "--sim-lockstep"],
+        ["--itl-ms", "8.7", "--prefill-ms-per-1k-tokens", "25"],
+        512,
+    ),
+}
+REPLAY_LOADS = {16: 100, 64: 192, 128: 256}  # streams: requests (the seed ran 100 at 16)
+REPLAY_ROUNDS = 3
+REPLAY_FIGURES = ("ttft_mean_ms", "ttft_p95_ms", "itl_mean_ms", "output_tok_s")
+
+
+def replay_server(name: str, bench_dir: Path, port: int, model: str) -> Server:
+    ours, peer, _ = REPLAY_MODELS[model]
+    flags = ["--dp", "8", "--max-num-seqs", "16", "--max-model-len", "32768"]
+    if name == "ours":
+        return launch(name, ours_cmd(port, *flags, "--max-num-batched-tokens", "32768", *ours), port)
+    cmd = [sys.executable, str(bench_dir / "peer_fastapi.py"), "--port", str(port), "--tokenizer", str(TOKENIZER),
+           "--served-model-name", MODEL, *flags, *peer]  # fmt: skip
+    return launch(name, cmd, port)
+
+
+def replay_run(bench_dir: Path, name: str, model: str, streams: int, requests: int) -> dict[str, Any]:
+    """One closed-loop run of the seed's shape on a freshly started server, as a user benchmarking once would."""
+    srv = replay_server(name, bench_dir, 18730 + (name == "peer"), model)
     try:
-        r = loadgen(
-            bench_dir,
-            srv,
-            "--concurrency",
-            "16",
-            "--requests",
-            str(n),
-            "--prompt-tokens",
-            "8192",
-            "--max-tokens",
-            "1024",
-            "--ignore-eos",
-            "--timeout",
-            "600",
-        )
+        args = ["--concurrency", str(streams), "--requests", str(requests), "--prompt-tokens", "8192"]
+        args += ["--max-tokens", str(REPLAY_MODELS[model][2]), "--ignore-eos", "--timeout", "600"]
+        r = loadgen(bench_dir, srv, *args)
+        stages = ttft_stages(srv.url) if name == "ours" else {}
     finally:
         srv.stop()
-    ours = {
-        "output_tok_s": r["output_tokens_per_s"],
-        "ttft_mean_s": round(r["ttft_ms"]["mean"] / 1e3, 3),
-        "ttft_p95_s": round(r["ttft_ms"]["p95"] / 1e3, 3),
+    time.sleep(1)
+    return {
+        "ttft_stages_mean_ms": stages,
+        "ttft_mean_ms": r["ttft_ms"]["mean"],
+        "ttft_p95_ms": r["ttft_ms"]["p95"],
         "itl_mean_ms": r["itl_ms"]["mean"],
-        "itl_p95_ms": r["itl_ms"]["p95"],
+        "output_tok_s": r["output_tokens_per_s"],
         "e2e_mean_s": r["e2e_s"]["mean"],
-        "e2e_p95_s": r["e2e_s"]["p95"],
         "ok": r["ok"],
         "errors": r["errors_by_status"],
     }
-    return {"ours_sim": ours, "seed": SEED, "sim_flags": REPLAY_SIM, "loadgen": r}
+
+
+def ttft_stages(url: str) -> dict[str, float]:
+    """Mean ms per TTFT stage over the server's life (deepinfer_ttft_stage_seconds), stages that ran."""
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    found = re.findall(r'^deepinfer_ttft_stage_seconds_(sum|count)\{stage="(\w+)"\} (\S+)$', text, re.M)
+    sums = {stage: float(v) for kind, stage, v in found if kind == "sum"}
+    counts = {stage: float(v) for kind, stage, v in found if kind == "count"}
+    return {s: round(1e3 * sums[s] / counts[s], 2) for s in sums if counts.get(s)}
+
+
+def spread(values: list[float | None]) -> dict[str, float | None]:
+    """Median, min, max and (max - min) / median of a figure over rounds; a failed run's None is left out."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return {"median": None, "min": None, "max": None, "spread_pct": None}
+    med = statistics.median(values)
+    return {
+        "median": round(med, 2),
+        "min": round(min(values), 2),
+        "max": round(max(values), 2),
+        "spread_pct": round(100 * (max(values) - min(values)) / med, 1) if med else 0.0,
+    }
+
+
+def scenario_replay(bench_dir: Path, quick: bool) -> dict:
+    """The original benchmark's shape (DP 8, 16 seqs/rank, 8,192-token prompts, ignore_eos, closed loop), ours and
+    the peer side by side on the same cost model, at 16, 64 and 128 streams, in alternating rounds."""
+    rounds = 1 if quick else REPLAY_ROUNDS
+    loads = {16: 32, 64: 64, 128: 128} if quick else REPLAY_LOADS
+    runs: dict[str, dict[int, dict[str, list[dict[str, Any]]]]] = {}
+    for i in range(rounds):
+        order = ("ours", "peer") if i % 2 == 0 else ("peer", "ours")
+        for model in REPLAY_MODELS:
+            for streams, requests in loads.items():
+                for name in order:
+                    print(f"   round {i + 1}: {model} c{streams} {name}", file=sys.stderr, flush=True)
+                    run = replay_run(bench_dir, name, model, streams, requests)
+                    print(f"   {json.dumps(run)}", file=sys.stderr, flush=True)
+                    runs.setdefault(model, {}).setdefault(streams, {}).setdefault(name, []).append(run)
+    table: dict[str, Any] = {}
+    for model, by_load in runs.items():
+        for streams, by_name in by_load.items():
+            # Ours: where the TTFT went, per stage (median over rounds of each round's mean), and its spread.
+            stage_runs = [r["ttft_stages_mean_ms"] for r in by_name.get("ours", [])]
+            stages = {s: spread([r.get(s) for r in stage_runs]) for s in (stage_runs[0] if stage_runs else {})}
+            row = {
+                name: {f: spread([r[f] for r in rs]) for f in REPLAY_FIGURES} | {"errors": [r["errors"] for r in rs]}
+                for name, rs in by_name.items()
+            }
+            row["ours"]["ttft_stages_ms"] = stages
+            table[f"{model} c{streams}"] = row
+    return {"rounds": rounds, "loads": loads, "table": table, "runs": runs, "seed": SEED, "sim_flags": REPLAY_SIM}
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -685,9 +765,21 @@ def table(summary: dict) -> list[tuple[str, Any, Any, Any]]:
             add("  roofline model, ours: c32 ITL p50 ms", r["c32_ramp"]["itl_ms"]["p50"], None)
             add("  roofline model, ours: c1 TTFT p50 ms", r["c1"]["ttft_ms"]["p50"], None)
     if "replay" in summary:
-        o, d, v = summary["replay"]["ours_sim"], SEED["deepinfer_server"], SEED["vllm"]
-        for key in ("ttft_mean_s", "ttft_p95_s", "itl_mean_ms", "output_tok_s", "e2e_mean_s", "e2e_p95_s"):
-            rows.append((f"replay DP8 c16 8k/1k: {key} (seed DIS | vLLM)", o[key], f"{d[key]} | {v[key]}", None))
+        for label, row in summary["replay"]["table"].items():
+            for f in REPLAY_FIGURES:
+                o, p = row["ours"][f], row["peer"][f]
+                rows.append(
+                    (
+                        f"replay {label}: {f} (median [min-max])",
+                        f"{o['median']} [{o['min']}-{o['max']}]",
+                        f"{p['median']} [{p['min']}-{p['max']}]",
+                        ratio(o["median"], p["median"]),
+                    )
+                )
+            for stage, st in row["ours"].get("ttft_stages_ms", {}).items():
+                rows.append(
+                    (f"  ours {label}: TTFT stage {stage} ms", f"{st['median']} [{st['min']}-{st['max']}]", "", None)
+                )
     if "idle" in summary:
         i = summary["idle"]
         add("1,000 idle streams: server RSS MB", i["server_rss_mb"], None)

@@ -172,3 +172,26 @@ def test_without_the_vote_model_prompts_start_at_any_step() -> None:
     submit(e, 2, 10)
     _, out = step(e)
     assert 2 in out
+
+
+def test_the_partial_prefill_gate_hands_prompts_to_the_engine_first_come_first_served() -> None:
+    from deepinfer_server.engine.prefill_gate import PrefillGate
+
+    g = PrefillGate(engine(max_num_seqs=8, max_num_batched_tokens=1000), limit=1)
+    for rid in (1, 2, 3):
+        submit(g, rid, 150)  # type: ignore[arg-type]
+    assert g.load() == (3, 450) and len(g.waiting) == 2
+    firsts = []
+    for _ in range(6):
+        cost, out = step(g)  # type: ignore[arg-type]
+        firsts += [rid for rid, _, _ in g.first_token_times()]
+        assert cost <= 1.0 + 150 * 10 / 1000, "one prompt's prefill per step, never several side by side"
+    assert firsts == [1, 2, 3]
+    # A waiting request that is aborted never reaches the engine; the next one moves up.
+    for rid in (4, 5, 6):
+        submit(g, rid, 150)  # type: ignore[arg-type]
+    g.abort([5])
+    for _ in range(4):
+        step(g)  # type: ignore[arg-type]
+        firsts += [rid for rid, _, _ in g.first_token_times()]
+    assert firsts[3:] == [4, 6] and not g.waiting

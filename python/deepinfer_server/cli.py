@@ -88,6 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="Memory allocator: auto preloads mimalloc when the system has it (libmimalloc2.0), else glibc's.",
     )
     p.add_argument(
+        "--max-num-partial-prefills",
+        type=int,
+        default=0,
+        help="Requests of one data-parallel rank in prefill at once; the rest wait in the rank, first come first "
+        "served, before the engine sees them (vLLM's flag). A burst of long prompts then gets its first tokens one "
+        "after another instead of all at the end, and running streams keep short steps. 0: no limit, every "
+        "admitted prompt is handed to the engine at once.",
+    )
+    p.add_argument(
         "--max-queued-requests",
         type=int,
         default=0,
@@ -223,6 +232,7 @@ def check_args(args: argparse.Namespace) -> str | None:
         return "--port must be in 0..65535 (0 picks a free port)"
     for flag in (
         "max_queued_requests",
+        "max_num_partial_prefills",
         "queue_timeout",
         "startup_timeout",
         "request_timeout",

@@ -227,6 +227,7 @@ class Ranks:
                 "log_level": a.log_level,
                 "log_format": a.log_format,
                 "stream_interval_ms": a.stream_interval_ms,
+                "max_num_partial_prefills": a.max_num_partial_prefills,
                 "engine_config": self.engine_config(),
                 "lockstep": str(lockstep_path) if lockstep_path else None,
                 "doorbell": str(bell_path) if bell_path else None,

@@ -1,0 +1,98 @@
+"""`--max-num-partial-prefills K`: at most K requests of a rank are in prefill at once, the rest wait here, in
+arrival order, before the engine sees them (vLLM's flag of the same name).
+
+Why: an engine with chunked prefill runs every admitted prompt's chunks side by side, so a burst of long prompts
+on one rank all finish prefill together, at the end: every request gets the worst TTFT, and the decode steps of the
+running streams stretch with the combined chunks. Handing the engine K prompts at a time, first come first served,
+gives the first ones their tokens early and keeps the other streams' steps short, for the same total prefill work.
+
+The gate wraps the engine and counts a request as prefilling from `add` until the engine reports its first token
+(`first_token_times`, which the engine already keeps for the TTFT breakdown: no per-token work here) or its end.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from deepinfer_server.engine.base import Engine, Output, Submit
+
+
+class PrefillGate:
+    """An engine in front of an engine: the rank loop drives it as it drives the engine itself."""
+
+    def __init__(self, engine: Engine, limit: int) -> None:
+        self.engine, self.limit = engine, limit
+        self.waiting: deque[Submit] = deque()
+        self.prefilling: set[int] = set()
+        self._firsts: list[tuple[int, float, float]] = []
+        self._times = engine.first_token_times  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> Any:  # everything the gate does not change: the engine's own
+        return getattr(self.engine, name)
+
+    @property
+    def quiet_step(self) -> bool:
+        return self.engine.quiet_step
+
+    @quiet_step.setter
+    def quiet_step(self, value: bool) -> None:
+        self.engine.quiet_step = value
+
+    # -- requests ------------------------------------------------------------------------------------------------
+    def add(self, req: Submit) -> list[Output]:
+        if len(self.prefilling) >= self.limit:
+            self.waiting.append(req)
+            return []
+        return self._admit(req)
+
+    def abort(self, request_ids: list[int]) -> None:
+        gone = set(request_ids)
+        if self.waiting:
+            self.waiting = deque(r for r in self.waiting if r.request_id not in gone)
+        self.prefilling -= gone
+        self.engine.abort(request_ids)
+        # Waiting requests move up at the next step (`_after`), whose outputs can carry a refusal of theirs.
+
+    def has_work(self) -> bool:
+        return bool(self.waiting) or self.engine.has_work()
+
+    def load(self) -> tuple[int, int]:
+        n, tokens = self.engine.load()
+        return n + len(self.waiting), tokens + sum(len(r.prompt) for r in self.waiting)
+
+    # -- steps: each way the engine hands out tokens ---------------------------------------------------------------
+    def step(self) -> list[Output]:
+        return self._after(self.engine.step())
+
+    def commit(self) -> list[Output]:  # the sim in lockstep: plan() then commit()
+        return self._after(self.engine.commit())  # type: ignore[attr-defined]
+
+    def flush(self) -> list[Output]:  # DeepInfer going idle
+        return self._after(self.engine.flush())  # type: ignore[attr-defined]
+
+    def first_token_times(self) -> list[tuple[int, float, float]]:
+        out, self._firsts = self._firsts, []
+        return out
+
+    def close(self) -> None:
+        self.waiting.clear()
+        self.engine.close()
+
+    def _admit(self, req: Submit) -> list[Output]:
+        out = self.engine.add(req)
+        if not out:  # an immediate output is the engine refusing it: never prefilling
+            self.prefilling.add(req.request_id)
+        return out
+
+    def _after(self, out: list[Output]) -> list[Output]:
+        firsts = self._times()  # first outputs, an engine error included (the engines report those too)
+        self._firsts += firsts
+        for rid, *_ in firsts:
+            self.prefilling.discard(rid)
+        self._release(out)
+        return out
+
+    def _release(self, out: list[Output]) -> None:
+        while self.waiting and len(self.prefilling) < self.limit:
+            out += self._admit(self.waiting.popleft())
