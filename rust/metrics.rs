@@ -35,6 +35,8 @@ pub struct Metrics {
     spec_draft_tokens: IntCounter,
     spec_accepted_tokens: IntCounter,
     preemptions: IntCounter,
+    healthy: IntGauge,
+    capacity: IntGauge,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -139,6 +141,16 @@ impl Metrics {
                 "Sequences the engine preempted (their KV freed; they are recomputed).",
             ))
             .unwrap(),
+            healthy: IntGauge::new(
+                "deepinfer_healthy",
+                "1 while GET /health answers 200 (every rank running, not draining), else 0.",
+            )
+            .unwrap(),
+            capacity: IntGauge::new(
+                "deepinfer_capacity_requests",
+                "Requests admitted at once before a 429: data-parallel ranks x --max-num-seqs.",
+            )
+            .unwrap(),
             registry,
         };
         m.register_all();
@@ -149,9 +161,19 @@ impl Metrics {
         for reason in ["invalid_request_error", "model_not_found", "payload_too_large", "rate_limit_exceeded"] {
             m.rejected.with_label_values(&[reason]);
         }
-        for reason in
-            ["client_disconnect", "timeout", "engine_error", "prompt_length_exceeded", "insufficient_system_resource"]
-        {
+        for reason in [
+            "client_disconnect",
+            "timeout",
+            "engine_error",
+            "engine_abort",
+            "prompt_length_exceeded",
+            "insufficient_system_resource",
+            "grammar_error",
+            "ve_error",
+            "rank_failure",
+            "rank_hung",
+            "shutdown",
+        ] {
             m.aborted.with_label_values(&[reason]);
         }
         m
@@ -180,6 +202,8 @@ impl Metrics {
             Box::new(self.spec_draft_tokens.clone()),
             Box::new(self.spec_accepted_tokens.clone()),
             Box::new(self.preemptions.clone()),
+            Box::new(self.healthy.clone()),
+            Box::new(self.capacity.clone()),
         ];
         for c in all {
             r.register(c).expect("unique metric names");
@@ -206,8 +230,10 @@ impl Metrics {
         }
     }
 
-    /// The text exposition, with the rank-state gauges refreshed first.
-    pub fn render(&self, dispatcher: &Dispatcher, max_num_seqs: usize) -> String {
+    /// The text exposition, with the rank-state gauges refreshed first; `healthy` is what /health would say.
+    pub fn render(&self, dispatcher: &Dispatcher, max_num_seqs: usize, healthy: bool) -> String {
+        self.healthy.set(i64::from(healthy));
+        self.capacity.set((dispatcher.ranks.len() * max_num_seqs) as i64);
         let (mut running, mut waiting, mut kv) = (0usize, 0usize, 0f64);
         let (mut drafted, mut accepted, mut preempted) = (0u64, 0u64, 0u64);
         let now_ms = monotonic_ms();
