@@ -77,8 +77,9 @@ impl ApiError {
             ),
             r if r.starts_with("xgrammar") => (rejected("invalid_grammar", "its grammar failed"), "grammar_error"),
             "ve_error" => (rejected("invalid_image", "an image could not be processed"), "ve_error"),
-            // An abort the server asked for never gets here (its entry is gone first): this one is the engine's own.
-            "abort" => (ApiError::Engine("The engine aborted the request.".into()), "engine_abort"),
+            // The engine's scheduler gave up on a running request (DeepInfer's "abort"): a server error, counted
+            // apart from the other engine errors so that dashboards can tell the two.
+            "abort" => (ApiError::Engine(format!("The engine aborted the request ({reason}).")), "engine_abort"),
             _ => (ApiError::Engine(format!("The engine could not complete the request: {reason}")), "engine_error"),
         }
     }
@@ -192,9 +193,16 @@ mod tests {
             ("xgrammar runtime errors or timeout", 400, "invalid_grammar", false),
             ("ve_error", 400, "invalid_image", false),
             ("something new", 500, "engine_error", false),
+            ("abort", 500, "engine_error", false),
         ];
         for (reason, status, code, retry) in cases {
-            let (e, _) = ApiError::from_engine(reason);
+            let (e, label) = ApiError::from_engine(reason);
+            let want = match reason {
+                "abort" => "engine_abort",
+                "something new" => "engine_error",
+                _ => label,
+            };
+            assert_eq!(label, want, "{reason}");
             assert_eq!((e.status().as_u16(), e.code()), (status, code), "{reason}");
             assert!(e.to_string().contains(reason), "{reason}: {e}");
             let resp = e.into_response();

@@ -39,6 +39,8 @@ pub struct Metrics {
     spec_accepted_tokens: IntCounter,
     preemptions: IntCounter,
     reaborts: IntCounter,
+    healthy: IntGauge,
+    capacity: IntGauge,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -168,6 +170,16 @@ impl Metrics {
                 "Aborts the engine lost (the request kept running), sent again by the rank.",
             )
             .unwrap(),
+            healthy: IntGauge::new(
+                "deepinfer_healthy",
+                "1 while GET /health answers 200 (every rank running, not draining), else 0.",
+            )
+            .unwrap(),
+            capacity: IntGauge::new(
+                "deepinfer_capacity_requests",
+                "Requests admitted at once before a 429: data-parallel ranks x --max-num-seqs.",
+            )
+            .unwrap(),
             registry,
         };
         m.register_all();
@@ -178,9 +190,14 @@ impl Metrics {
         for reason in ["stop", "length"] {
             m.success.with_label_values(&[reason]);
         }
-        for reason in
-            ["invalid_request_error", "model_not_found", "payload_too_large", "rate_limit_exceeded", "queue_full"]
-        {
+        for reason in [
+            "invalid_request_error",
+            "model_not_found",
+            "payload_too_large",
+            "rate_limit_exceeded",
+            "queue_full",
+            "queue_timeout",
+        ] {
             m.rejected.with_label_values(&[reason]);
         }
         for reason in [
@@ -190,6 +207,11 @@ impl Metrics {
             "engine_abort",
             "prompt_length_exceeded",
             "insufficient_system_resource",
+            "grammar_error",
+            "ve_error",
+            "rank_failure",
+            "rank_hung",
+            "shutdown",
         ] {
             m.aborted.with_label_values(&[reason]);
         }
@@ -222,6 +244,8 @@ impl Metrics {
             Box::new(self.spec_accepted_tokens.clone()),
             Box::new(self.preemptions.clone()),
             Box::new(self.reaborts.clone()),
+            Box::new(self.healthy.clone()),
+            Box::new(self.capacity.clone()),
         ];
         for c in all {
             r.register(c).expect("unique metric names");
@@ -263,9 +287,11 @@ impl Metrics {
         }
     }
 
-    /// The text exposition, with the rank-state gauges refreshed first.
-    /// `queued`: requests in the admission wait queue.
-    pub fn render(&self, dispatcher: &Dispatcher, max_num_seqs: usize, queued: usize) -> String {
+    /// The text exposition, with the rank-state gauges refreshed first. `queued`: requests in the admission wait
+    /// queue; `healthy`: what /health would say.
+    pub fn render(&self, dispatcher: &Dispatcher, max_num_seqs: usize, queued: usize, healthy: bool) -> String {
+        self.healthy.set(i64::from(healthy));
+        self.capacity.set((dispatcher.ranks.len() * max_num_seqs) as i64);
         let (mut running, mut waiting, mut kv) = (0usize, 0usize, 0f64);
         let (mut drafted, mut accepted, mut preempted, mut reaborted) = (0u64, 0u64, 0u64, 0u64);
         let now_ms = monotonic_ms();

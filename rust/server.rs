@@ -121,7 +121,7 @@ async fn run(state: Arc<AppState>, pids: Vec<i32>) -> std::io::Result<i32> {
         // Admitted requests not yet on a rank (still being encoded) are cut as well, when their connection closes.
         let not_dispatched = shutdown_state.admission.in_flight().saturating_sub(in_flight_on_ranks(&shutdown_state));
         for rank in 0..shutdown_state.dispatcher.ranks.len() {
-            fail_in_flight(&shutdown_state.dispatcher, rank, "The server is shutting down.");
+            fail_in_flight(&shutdown_state.dispatcher, rank, "The server is shutting down.", "shutdown");
         }
         let lost = shutdown_state.dispatcher.lost() + not_dispatched;
         let code = if lost > 0 && code == 0 {

@@ -92,14 +92,15 @@ pub fn rank_failed(dispatcher: &Dispatcher, rank: usize) {
     if link.is_alive() {
         tracing::error!(rank, in_flight = link.in_flight(), "engine rank process exited; failing its requests");
     }
-    fail_rank(dispatcher, rank, &format!("Engine rank {rank} failed while running the request."));
+    fail_rank(dispatcher, rank, &format!("Engine rank {rank} failed while running the request."), "rank_failure");
 }
 
-/// Take `rank` out of service: no new requests, its in-flight ones end with `why`, its reader exits.
-pub fn fail_rank(dispatcher: &Dispatcher, rank: usize, why: &str) {
+/// Take `rank` out of service: no new requests, its in-flight ones end with `why` (counted as aborted with
+/// `label`), its reader exits.
+pub fn fail_rank(dispatcher: &Dispatcher, rank: usize, why: &str, label: &str) {
     let link = &dispatcher.ranks[rank];
     link.mark_dead();
-    fail_in_flight(dispatcher, rank, why);
+    fail_in_flight(dispatcher, rank, why, label);
     link.output.close();
 }
 
@@ -116,10 +117,14 @@ pub fn kill_rank_groups(pids: &[i32]) {
     }
 }
 
-/// End every request still on `rank` with a 503 (an error event + `[DONE]` for streams).
-pub fn fail_in_flight(dispatcher: &Dispatcher, rank: usize, why: &str) {
+/// End every request still on `rank` with a 503 (an error event + `[DONE]` for streams), counted in
+/// `deepinfer_aborted_requests_total{reason=label}`.
+pub fn fail_in_flight(dispatcher: &Dispatcher, rank: usize, why: &str, label: &str) {
     let entries = dispatcher.ranks[rank].take_all();
     dispatcher.count_lost(entries.len());
+    if !entries.is_empty() {
+        dispatcher.metrics.aborted.with_label_values(&[label]).inc_by(entries.len() as u64);
+    }
     for entry in entries {
         entry.log_end(503, "unavailable");
         entry.outlet.fail(ApiError::Unavailable(why.to_string()));

@@ -95,7 +95,7 @@ fn trip(dispatcher: &Dispatcher, stalls: &[Stall], pids: &[i32]) {
     }
     let why = format!("Engine rank {} stopped responding (watchdog); the server is restarting.", stalls[0].rank);
     for rank in 0..dispatcher.ranks.len() {
-        fail_rank(dispatcher, rank, &why);
+        fail_rank(dispatcher, rank, &why, "rank_hung");
     }
     tracing::error!("watchdog: killing every rank process and its children (SIGKILL)");
     kill_rank_groups(pids);

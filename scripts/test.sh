@@ -10,12 +10,22 @@ if ! command -v cargo >/dev/null 2>&1; then
     echo "cargo not found: install Rust (https://rustup.rs) first" >&2
     exit 1
 fi
-# procps (pgrep) for the tests; libmimalloc2.0 so the allocator switch is tested too (the server runs without).
+# procps (pgrep) for the tests; libmimalloc2.0 so the allocator switch is tested too (the server runs without);
+# nginx for the replicas behind a load balancer (tests/test_gateway_nginx.py); prometheus for promtool, which
+# checks and unit-tests the alert rules (tests/test_prometheus_rules.py).
 need=()
 command -v pgrep >/dev/null 2>&1 || need+=(procps)
 ls /usr/lib/*-linux-gnu/libmimalloc.so.* >/dev/null 2>&1 || need+=(libmimalloc2.0)
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
+    # A policy-rc.d that says no: installing the packages must not start their services (nginx, prometheus).
+    own_policy=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && own_policy=1
+    fi
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    [ -z "$own_policy" ] || rm -f /usr/sbin/policy-rc.d
 fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip

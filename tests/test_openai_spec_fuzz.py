@@ -97,7 +97,8 @@ BY_DESIGN: list[tuple[str, Callable[[Body, Error], bool]]] = [
     (
         "Responses: image and file inputs: not served yet (images issue)",
         lambda body, err: (
-            bool(re.fullmatch(r"input\[\d+\].*", str(err.get("param")))) and "input_" in str(err.get("message"))
+            bool(re.fullmatch(r"input\[\d+\].*", str(err.get("param"))))
+            and any(w in str(err.get("message")) for w in ("input_", "file_id"))
         ),
     ),
     (

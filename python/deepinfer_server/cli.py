@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from deepinfer_server import __version__
+from deepinfer_server.engine import sim_faults
 from deepinfer_server.prompt_encoder import CHOICES as PROMPT_ENCODERS
 
 
@@ -155,9 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
         "/health and /metrics stay open.",
     )
     sim = p.add_argument_group("simulated engine (--engine sim)")
-    sim.add_argument("--sim-prefill-ms-per-1k-tokens", type=float, default=0.0, help="Prefill cost; 0 = free.")
-    sim.add_argument("--sim-decode-step-ms", type=float, default=0.0, help="Decode step time; 0 = free.")
-    sim.add_argument("--sim-decode-ms-per-seq", type=float, default=0.0, help="Extra step time per decoding sequence.")
+    # The cost flags default to the --sim-profile's values (sim_faults.resolve fills them in).
+    sim.add_argument("--sim-prefill-ms-per-1k-tokens", type=float, default=None, help="Prefill cost; 0 = free.")
+    sim.add_argument("--sim-decode-step-ms", type=float, default=None, help="Decode step time; 0 = free.")
+    sim.add_argument("--sim-decode-ms-per-seq", type=float, default=None, help="Extra step time per decoding sequence.")
     sim.add_argument(
         "--sim-overlap-prefill",
         action="store_true",
@@ -167,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--sim-prefill-chunk-tokens",
         type=int,
-        default=0,
+        default=None,
         help="Largest prefill chunk per request and step; 0 = budget.",
     )
     sim.add_argument(
@@ -183,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="DP ranks step together, each step as long as the slowest rank's (as DeepInfer's ranks do).",
     )
+    sim_faults.add_arguments(sim)  # --sim-profile and the failures to inject
     return p
 
 
@@ -213,7 +216,7 @@ def resolve_parallelism(args: argparse.Namespace) -> str | None:
 
 def check_args(args: argparse.Namespace) -> str | None:
     """Every cross-field rule in one place; the message names the flags involved."""
-    err = resolve_parallelism(args)
+    err = resolve_parallelism(args) or sim_faults.resolve(args)
     if err:
         return err
     if args.engine == "deepinfer" and not args.model:

@@ -232,6 +232,10 @@ class Ranks:
                 "lockstep": str(lockstep_path) if lockstep_path else None,
                 "doorbell": str(bell_path) if bell_path else None,
             }
+            if a.engine == "sim":
+                from deepinfer_server.engine.sim_faults import rank_config
+
+                conf["sim_faults"] = rank_config(a, rank)  # failures to inject (--sim-error-rate ...), or None
             env = self.rank_env(rank)
             if dist_envs:
                 conf["engine_config"]["engine_rank"] = rank

@@ -68,15 +68,15 @@ def die(rank: int, outputs: _native.Ring, what: str) -> NoReturn:
     os._exit(EXIT_FATAL)
 
 
-def build_engine(kind: str, cfg: dict[str, Any]) -> Engine:
+def build_engine(kind: str, cfg: dict[str, Any], sim_faults: dict[str, Any] | None = None) -> Engine:
     if kind == "sim":
-        from deepinfer_server.engine.sim import SimConfig, SimEngine
+        from deepinfer_server.engine import sim_faults as faults
 
         # The simulated engine stands in for a GPU: it should not take host CPU from the server's request
         # handling (a real engine's step runs on the device, not on the cores the front end uses).
         os.nice(SIM_NICE)
 
-        sim: Engine = SimEngine(SimConfig(**cfg))
+        sim: Engine = faults.build(cfg, sim_faults)  # a SimEngine, with failures injected if asked
         return sim
     if kind == "deepinfer":
         from deepinfer_server.engine.deepinfer import build as build_deepinfer
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     bell = _native.Doorbell.open(conf["doorbell"]) if conf.get("doorbell") else None
     outputs.set_aux(_native.AUX_STATE, _native.STATE_LOADING)
     try:
-        engine = build_engine(conf["engine"], conf["engine_config"])
+        engine = build_engine(conf["engine"], conf["engine_config"], conf.get("sim_faults"))
     except Exception as e:
         log.exception("rank %d: engine failed to start", rank)
         outputs.set_aux(_native.AUX_STATE, _native.STATE_FAILED)
