@@ -578,11 +578,16 @@ REPLAY_ROUNDS = 3
 REPLAY_FIGURES = ("ttft_mean_ms", "ttft_p95_ms", "itl_mean_ms", "output_tok_s")
 
 
+# The servers of the replay: ours as it ships, and the peer. `--replay-variant NAME=FLAGS` adds ours with FLAGS.
+REPLAY_SERVERS: dict[str, list[str]] = {"ours": [], "peer": []}
+
+
 def replay_server(name: str, bench_dir: Path, port: int, model: str) -> Server:
     ours, peer, _ = REPLAY_MODELS[model]
     flags = ["--dp", "8", "--max-num-seqs", "16", "--max-model-len", "32768"]
-    if name == "ours":
-        return launch(name, ours_cmd(port, *flags, "--max-num-batched-tokens", "32768", *ours), port)
+    if name != "peer":
+        cmd = ours_cmd(port, *flags, "--max-num-batched-tokens", "32768", *ours, *REPLAY_SERVERS[name])
+        return launch(name, cmd, port)
     cmd = [sys.executable, str(bench_dir / "peer_fastapi.py"), "--port", str(port), "--tokenizer", str(TOKENIZER),
            "--served-model-name", MODEL, *flags, *peer]  # fmt: skip
     return launch(name, cmd, port)
@@ -590,12 +595,12 @@ def replay_server(name: str, bench_dir: Path, port: int, model: str) -> Server:
 
 def replay_run(bench_dir: Path, name: str, model: str, streams: int, requests: int) -> dict[str, Any]:
     """One closed-loop run of the seed's shape on a freshly started server, as a user benchmarking once would."""
-    srv = replay_server(name, bench_dir, 18730 + (name == "peer"), model)
+    srv = replay_server(name, bench_dir, 18730 + list(REPLAY_SERVERS).index(name), model)
     try:
         args = ["--concurrency", str(streams), "--requests", str(requests), "--prompt-tokens", "8192"]
         args += ["--max-tokens", str(REPLAY_MODELS[model][2]), "--ignore-eos", "--timeout", "600"]
         r = loadgen(bench_dir, srv, *args)
-        stages = ttft_stages(srv.url) if name == "ours" else {}
+        stages = ttft_stages(srv.url) if name != "peer" else {}
     finally:
         srv.stop()
     time.sleep(1)
@@ -639,9 +644,11 @@ def scenario_replay(bench_dir: Path, quick: bool) -> dict:
     the peer side by side on the same cost model, at 16, 64 and 128 streams, in alternating rounds."""
     rounds = 1 if quick else REPLAY_ROUNDS
     loads = {16: 32, 64: 64, 128: 128} if quick else REPLAY_LOADS
+    if os.environ.get("REPLAY_LOADS"):  # e.g. "64:128,128:256": streams:requests
+        loads = {int(k): int(v) for k, v in (x.split(":") for x in os.environ["REPLAY_LOADS"].split(","))}
     runs: dict[str, dict[int, dict[str, list[dict[str, Any]]]]] = {}
     for i in range(rounds):
-        order = ("ours", "peer") if i % 2 == 0 else ("peer", "ours")
+        order = tuple(REPLAY_SERVERS) if i % 2 == 0 else tuple(reversed(REPLAY_SERVERS))
         for model in REPLAY_MODELS:
             for streams, requests in loads.items():
                 for name in order:
@@ -653,13 +660,13 @@ def scenario_replay(bench_dir: Path, quick: bool) -> dict:
     for model, by_load in runs.items():
         for streams, by_name in by_load.items():
             # Ours: where the TTFT went, per stage (median over rounds of each round's mean), and its spread.
-            stage_runs = [r["ttft_stages_mean_ms"] for r in by_name.get("ours", [])]
-            stages = {s: spread([r.get(s) for r in stage_runs]) for s in (stage_runs[0] if stage_runs else {})}
+            stage_runs = {n: [r["ttft_stages_mean_ms"] for r in rs] for n, rs in by_name.items() if n != "peer"}
             row = {
                 name: {f: spread([r[f] for r in rs]) for f in REPLAY_FIGURES} | {"errors": [r["errors"] for r in rs]}
                 for name, rs in by_name.items()
             }
-            row["ours"]["ttft_stages_ms"] = stages
+            for n, sr in stage_runs.items():
+                row[n]["ttft_stages_ms"] = {s: spread([r.get(s) for r in sr]) for s in (sr[0] if sr else {})}
             table[f"{model} c{streams}"] = row
     return {"rounds": rounds, "loads": loads, "table": table, "runs": runs, "seed": SEED, "sim_flags": REPLAY_SIM}
 
@@ -755,20 +762,22 @@ def table(summary: dict) -> list[tuple[str, Any, Any, Any]]:
             add("  roofline model, ours: c1 TTFT p50 ms", r["c1"]["ttft_ms"]["p50"], None)
     if "replay" in summary:
         for label, row in summary["replay"]["table"].items():
-            for f in REPLAY_FIGURES:
-                o, p = row["ours"][f], row["peer"][f]
-                rows.append(
-                    (
-                        f"replay {label}: {f} (median [min-max])",
-                        f"{o['median']} [{o['min']}-{o['max']}]",
-                        f"{p['median']} [{p['min']}-{p['max']}]",
-                        ratio(o["median"], p["median"]),
+            for n in row:
+                if n == "peer":
+                    continue
+                for f in REPLAY_FIGURES:
+                    o, p = row[n][f], row["peer"][f]
+                    rows.append(
+                        (
+                            f"replay {label} {n}: {f} (median [min-max])",
+                            f"{o['median']} [{o['min']}-{o['max']}]",
+                            f"{p['median']} [{p['min']}-{p['max']}]",
+                            ratio(o["median"], p["median"]),
+                        )
                     )
-                )
-            for stage, st in row["ours"].get("ttft_stages_ms", {}).items():
-                rows.append(
-                    (f"  ours {label}: TTFT stage {stage} ms", f"{st['median']} [{st['min']}-{st['max']}]", "", None)
-                )
+                stages = row[n].get("ttft_stages_ms", {})
+                cell = " ".join(f"{s}={st['median']}" for s, st in stages.items() if (st["median"] or 0) >= 0.5)
+                rows.append((f"  {n} {label}: TTFT stages, median ms", cell, "", None))
     if "idle" in summary:
         i = summary["idle"]
         add("1,000 idle streams: server RSS MB", i["server_rss_mb"], None)
@@ -797,7 +806,17 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer requests: a smoke run, not for BENCHMARKS.md")
     ap.add_argument("--json-out", type=Path)
     ap.add_argument("--plots", type=Path, help="write PNG plots of the sweep here")
+    ap.add_argument(
+        "--replay-variant",
+        action="append",
+        default=[],
+        metavar="NAME=FLAGS",
+        help="replay: also run ours with these extra flags, e.g. pp1='--max-num-partial-prefills 1'",
+    )
     args = ap.parse_args()
+    for v in args.replay_variant:
+        name, _, flags = v.partition("=")
+        REPLAY_SERVERS[name] = flags.split()
     if not (args.bench_dir / "loadgen.py").is_file():
         raise SystemExit(f"loadgen.py not found in {args.bench_dir} (use --bench-dir)")
     summary: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "kernel": os.uname().release}}
