@@ -598,12 +598,22 @@ def replay_run(bench_dir: Path, name: str, model: str, streams: int, requests: i
     srv = replay_server(name, bench_dir, 18730 + list(REPLAY_SERVERS).index(name), model)
     try:
         args = ["--concurrency", str(streams), "--requests", str(requests), "--prompt-tokens", "8192"]
-        args += ["--max-tokens", str(REPLAY_MODELS[model][2]), "--ignore-eos", "--timeout", "600"]
-        r = loadgen(bench_dir, srv, *args)
+        # A read that stalls 120 s means the server stopped answering (the peer's ranks have died this way at 128
+        # streams): the run is recorded as failed, the benchmark goes on.
+        args += ["--max-tokens", str(REPLAY_MODELS[model][2]), "--ignore-eos", "--timeout", "120"]
+        try:
+            r = loadgen(bench_dir, srv, *args)
+        except subprocess.CalledProcessError as e:
+            try:
+                health = urllib.request.urlopen(f"{srv.url}/health", timeout=5).read().decode(errors="replace")
+            except OSError as h:  # a 503 is an HTTPError, an OSError
+                health = str(h)
+            print(f"   {name}: loadgen failed ({e.returncode}); /health says {health[:200]}", file=sys.stderr)
+            return {"ttft_stages_mean_ms": {}, **dict.fromkeys(REPLAY_FIGURES), "ok": 0, "errors": {"failed": 1}}
         stages = ttft_stages(srv.url) if name != "peer" else {}
     finally:
         srv.stop()
-    time.sleep(1)
+        time.sleep(1)
     return {
         "ttft_stages_mean_ms": stages,
         "ttft_mean_ms": r["ttft_ms"]["mean"],
