@@ -420,7 +420,7 @@ class Codec:
                 if not (forced and str(e) == _THINKING_TOOL_CHOICE):
                     raise
                 d = json.loads(body)
-                d["tool_choice"] = "auto"
+                d["tool_choice"] = {"type": "auto"} if protocol == MESSAGES else "auto"
                 conv, generator = self._convert(json.dumps(d).encode(), protocol)
         except ConversionError as e:
             return e.status_code, with_param(e.body, protocol)

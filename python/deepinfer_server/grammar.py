@@ -20,6 +20,7 @@ functions (`compile_so_args`), so what it honours is what DeepInfer is sent.
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -172,7 +173,7 @@ class _JsonEbnf:
                 return "jstring"
             return self.rule(f'"\\"" jchar{{{int(lo or 0)},{"" if hi is None else int(hi)}}} "\\""')
         if kind == "integer":
-            return "jinteger"
+            return self._integer(s)
         if kind == "number":
             return "jnumber"
         if kind == "boolean":
@@ -184,6 +185,20 @@ class _JsonEbnf:
         if kind == "object":
             return self._object(s)
         raise GrammarError(f'unsupported type "{kind}"')
+
+    def _integer(self, s: dict[str, Any]) -> str:
+        lo, hi = s.get("minimum"), s.get("maximum")
+        if isinstance(s.get("exclusiveMinimum"), (int, float)) and not isinstance(s.get("exclusiveMinimum"), bool):
+            lo = s["exclusiveMinimum"] + 1 if lo is None else max(lo, s["exclusiveMinimum"] + 1)
+        if isinstance(s.get("exclusiveMaximum"), (int, float)) and not isinstance(s.get("exclusiveMaximum"), bool):
+            hi = s["exclusiveMaximum"] - 1 if hi is None else min(hi, s["exclusiveMaximum"] - 1)
+        if lo is None and hi is None:
+            return "jinteger"
+        lo = None if lo is None else math.ceil(lo)
+        hi = None if hi is None else math.floor(hi)
+        if lo is not None and hi is not None and lo > hi:
+            raise GrammarError("minimum is greater than maximum")
+        return self.rule(" | ".join(_int_range(lo, hi)))
 
     def _ref(self, ref: str) -> str:
         if not ref.startswith("#/"):
@@ -254,6 +269,48 @@ class _JsonEbnf:
 
     def text(self) -> str:
         return "\n".join(f"{name} ::= {body}" for name, body in self.rules.items() if body)
+
+
+def _digits(x: str, y: str) -> list[str]:
+    """EBNF sequences for the numbers from x to y, digit strings of one length (x <= y)."""
+    n = len(x)
+    if n == 1:
+        return [f'"{x}"' if x == y else f"[{x}-{y}]"]
+    if x[0] == y[0]:
+        return [f'"{x[0]}" {p}' for p in _digits(x[1:], y[1:])]
+    if x[1:] == "0" * (n - 1) and y[1:] == "9" * (n - 1):
+        return [f"[{x[0]}-{y[0]}] [0-9]{{{n - 1}}}"]
+    out = [f'"{x[0]}" {p}' for p in _digits(x[1:], "9" * (n - 1))]
+    if int(x[0]) + 1 <= int(y[0]) - 1:
+        out.append(f"[{int(x[0]) + 1}-{int(y[0]) - 1}] [0-9]{{{n - 1}}}")
+    return out + [f'"{y[0]}" {p}' for p in _digits("0" * (n - 1), y[1:])]
+
+
+def _nonneg(a: int, b: int | None) -> list[str]:
+    """The numbers from a (>= 0) to b (None: no bound), without leading zeros."""
+    top = b if b is not None else 10 ** len(str(a)) - 1
+    out = []
+    for n in range(len(str(a)), len(str(top)) + 1):
+        lo, hi = max(a, 10 ** (n - 1) if n > 1 else 0), min(top, 10**n - 1)
+        if lo <= hi:
+            out += _digits(str(lo), str(hi))
+    if b is None:
+        out.append(f"[1-9] [0-9]{{{len(str(a))},}}")
+    return out
+
+
+def _int_range(lo: int | None, hi: int | None) -> list[str]:
+    """EBNF alternatives for the integers in [lo, hi] (a None bound is open)."""
+    out = []
+    if lo is None or lo < 0:  # the negative ones: "-" and their magnitude
+        if hi is not None and hi < 0:
+            mags = _nonneg(-hi, None if lo is None else -lo)
+        else:
+            mags = _nonneg(1, None if lo is None else -lo)
+        out += [f'"-" {m}' for m in mags]
+    if hi is None or hi >= 0:
+        out += _nonneg(max(0, lo if lo is not None else 0), hi)
+    return [f"( {x} )" for x in out]
 
 
 def _is_string_schema(s: Any) -> bool:

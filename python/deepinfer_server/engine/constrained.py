@@ -34,10 +34,11 @@ GRAMMAR_FAILED = "xgrammar runtime errors or timeout"
 # which xgrammar matches by their bytes; the bundled tokenizer marks them special.
 TEXT_TOKENS = ("<think>", "</think>", "｜DSML｜")
 STRUCTURE = frozenset(b'"{}[],:<>\n')
-CLOSERS = ('"', "}", "]", "<")
+CLOSERS = ('"', "}", "]", "<", "/")
 PUNCTUATION = ('"', ":", ",", "{", "[", "}", "]", "0", "1")  # tried after the script's hint, before random tokens
 RUN_LIMIT = 8  # tokens without structure before closing is preferred
 TOTAL_LIMIT = 96  # grammar tokens in all before closing is preferred
+OFF_SCRIPT_LIMIT = 32  # the same, once the output has left the script
 CANDIDATES = 24  # random vocabulary tokens tried before the whole mask is scanned
 
 
@@ -187,16 +188,24 @@ class GrammarRun:
             return t >= 0 and (t >> 3) < len(mask) and bool((mask[t >> 3] >> (t & 7)) & 1)
 
         accepting = m.is_accepting()
-        closing = self.run >= RUN_LIMIT or self.total >= TOTAL_LIMIT
+        closing = self.run >= RUN_LIMIT or self.total >= (TOTAL_LIMIT if self.aligned else OFF_SCRIPT_LIMIT)
+        sample = rng.sample(g.vocab.others, min(CANDIDATES, len(g.vocab.others)))
+        others = [t for t in sample if ok(t)]
+        # Free text (a string, a raw parameter): most words fit. There punctuation is no progress, and of the
+        # closing tokens only those that end the free text are.
+        free = len(others) * 2 >= len(sample)
         preferred: list[int] = []
         if accepting and ok(eos) and (hint == eos or closing or m.is_stopped()):
             preferred.append(eos)
         if closing:
-            preferred += [t for t in g.closers if ok(t)]
+            closers = [t for t in g.closers if ok(t)]
+            if free:
+                closers = [t for t in closers if not self._keeps_free(t, sample)] or closers
+            preferred += closers
         if hint != eos and ok(hint):
             preferred.append(hint)
-        preferred += [t for t in g.punctuation if ok(t)]
-        others = [t for t in rng.sample(g.vocab.others, min(CANDIDATES, len(g.vocab.others))) if ok(t)]
+        if not free:
+            preferred += [t for t in g.punctuation if ok(t)]
         if not preferred and not others:
             allowed = [t for t in _allowed(mask) if t != eos or accepting]
             others = [t for t in allowed if t not in g.blank] or allowed  # whitespace only if nothing else fits
@@ -213,6 +222,15 @@ class GrammarRun:
         token = draw(logprobs, rng)
         ranked = sorted(logprobs.items(), key=lambda kv: -kv[1])[:top]
         return token, (logprobs[token], ranked)
+
+    def _keeps_free(self, token: int, sample: list[int]) -> bool:
+        """Whether the text is still free text after `token` (most of `sample` still fits)."""
+        m = self.matcher.deep_copy()
+        if not m.consume_token(token):
+            return True
+        mask = m.compute_bitmask()
+        fits = sum(1 for t in sample if (t >> 3) < len(mask) and (mask[t >> 3] >> (t & 7)) & 1)
+        return fits * 2 >= len(sample)
 
     def accept(self, token: int) -> bool:
         """Consume a token the grammar allowed."""
