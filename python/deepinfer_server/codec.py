@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,7 +61,7 @@ from deepinfer_server.grammar import (
     GrammarError,
     tool_calls_ebnf,
 )
-from deepinfer_server.prompt_encoder import LengthGuard, PromptTooLong
+from deepinfer_server.prompt_encoder import LengthGuard, PromptTooLong, RecipeEncoder
 from deepinfer_server.prompt_encoder import build as build_prompt_encoder
 
 __all__ = ["FINISHED", "RUNNING", "STOPPED_EARLY", "Codec", "Decoder", "Prepared", "decode_batch"]
@@ -204,9 +205,23 @@ class Codec:
         self.think_end_id = tokenizer.encode(SpecialToken.ThinkingEnd.default_str())[0]
         self.dsml_id = tokenizer.encode(DSML)[0]
         self.grammars = GrammarCache()
-        # Kept for requests with logprobs, which deepseek-recipe's processor takes as token IDs (about 50 MB for
-        # DeepSeek's vocabulary).
-        self.recipe_tokenizer = tokenizer
+        # Requests with logprobs feed deepseek-recipe's processor token IDs, which needs its tokenizer (about 50 MB
+        # for DeepSeek's 128k vocabulary). The deepseek-recipe prompt encoder holds one anyway: share it. Otherwise
+        # (fastokens encodes the prompts) it is loaded on the first request with logprobs, not kept from start-up.
+        self.tokenizer_path = str(tokenizer_path)
+        self._recipe_tokenizer: Tokenizer | None = tokenizer if isinstance(self.encoder, RecipeEncoder) else None
+        self._tokenizer_lock = threading.Lock()
+
+    @property
+    def recipe_tokenizer(self) -> Tokenizer:
+        """deepseek-recipe's tokenizer, loaded on first use (a codec thread, on the first request with logprobs)."""
+        tok = self._recipe_tokenizer
+        if tok is None:
+            with self._tokenizer_lock:
+                if self._recipe_tokenizer is None:
+                    self._recipe_tokenizer = Tokenizer.from_file(self.tokenizer_path)
+                tok = self._recipe_tokenizer
+        return tok
 
     def prepare(
         self,
