@@ -2,6 +2,7 @@
 //! a small pool for `Codec.prepare` and the rank_io threads for `decode_batch`. Tokio workers never do.
 
 use crate::error::ApiError;
+use crate::http::fields::ForcedTool;
 use crate::protocol::{Protocol, frame_into};
 use crate::ring::py::logprobs_to_py;
 use crate::ring::records::{Constraint, Logprobs};
@@ -23,6 +24,8 @@ pub struct PrepareRequest {
     pub ignore_eos: bool,
     pub include_usage: bool,
     pub continuous_usage: bool,
+    /// A tool choice that forces a call: the codec constrains the output to a tool-call block.
+    pub forced_tool: Option<ForcedTool>,
 }
 
 /// A converted, encoded request.
@@ -168,6 +171,9 @@ impl Codec {
             req.include_usage,
             req.continuous_usage,
             req.protocol.code(),
+            // "" forces any tool, a name that one; None forces nothing.
+            req.forced_tool.as_ref().map(|f| f.name.clone().unwrap_or_default()),
+            req.forced_tool.as_ref().is_none_or(|f| f.parallel),
         );
         let out = self.codec.bind(py).call_method1("prepare", args).map_err(|e| internal(py, e))?;
         if let Ok(t) = out.cast::<PyTuple>() {

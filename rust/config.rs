@@ -9,6 +9,9 @@ pub struct ServerConfig {
     pub host: String,
     pub port: u16,
     pub served_model_names: Vec<String>,
+    /// Served names that pin the thinking mode (`--served-model-name NAME=thinking|no-thinking`): name -> on.
+    #[pyo3(default)]
+    pub thinking_pins: std::collections::HashMap<String, bool>,
     pub max_model_len: u32,
     pub max_num_seqs: u32,
     pub request_timeout_s: f64,
@@ -94,6 +97,7 @@ impl ServerConfig {
             host: "127.0.0.1".into(),
             port: 0,
             served_model_names: vec!["test-model".into()],
+            thinking_pins: Default::default(),
             max_model_len: 4096,
             max_num_seqs: 4,
             request_timeout_s: 0.0,

@@ -291,3 +291,21 @@ def test_the_last_batch_is_spliced_as_parsing_would_write_it(
     assert ("completion_tokens_details" in last["usage"]) == thinking
     assert json.loads(got[-2])["usage"] == (last["usage"] if usage == "continuous" else None)
     assert summary([*prepared.first_chunks, *got])["content"].endswith('\\",\\"usage\\":{')
+
+
+def test_deepseek_recipes_tokenizer_is_loaded_on_the_first_request_with_logprobs() -> None:
+    """With fastokens encoding the prompts, deepseek-recipe's tokenizer (~50 MB for DeepSeek's vocabulary) is not
+    kept from start-up: the first request that asks for logprobs loads it, once; the recipe encoder shares its own."""
+    codec = Codec(BUNDLED_TOKENIZER, [MODEL], 16384, prompt_encoder="fastokens")
+    assert codec._recipe_tokenizer is None
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "thinking": {"type": "disabled"}}
+    p = codec.prepare(json.dumps(body).encode(), "r", MODEL, False, False, False)
+    assert isinstance(p, Prepared) and codec._recipe_tokenizer is None, "no logprobs: not needed"
+    p = codec.prepare(json.dumps({**body, "logprobs": True}).encode(), "r", MODEL, False, False, False)
+    assert isinstance(p, Prepared) and p.logprobs == 0
+    loaded = codec._recipe_tokenizer
+    assert loaded is not None
+    codec.prepare(json.dumps({**body, "logprobs": True}).encode(), "r", MODEL, False, False, False)
+    assert codec._recipe_tokenizer is loaded
+    recipe = Codec(BUNDLED_TOKENIZER, [MODEL], 16384, prompt_encoder="recipe")
+    assert recipe._recipe_tokenizer is not None, "the recipe encoder's own tokenizer, shared"

@@ -795,3 +795,59 @@ def test_the_adapter_sends_its_first_token_times(deepinfer_server) -> None:
     total = dict(re.findall(r'^deepinfer_ttft_stage_seconds_sum\{stage="(\w+)"\} (\S+)$', metrics, re.M))
     assert float(total["prefill"]) >= 2 * 0.010, total  # at least the fake's 10 ms step each
     stop_cleanly(srv)
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
+RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": SCHEMA}}
+
+
+def logged_so_args(srv: Server) -> list[dict[str, object]]:
+    return [
+        json.loads(ln.split(" ", 3)[3]) for ln in srv.log().splitlines() if ln.startswith("fake-deepinfer so_args ")
+    ]
+
+
+def test_constraints_reach_the_engine_as_so_args(deepinfer_server) -> None:
+    """What DeepInfer receives: the schema, the trigger `</think>` with thinking on, none with thinking off; a
+    forced tool call as an EBNF grammar."""
+    srv = deepinfer_server()
+    think_end = json.loads((BUNDLED / "tokenizer.json").read_text())["added_tokens"]
+    think_end_id = next(t["id"] for t in think_end if t["content"] == "</think>")
+    base = {"model": MODEL, "messages": [{"role": "user", "content": "json please"}], "max_tokens": 5}
+    for thinking in ("enabled", "disabled"):
+        body = {**base, "response_format": RESPONSE_FORMAT, "thinking": {"type": thinking}}
+        assert httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=30).status_code == 200
+    tool = {"type": "function", "function": {"name": "f", "parameters": SCHEMA}}
+    body = {**base, "tools": [tool], "tool_choice": "required", "thinking": {"type": "disabled"}}
+    assert httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=30).status_code == 200
+    on, off, forced = logged_so_args(srv)[-3:]
+    assert on["schema_type"] == off["schema_type"] == "json" and json.loads(str(on["schema"])) == SCHEMA
+    assert on["trigger_token_ids"] == [think_end_id] and "trigger_token_ids" not in off
+    assert forced["schema_type"] == "ebnf" and 'invoke name=\\"f\\"' in str(forced["schema"])
+    assert "bound_token_id" not in on
+    stop_cleanly(srv)
+
+
+def test_a_grammar_the_engine_fails_ends_the_request_and_frees_its_slot(deepinfer_server) -> None:
+    """DeepInfer's "xgrammar runtime errors or timeout" finish: a 400 invalid_grammar (an error event on a
+    stream), and the slot is free again (--max-num-seqs 1: the next request runs)."""
+    srv = deepinfer_server("--max-num-seqs", "1", FAKE_DEEPINFER_GRAMMAR_FAILS="1")
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "json please"}],
+        "max_tokens": 5,
+        "response_format": RESPONSE_FORMAT,
+        **NO_THINK,
+    }
+    for _ in range(3):
+        r = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_grammar", r.text
+        assert "xgrammar" in r.json()["error"]["message"]
+    with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json={**body, "stream": True}, timeout=30) as s:
+        text = s.read().decode()
+    assert s.status_code == 200 and "invalid_grammar" in text and text.rstrip().endswith("[DONE]")
+    r = chat(srv.client(timeout=30), "plain", max_tokens=5, extra={"ignore_eos": True})
+    assert r.usage.completion_tokens == 5, "the failed requests left their slot"
+    metrics = httpx.get(f"{srv.url}/metrics").text
+    assert re.search(r'deepinfer_aborted_requests_total\{[^}]*reason="grammar_error"\} 4', metrics), metrics
+    stop_cleanly(srv)

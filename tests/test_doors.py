@@ -152,14 +152,15 @@ def test_messages_errors_use_anthropic_envelope(server: Server, make_server: Any
     with pytest.raises(anthropic.BadRequestError) as bad:
         c.messages.create(model=MODEL, max_tokens=5, messages=[])
     assert bad.value.body["type"] == "error"  # type: ignore[index]
-    with pytest.raises(anthropic.BadRequestError):
+    with pytest.raises(anthropic.BadRequestError) as unknown:
         c.messages.create(
             model=MODEL,
             max_tokens=5,
             tools=[WEATHER_A],
-            tool_choice={"type": "any"},
+            tool_choice={"type": "tool", "name": "not_a_tool"},
             messages=[{"role": "user", "content": "x"}],
         )
+    assert "not_a_tool" in unknown.value.body["error"]["message"]  # type: ignore[index]
     keyed = make_server("--api-key", "k")
     with pytest.raises(anthropic.AuthenticationError) as auth:
         claude(keyed, key="wrong").messages.create(

@@ -20,6 +20,15 @@ def envelope(r: httpx.Response) -> dict:
     return err
 
 
+BAD_SCHEMA = {
+    "type": "json_schema",
+    "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "nope"}}}},
+}
+LOOKBEHIND = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(?<=a)b"}}}
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+UNKNOWN_TOOL = {"type": "function", "function": {"name": "not_a_tool"}}
+
+
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize(
     ("body", "status", "param"),
@@ -32,6 +41,22 @@ def envelope(r: httpx.Response) -> dict:
         ({"model": MODEL, "messages": MSG, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
         ({"model": MODEL, "messages": MSG, "response_format": {"type": "json_object"}}, 400, "response_format"),
         ({"model": MODEL, "messages": MSG, "tool_choice": "required"}, 400, "tool_choice"),
+        # Structured output and forced tools: a malformed schema, one the engine's grammar cannot enforce (a
+        # look-behind), a malformed regex, an unknown tool name, top_logprobs without logprobs.
+        ({"model": MODEL, "messages": MSG, "response_format": BAD_SCHEMA}, 400, "response_format"),
+        ({"model": MODEL, "messages": MSG, "response_format": LOOKBEHIND}, 400, "response_format"),
+        (
+            {"model": MODEL, "messages": MSG, "response_format": {"type": "regex", "regex": "[0-9"}},
+            400,
+            "response_format",
+        ),
+        (
+            {"model": MODEL, "messages": MSG, "response_format": {"type": "json_schema"}},
+            400,
+            "response_format.json_schema",
+        ),
+        ({"model": MODEL, "messages": MSG, "tools": TOOLS, "tool_choice": UNKNOWN_TOOL}, 400, "tool_choice"),
+        ({"model": MODEL, "messages": MSG, "top_logprobs": 2}, 400, "top_logprobs"),
         ({"model": MODEL, "messages": MSG, "max_tokens": 0}, 400, "max_tokens"),
         ({"model": MODEL, "messages": MSG, "temperature": 7}, 400, None),
         ({"model": MODEL, "messages": MSG, "temperature": "hot"}, 400, None),

@@ -50,8 +50,11 @@ BY_DESIGN: list[tuple[str, Callable[[Body, Error], bool]]] = [
         "[0, 20], not with echo",
         _param("logprobs|top_logprobs|echo"),
     ),
-    ("forced tool choice: not served yet (generation-controls issue)", _param("tool_choice")),
-    ("structured output: not served yet (generation-controls issue)", _param(r"response_format|text\.format")),
+    ("a forced tool choice needs tools, and a named one must be one of them (OpenAI's rule)", _param("tool_choice")),
+    (
+        "structured output: a malformed schema, or a grammar the engine cannot enforce",
+        _param(r"(response_format|text\.format)(\.[\w.]+)?"),
+    ),
     (
         "non-text content (images, audio, files): not served yet (images issue)",
         _param(r"messages\[\d+\]\.content\[\d+\]\.type"),

@@ -183,7 +183,7 @@ def test_the_partial_prefill_gate_hands_prompts_to_the_engine_first_come_first_s
     assert g.load() == (3, 450) and len(g.waiting) == 2
     firsts = []
     for _ in range(6):
-        cost, out = step(g)  # type: ignore[arg-type]
+        cost, _ = step(g)  # type: ignore[arg-type]
         firsts += [rid for rid, _, _ in g.first_token_times()]
         assert cost <= 1.0 + 150 * 10 / 1000, "one prompt's prefill per step, never several side by side"
     assert firsts == [1, 2, 3]
@@ -195,3 +195,18 @@ def test_the_partial_prefill_gate_hands_prompts_to_the_engine_first_come_first_s
         step(g)  # type: ignore[arg-type]
         firsts += [rid for rid, _, _ in g.first_token_times()]
     assert firsts[3:] == [4, 6] and not g.waiting
+
+
+def test_the_gate_reports_when_the_rank_took_a_request_not_when_it_let_it_through() -> None:
+    from deepinfer_server.engine.prefill_gate import PrefillGate
+
+    g = PrefillGate(engine(max_num_seqs=8, max_num_batched_tokens=1000), limit=1)
+    submit(g, 1, 150)  # type: ignore[arg-type]
+    submit(g, 2, 150)  # type: ignore[arg-type]
+    held_since = g.taken[2]
+    times = {}
+    for _ in range(3):
+        step(g)  # type: ignore[arg-type]
+        times.update({rid: (taken, scheduled) for rid, taken, scheduled in g.first_token_times()})
+    assert times[2][0] == held_since < times[2][1], "its wait in the gate comes before the step that prefills it"
+    assert not g.taken

@@ -26,7 +26,21 @@ def build_parser() -> argparse.ArgumentParser:
         "DeepSeek-V4.1 special-token tokenizer is used).",
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    p.add_argument("--served-model-name", nargs="+", default=None, help="Model name(s) clients use.")
+    p.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="Model name(s) clients use, each listed in /v1/models. NAME=thinking or NAME=no-thinking pins that "
+        "name's thinking mode whatever the request asks, as DeepSeek's deepseek-reasoner and deepseek-chat do "
+        "(e.g. --served-model-name deepseek-v4.1-flash deepseek-chat=no-thinking deepseek-reasoner=thinking).",
+    )
+    p.add_argument(
+        "--default-thinking",
+        choices=["on", "off"],
+        default="on",
+        help="Thinking mode of a request that does not choose one (deepseek-recipe's default_thinking_mode): off "
+        "serves clients that cannot send 'thinking' and read only 'content' (default: on).",
+    )
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--trust-remote-code", action="store_true")

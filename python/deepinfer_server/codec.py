@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,20 @@ from deepinfer_server.decoding import (
 )
 from deepinfer_server.engine.base import TokenLogprob
 from deepinfer_server.event_output import EventDecoder
-from deepinfer_server.prompt_encoder import LengthGuard, PromptTooLong
+from deepinfer_server.grammar import (
+    ANY_OBJECT,
+    CALLS_OPEN,
+    DSML,
+    SCHEMA_EBNF,
+    SCHEMA_JSON,
+    SCHEMA_NAMES,
+    SCHEMA_REGEX,
+    Constraint,
+    GrammarCache,
+    GrammarError,
+    tool_calls_ebnf,
+)
+from deepinfer_server.prompt_encoder import LengthGuard, PromptTooLong, RecipeEncoder
 from deepinfer_server.prompt_encoder import build as build_prompt_encoder
 
 __all__ = ["FINISHED", "RUNNING", "STOPPED_EARLY", "Codec", "Decoder", "Prepared", "decode_batch"]
@@ -80,10 +94,18 @@ _PARAM_IN_MESSAGE = (
         "input",
     ),
     (re.compile(r"^Duplicate value for '\w+' .* in message\[(\d+)\]", re.S), "messages[{0}]"),
+    (re.compile(r"^Invalid json schema"), "response_format"),
+    (re.compile(r"^Prompt must contain the word 'json'"), "response_format"),
+    (re.compile(r"^Invalid schema for function '[^']*'"), "tools"),
+    (re.compile(r"^(Cannot use strict tool|response_format should not be used with tools)"), "tools"),
 )
 
+# The request field a constraint comes from, per door: (schema's field, tools' field).
+_SCHEMA_PARAM = {CHAT: "response_format", RESPONSES: "text.format", MESSAGES: "output_format"}
+_THINKING_TOOL_CHOICE = "Thinking mode does not support this tool_choice"
 
-def with_param(body: str) -> str:
+
+def with_param(body: str, protocol: int = CHAT) -> str:
     """A deepseek-recipe error envelope with `param` filled in from its message, where the message names one."""
     try:
         d = json.loads(body)
@@ -97,6 +119,8 @@ def with_param(body: str) -> str:
         m = pattern.match(message)
         if m:
             err["param"] = param.format(*m.groups()) if param else m.group(1)
+            if err["param"] == "response_format":
+                err["param"] = _SCHEMA_PARAM.get(protocol, "response_format")
             return json.dumps(d)
     return body
 
@@ -143,6 +167,7 @@ class Codec:
         model_version: str = "v4.1",
         prompt_encoder: str = "auto",
         fingerprint: str | None = None,
+        default_thinking: bool = True,
     ) -> None:
         # deepseek-recipe's tokenizer (~50 MB for DeepSeek's vocabulary) stays alive only if deepseek-recipe encodes
         # the prompts; with fastokens it is needed at start-up alone, to check fastokens against it.
@@ -155,7 +180,7 @@ class Codec:
         # Loaded only when there is no byte table (DeepSeek's vocabulary costs ~50 MB as a tokenizers object).
         self.detokenizer = HFTokenizer.from_file(str(tokenizer_path)) if self.token_bytes is None else None
         version = ModelVersion.DeepseekV41Flash if model_version == "v4.1" else ModelVersion.DeepseekV4Pro
-        options = ConversionOptions()
+        options = ConversionOptions().with_default_thinking_mode(default_thinking)
         for name in served_model_names:
             options = options.with_model_alias(name, version)
         self.options = options
@@ -178,9 +203,25 @@ class Codec:
         self.vocab_size = vocab_size
         self.fim = fim_tokens(added)
         self.think_end_id = tokenizer.encode(SpecialToken.ThinkingEnd.default_str())[0]
-        # Kept for requests with logprobs, which deepseek-recipe's processor takes as token IDs (about 50 MB for
-        # DeepSeek's vocabulary).
-        self.recipe_tokenizer = tokenizer
+        self.dsml_id = tokenizer.encode(DSML)[0]
+        self.grammars = GrammarCache()
+        # Requests with logprobs feed deepseek-recipe's processor token IDs, which needs its tokenizer (about 50 MB
+        # for DeepSeek's 128k vocabulary). The deepseek-recipe prompt encoder holds one anyway: share it. Otherwise
+        # (fastokens encodes the prompts) it is loaded on the first request with logprobs, not kept from start-up.
+        self.tokenizer_path = str(tokenizer_path)
+        self._recipe_tokenizer: Tokenizer | None = tokenizer if isinstance(self.encoder, RecipeEncoder) else None
+        self._tokenizer_lock = threading.Lock()
+
+    @property
+    def recipe_tokenizer(self) -> Tokenizer:
+        """deepseek-recipe's tokenizer, loaded on first use (a codec thread, on the first request with logprobs)."""
+        tok = self._recipe_tokenizer
+        if tok is None:
+            with self._tokenizer_lock:
+                if self._recipe_tokenizer is None:
+                    self._recipe_tokenizer = Tokenizer.from_file(self.tokenizer_path)
+                tok = self._recipe_tokenizer
+        return tok
 
     def prepare(
         self,
@@ -191,16 +232,19 @@ class Codec:
         include_usage: bool,
         continuous_usage: bool,
         protocol: int = CHAT,
+        forced_tool: str | None = None,
+        parallel_tools: bool = True,
     ) -> Prepared | tuple[int, str]:
         """Convert and encode one request. Returns `Prepared`, or `(status, error envelope)` for a bad request.
 
         `body` was validated and normalized by the Rust front end (model checked, developer -> system,
         max_completion_tokens -> max_tokens, unsupported features rejected). Error envelopes are OpenAI's; Rust
-        re-wraps them for the Messages door.
+        re-wraps them for the Messages door. `forced_tool`: a tool choice that forces a call ("" any tool, else
+        its name; Rust checked it names one of the tools).
         """
         if protocol == COMPLETIONS:
             return self._prepare_completion(body, response_id, model, ignore_eos, include_usage, continuous_usage)
-        encoded = self._encode(body, protocol)
+        encoded = self._encode(body, protocol, forced_tool is not None)
         if not isinstance(encoded, _Encoded):
             return encoded
         conv, ids = encoded.conv, encoded.ids
@@ -208,7 +252,16 @@ class Codec:
         try:
             max_tokens = conv.resolve_max_tokens(n_prompt, self.max_model_len)
         except ConversionError as e:
-            return e.status_code, with_param(e.body)
+            return e.status_code, with_param(e.body, protocol)
+        try:
+            constraint = self.constraint(conv, forced_tool, parallel_tools, client_schema(body, protocol))
+        except GrammarError as e:
+            param = "tool_choice" if forced_tool is not None else _SCHEMA_PARAM.get(protocol, "response_format")
+            if forced_tool is None and (oc := conv.inference_options.output_constraint) and oc.kind != "json":
+                param = "tools" if oc.kind.startswith("tool_call") else param
+            return 400, error_body(
+                f"Invalid '{param}': the grammar cannot be enforced: {e}", code="invalid_grammar", param=param
+            )
         opts = conv.inference_options
         generator = encoded.generator(response_id, model)
         decoder: BaseDecoder
@@ -229,7 +282,53 @@ class Codec:
             first_chunks=decoder.start(),
             incremental=conv.stream or bool(conv.parsing_options.stop_sequences),
             logprobs=decoder.logprobs,
+            constraint=None if constraint is None else constraint.record(),
         )
+
+    def constraint(
+        self,
+        conv: ConversationRequest,
+        forced_tool: str | None = None,
+        parallel_tools: bool = True,
+        schema: str | None = None,
+    ) -> Constraint | None:
+        """The grammar of a request's output, as DeepInfer's so_args carry it, compiled (cached) to check it:
+        deepseek-recipe's output constraint, or a forced tool call. `schema`: the client's own JSON schema, which
+        the grammar enforces in place of deepseek-recipe's strict-mode copy (that one drops keywords such as
+        minItems/maxItems). Raises GrammarError."""
+        oc = conv.inference_options.output_constraint
+        stage = conv.parsing_options.thinking_initial_stage
+        # Constrained from `</think>` on while the output starts in the reasoning.
+        after_think: tuple[int, ...] = (self.think_end_id,) if stage is not None and stage.starts_in_reasoning() else ()
+        kind = oc.kind if oc is not None else None
+        if forced_tool is not None or kind == "tool_call_required":
+            tools = json.loads(oc.schema) if oc is not None and kind in ("tool_call", "tool_call_required") else []
+            if forced_tool:
+                tools = [t for t in tools if (t.get("function") or t).get("name") == forced_tool]
+            # deepseek-recipe's own forced call (thinking off) opens the block in the prompt; otherwise the grammar
+            # opens it, after the reasoning.
+            opened = kind == "tool_call_required" and conv.parsing_options.starts_in_tool_calls
+            grammar = tool_calls_ebnf(tools, "" if opened else CALLS_OPEN, parallel_tools)
+            return self._checked(SCHEMA_EBNF, grammar, () if opened else after_think)
+        if oc is None:
+            return None
+        if kind == "json":
+            return self._checked(SCHEMA_JSON, (oc.schema and schema) or oc.schema or ANY_OBJECT, after_think)
+        if kind == "regex":
+            return self._checked(SCHEMA_REGEX, oc.schema, after_think)
+        if kind == "tool_call":
+            # Tools offered with "auto": only strict ones are held to their schema, from the block's first
+            # DSML token on (the text before it, and whether to call at all, stay free).
+            tools = json.loads(oc.schema)
+            if not any((t.get("function") or t).get("strict") for t in tools):
+                return None
+            grammar = tool_calls_ebnf(tools, CALLS_OPEN.split(DSML, 1)[1], parallel_tools)
+            return self._checked(SCHEMA_EBNF, grammar, (self.dsml_id,))
+        return None
+
+    def _checked(self, schema_type: int, schema: str, triggers: tuple[int, ...]) -> Constraint:
+        self.grammars.check(SCHEMA_NAMES[schema_type], schema)
+        return Constraint(schema_type, schema, triggers)
 
     def _prepare_completion(
         self, body: bytes, response_id: str, model: str, ignore_eos: bool, include_usage: bool, continuous: bool
@@ -326,12 +425,20 @@ class Codec:
             return encoded
         return 200, json.dumps({"input_tokens": len(encoded.ids)})
 
-    def _encode(self, body: bytes, protocol: int) -> _Encoded | tuple[int, str]:
-        """The converted and encoded request, or (status, error envelope)."""
+    def _encode(self, body: bytes, protocol: int, forced: bool = False) -> _Encoded | tuple[int, str]:
+        """The converted and encoded request, or (status, error envelope). `forced`: the tool choice forces a call,
+        which deepseek-recipe refuses with thinking on; the server then constrains it itself (`constraint`)."""
         try:
-            conv, generator = self._convert(body, protocol)
+            try:
+                conv, generator = self._convert(body, protocol)
+            except ConversionError as e:
+                if not (forced and str(e) == _THINKING_TOOL_CHOICE):
+                    raise
+                d = json.loads(body)
+                d["tool_choice"] = {"type": "auto"} if protocol == MESSAGES else "auto"
+                conv, generator = self._convert(json.dumps(d).encode(), protocol)
         except ConversionError as e:
-            return e.status_code, with_param(e.body)
+            return e.status_code, with_param(e.body, protocol)
         except (ValueError, TypeError, OverflowError, RecursionError) as e:
             return 400, error_body(str(e))
         try:
@@ -370,6 +477,18 @@ class Codec:
             code="context_length_exceeded",
             param=param,
         )
+
+
+def client_schema(body: bytes, protocol: int) -> str | None:
+    """The JSON schema a request's response format gives, compact, or None (read only from bodies that have one)."""
+    if b'"json_schema"' not in body:
+        return None
+    d = json.loads(body)
+    fmt = d.get("response_format") if protocol == CHAT else (d.get("text") or {}).get("format")
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        return None
+    schema = (fmt.get("json_schema") or {}).get("schema") if protocol == CHAT else fmt.get("schema")
+    return None if schema is None else json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
 
 
 FIM = ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>")

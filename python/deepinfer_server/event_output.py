@@ -177,6 +177,9 @@ def _mend(response: dict[str, object]) -> None:
             del response[key]
     for item in cast(list[dict[str, object]], response.get("output") or []):
         _trim_arguments(item)
+    fmt = cast(dict[str, object], response.get("text") or {}).get("format")
+    if isinstance(fmt, dict) and fmt.get("description", "") is None:
+        del fmt["description"]  # echoed from a json_schema format; OpenAI's schema has it a string when present
 
 
 def _trim_arguments(item: dict[str, object]) -> None:

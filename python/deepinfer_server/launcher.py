@@ -337,6 +337,25 @@ def _exited(proc: subprocess.Popen[bytes], timeout: float) -> bool:
         os.close(fd)
 
 
+PINS = {"thinking": True, "no-thinking": False}
+
+
+def served_names(raw: list[str]) -> tuple[list[str], dict[str, bool]]:
+    """`--served-model-name` values: the names, and those pinned to a thinking mode (`NAME=thinking`,
+    `NAME=no-thinking`) with the mode. A name may contain "=" itself; only these two suffixes pin."""
+    names: list[str] = []
+    pins: dict[str, bool] = {}
+    for item in raw:
+        name, _, mode = item.rpartition("=")
+        if name and mode in PINS:
+            pins[name] = PINS[mode]
+        else:
+            name = item
+        if name not in names:
+            names.append(name)
+    return names, pins
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -353,7 +372,7 @@ def run(args: argparse.Namespace) -> int:
     except StartupError as e:
         log.error("%s", e)
         return 1
-    names = args.served_model_name or [args.model or DEFAULT_MODEL_NAME]
+    names, pins = served_names(args.served_model_name or [args.model or DEFAULT_MODEL_NAME])
     with returning_freed_memory():
         # The backend configuration a seeded answer depends on: engine, model, parallel layout, context length.
         fingerprint = system_fingerprint(
@@ -364,7 +383,15 @@ def run(args: argparse.Namespace) -> int:
             args.context_parallel_size,
             args.max_model_len,
         )
-        codec = Codec(tokenizer, names, args.max_model_len, version, args.prompt_encoder, fingerprint)
+        codec = Codec(
+            tokenizer,
+            names,
+            args.max_model_len,
+            version,
+            args.prompt_encoder,
+            fingerprint,
+            default_thinking=args.default_thinking == "on",
+        )
     clean_stale_segments()
     ranks = Ranks(args, tokenizer)
     code = 1  # until the server returns its own
@@ -378,6 +405,7 @@ def run(args: argparse.Namespace) -> int:
             "host": args.host,
             "port": args.port,
             "served_model_names": names,
+            "thinking_pins": pins,
             "max_model_len": args.max_model_len,
             "max_num_seqs": args.max_num_seqs,
             "request_timeout_s": args.request_timeout,

@@ -7,7 +7,12 @@ use super::request::{GenerateRequest, body_and_model, opt_bool};
 use crate::error::ApiError;
 use serde_json::{Map, Value};
 
-fn generate(mut body: Value, model: String, top_k: i32) -> Result<GenerateRequest, ApiError> {
+fn generate(
+    mut body: Value,
+    model: String,
+    top_k: i32,
+    forced_tool: Option<fields::ForcedTool>,
+) -> Result<GenerateRequest, ApiError> {
     let obj = body.as_object_mut().ok_or(ApiError::Internal)?;
     let priority = fields::take_priority(obj)?;
     Ok(GenerateRequest {
@@ -19,6 +24,7 @@ fn generate(mut body: Value, model: String, top_k: i32) -> Result<GenerateReques
         ignore_eos: opt_bool(obj, "ignore_eos", "ignore_eos")?,
         top_k,
         seed: None,
+        forced_tool,
         priority,
         body: serde_json::to_vec(&body).map_err(|_| ApiError::Internal)?,
     })
@@ -51,19 +57,12 @@ pub fn messages(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiErr
             _ => return Err(ApiError::bad_param("top_k", "'top_k' must be a non-negative integer.")),
         },
     };
-    // deepseek-recipe turns a forced tool choice into "auto"; the engine constraint for it is not wired yet.
-    if let Some(kind) = obj.get("tool_choice").and_then(|c| c.get("type")).and_then(Value::as_str)
-        && matches!(kind, "any" | "tool")
-    {
-        return Err(ApiError::bad_param(
-            "tool_choice",
-            format!("tool_choice \"{kind}\" is not supported yet; use \"auto\" or \"none\"."),
-        ));
-    }
+    // deepseek-recipe turns "any" (and, with thinking on, "tool") into "auto": the codec constrains them itself.
+    let forced_tool = fields::tool_choice(obj, fields::ToolDoor::Messages)?;
     if !matches!(obj.get("metadata"), None | Some(Value::Null | Value::Object(_))) {
         return Err(ApiError::bad_param("metadata", "'metadata' must be an object."));
     }
-    generate(v, model, top_k)
+    generate(v, model, top_k, forced_tool)
 }
 
 /// Responses tools the server can run: function tools (and deepseek-recipe's `apply_patch` custom tool).
@@ -175,18 +174,27 @@ pub fn responses(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiEr
             }
         }
     }
-    fields::check_tool_choice(obj)?;
+    let forced_tool = fields::tool_choice(obj, fields::ToolDoor::Responses)?;
     fields::top_logprobs(obj, "top_logprobs")?;
-    if let Some(kind) =
-        obj.get("text").and_then(|t| t.get("format")).and_then(|f| f.get("type")).and_then(Value::as_str)
-        && kind != "text"
-    {
-        return Err(ApiError::bad_param(
-            "text.format",
-            format!("Structured output ('{kind}') is not supported yet; only \"text\" is."),
-        ));
+    if let Some(format) = obj.get("text").and_then(|t| t.get("format")).filter(|f| !f.is_null()) {
+        match format.get("type").and_then(Value::as_str) {
+            Some("text" | "json_object") => {}
+            Some("json_schema") if matches!(format.get("schema"), Some(Value::Object(_) | Value::Bool(_))) => {}
+            Some("json_schema") => {
+                return Err(ApiError::bad_param(
+                    "text.format.schema",
+                    "Invalid 'text.format.schema': a JSON schema is required.",
+                ));
+            }
+            _ => {
+                return Err(ApiError::bad_param(
+                    "text.format.type",
+                    "Invalid 'text.format.type': expected \"text\", \"json_object\" or \"json_schema\".",
+                ));
+            }
+        }
     }
-    generate(v, model, top_k)
+    generate(v, model, top_k, forced_tool)
 }
 
 /// `POST /v1/completions`: a raw prompt (a string, a list of one, or token IDs), optionally with a `suffix` for
@@ -259,6 +267,7 @@ pub fn completions(raw: &[u8], served: &[String]) -> Result<GenerateRequest, Api
         ignore_eos,
         top_k,
         seed,
+        forced_tool: None,
         priority,
         body: serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?,
     })
@@ -303,7 +312,11 @@ mod tests {
         let r = messages(b.to_string().as_bytes(), &names()).unwrap();
         assert!(r.stream && r.top_k == 5);
         for (extra, field) in [
-            (json!({"tool_choice": {"type": "any"}}), "tool_choice"),
+            (json!({"tool_choice": {"type": "any"}}), "tool_choice"), // no tools
+            (
+                json!({"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "tool", "name": "g"}}),
+                "tool_choice",
+            ),
             (json!({"top_k": -2}), "top_k"),
             (json!({"metadata": 5}), "metadata"),
             (json!({"stream": "x"}), "stream"),
@@ -354,7 +367,8 @@ mod tests {
             (json!({"tools": [{"type": "function", "name": "f"}, {"type": "file_search"}]}), "tools[1].type"),
             (json!({"top_logprobs": 21}), "top_logprobs"),
             (json!({"tools": [{"type": "custom", "name": "sql"}]}), "tools[0].type"),
-            (json!({"text": {"format": {"type": "json_object"}}}), "text.format"),
+            (json!({"text": {"format": {"type": "json_schema", "name": "x"}}}), "text.format.schema"),
+            (json!({"text": {"format": {"type": "grammar"}}}), "text.format.type"),
             (json!({"input": []}), "input"),
             (json!({"input": [{"type": "web_search_call", "id": "x"}]}), "input[0].type"),
             (
@@ -363,7 +377,11 @@ mod tests {
             ),
             (json!({"temperature": 3}), "temperature"),
             (json!({"input": [{"id": "msg_1"}]}), "input[0].type"),
-            (json!({"tool_choice": "required"}), "tool_choice"),
+            (json!({"tool_choice": "required"}), "tool_choice"), // no tools
+            (
+                json!({"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function", "name": "g"}}),
+                "tool_choice",
+            ),
             (json!({"prompt": {"id": "pmpt_1"}}), "prompt"),
             (json!({"tool_choice": {"type": "computer"}}), "tool_choice"),
         ] {

@@ -101,16 +101,86 @@ pub fn check(obj: &mut Map<String, Value>) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// `tool_choice` "auto" or "none": forcing a tool call needs the engine's constraint, which is not wired yet.
-pub fn check_tool_choice(obj: &Map<String, Value>) -> Result<(), ApiError> {
-    match obj.get("tool_choice") {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::String(c)) if c == "auto" || c == "none" => Ok(()),
-        Some(_) => Err(ApiError::bad_param(
-            "tool_choice",
-            "Only tool_choice \"auto\" and \"none\" are supported; forcing a tool call is not yet.",
-        )),
+/// A tool choice that forces a call, for the codec to constrain: any of the tools (`name` None) or one by name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForcedTool {
+    pub name: Option<String>,
+    /// More than one call in the block (OpenAI's `parallel_tool_calls`, Anthropic's `disable_parallel_tool_use`).
+    pub parallel: bool,
+}
+
+/// How each door spells its tool choice and its tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolDoor {
+    /// `"required"`, `{"type": "function", "function": {"name"}}`; tools `[{"function": {"name"}}]`.
+    Chat,
+    /// `"required"`, `{"type": "function", "name"}`; tools `[{"type": "function", "name"}]`.
+    Responses,
+    /// `{"type": "any" | "tool", "name", "disable_parallel_tool_use"}`; tools `[{"name"}]`.
+    Messages,
+}
+
+/// The door's `tool_choice`: None for auto, none or absent; a forced choice needs tools, and a named one must name
+/// one of them (deepseek-recipe's own error would name another field, and Anthropic's any/tool it turns into auto).
+pub fn tool_choice(obj: &Map<String, Value>, door: ToolDoor) -> Result<Option<ForcedTool>, ApiError> {
+    let bad = |what: String| Err(ApiError::bad_param("tool_choice", format!("Invalid 'tool_choice': {what}")));
+    let choice = match obj.get("tool_choice") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(c) => c,
+    };
+    let parallel_calls = !matches!(obj.get("parallel_tool_calls"), Some(Value::Bool(false)));
+    let name = |v: &Value| v.get("name").and_then(Value::as_str).map(str::to_string);
+    let forced = match (door, choice) {
+        (ToolDoor::Chat | ToolDoor::Responses, Value::String(c)) => match c.as_str() {
+            "auto" | "none" => return Ok(None),
+            "required" => ForcedTool { name: None, parallel: parallel_calls },
+            other => return bad(format!("expected \"auto\", \"none\", \"required\" or a function, got \"{other}\".")),
+        },
+        (ToolDoor::Chat, Value::Object(c)) if c.get("type").and_then(Value::as_str) == Some("function") => {
+            match c.get("function").and_then(name) {
+                Some(n) => ForcedTool { name: Some(n), parallel: parallel_calls },
+                None => return bad("a function choice needs 'function.name'.".into()),
+            }
+        }
+        (ToolDoor::Responses, Value::Object(c)) if c.get("type").and_then(Value::as_str) == Some("function") => {
+            match name(choice) {
+                Some(n) => ForcedTool { name: Some(n), parallel: parallel_calls },
+                None => return bad("a function choice needs a 'name'.".into()),
+            }
+        }
+        (ToolDoor::Messages, Value::Object(c)) => {
+            let parallel = !matches!(c.get("disable_parallel_tool_use"), Some(Value::Bool(true)));
+            match c.get("type").and_then(Value::as_str) {
+                Some("auto" | "none") => return Ok(None),
+                Some("any") => ForcedTool { name: None, parallel },
+                Some("tool") => match name(choice) {
+                    Some(n) => ForcedTool { name: Some(n), parallel },
+                    None => return bad("a \"tool\" choice needs a 'name'.".into()),
+                },
+                _ => return bad("expected type \"auto\", \"any\", \"tool\" or \"none\".".into()),
+            }
+        }
+        _ => return bad(format!("unsupported choice {}.", brief(choice))),
+    };
+    let tools: Vec<String> = match obj.get("tools") {
+        Some(Value::Array(tools)) => tools
+            .iter()
+            .filter_map(|t| match door {
+                ToolDoor::Chat => t.get("function").and_then(name),
+                ToolDoor::Responses | ToolDoor::Messages => name(t),
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    if tools.is_empty() {
+        return bad("forcing a tool call needs 'tools'.".into());
     }
+    if let Some(n) = &forced.name
+        && !tools.contains(n)
+    {
+        return bad(format!("no tool named '{n}' is in 'tools'."));
+    }
+    Ok(Some(forced))
 }
 
 /// Chat's tools: function tools only, each a `function` with a name (deepseek-recipe's own errors would not name
@@ -376,6 +446,41 @@ mod tests {
         ] {
             assert_eq!(param(body), field);
         }
+    }
+
+    #[test]
+    fn forced_tool_choices() {
+        let chat = json!({"tools": [{"type": "function", "function": {"name": "f"}}]});
+        let with = |base: &Value, choice: Value| {
+            let mut o = base.as_object().unwrap().clone();
+            o.insert("tool_choice".into(), choice);
+            o
+        };
+        let param = |r: Result<Option<ForcedTool>, ApiError>| {
+            let env: Value = serde_json::from_str(&r.unwrap_err().envelope()).unwrap();
+            env["error"]["param"].as_str().unwrap().to_string()
+        };
+        assert_eq!(tool_choice(&with(&chat, json!("auto")), ToolDoor::Chat).unwrap(), None);
+        let any = Some(ForcedTool { name: None, parallel: true });
+        assert_eq!(tool_choice(&with(&chat, json!("required")), ToolDoor::Chat).unwrap(), any);
+        let named = json!({"type": "function", "function": {"name": "f"}});
+        let f = Some(ForcedTool { name: Some("f".into()), parallel: true });
+        assert_eq!(tool_choice(&with(&chat, named), ToolDoor::Chat).unwrap(), f);
+        let unknown = json!({"type": "function", "function": {"name": "zz"}});
+        assert_eq!(param(tool_choice(&with(&chat, unknown), ToolDoor::Chat)), "tool_choice");
+        assert_eq!(param(tool_choice(&with(&json!({}), json!("required")), ToolDoor::Chat)), "tool_choice");
+        assert_eq!(param(tool_choice(&with(&chat, json!("sometimes")), ToolDoor::Chat)), "tool_choice");
+        let msgs = json!({"tools": [{"name": "f", "input_schema": {"type": "object"}}]});
+        let one = json!({"type": "tool", "name": "f", "disable_parallel_tool_use": true});
+        let got = tool_choice(&with(&msgs, one), ToolDoor::Messages).unwrap();
+        assert_eq!(got, Some(ForcedTool { name: Some("f".into()), parallel: false }));
+        assert_eq!(
+            param(tool_choice(&with(&msgs, json!({"type": "tool", "name": "g"})), ToolDoor::Messages)),
+            "tool_choice"
+        );
+        let resp = json!({"tools": [{"type": "function", "name": "f"}], "parallel_tool_calls": false});
+        let got = tool_choice(&with(&resp, json!({"type": "function", "name": "f"})), ToolDoor::Responses).unwrap();
+        assert_eq!(got, Some(ForcedTool { name: Some("f".into()), parallel: false }));
     }
 
     #[test]

@@ -21,6 +21,7 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -97,7 +98,10 @@ async fn handle(
     request_id: String,
 ) -> Result<Response, ApiError> {
     let body = read_body(st, body)?;
-    let req = parse(protocol, &body, &st.config.served_model_names)?;
+    let mut req = parse(protocol, &body, &st.config.served_model_names)?;
+    if let Some(&on) = st.config.thinking_pins.get(&req.model) {
+        req.body = pin_thinking(&req.body, protocol, on)?;
+    }
     let parsed = Instant::now();
     if let Some(err) = st.unavailable() {
         return Err(err);
@@ -118,6 +122,7 @@ async fn handle(
         ignore_eos: req.ignore_eos,
         include_usage: req.include_usage,
         continuous_usage: req.continuous_usage,
+        forced_tool: req.forced_tool,
     };
     let (outlet, reply) = if req.stream {
         let buf = StreamBuf::new(protocol);
@@ -175,6 +180,45 @@ async fn handle(
     drop(ticket);
     let json = result.map_err(|_| ApiError::Internal)??;
     Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
+}
+
+/// A served name that pins the thinking mode (as DeepSeek's `deepseek-chat` and `deepseek-reasoner` do) overrides
+/// what the request says: Chat and Messages through `thinking`, Responses through `reasoning.effort` (deepseek-recipe
+/// reads only that there; "none" is off, and an effort the client chose is kept when the pin is on). The body is
+/// parsed again for this, for pinned names only.
+pub fn pin_thinking(body: &[u8], protocol: Protocol, on: bool) -> Result<Vec<u8>, ApiError> {
+    let mut v: Value = serde_json::from_slice(body).map_err(|_| ApiError::Internal)?;
+    let obj = v.as_object_mut().ok_or(ApiError::Internal)?;
+    match protocol {
+        Protocol::Completions => return Ok(body.to_vec()), // a raw prompt has no thinking switch
+        Protocol::Responses => {
+            let reasoning = obj.entry("reasoning").or_insert_with(|| json!({}));
+            if !reasoning.is_object() {
+                *reasoning = json!({});
+            }
+            let effort = reasoning.get("effort").and_then(Value::as_str);
+            if !on {
+                reasoning["effort"] = json!("none");
+            } else if matches!(effort, None | Some("none")) {
+                reasoning["effort"] = json!("high");
+            }
+        }
+        Protocol::Chat | Protocol::Messages => {
+            let thinking = if on {
+                match obj.get("thinking") {
+                    Some(t) if t.get("type").and_then(Value::as_str).is_some_and(|k| k != "disabled") => t.clone(),
+                    _ => json!({"type": "enabled"}),
+                }
+            } else {
+                json!({"type": "disabled"})
+            };
+            obj.insert("thinking".into(), thinking);
+            if protocol == Protocol::Chat && obj.get("reasoning_effort").and_then(Value::as_str) == Some("none") && on {
+                obj.remove("reasoning_effort");
+            }
+        }
+    }
+    serde_json::to_vec(&v).map_err(|_| ApiError::Internal)
 }
 
 /// Where the handler gets the answer: a stream's buffer, or a non-stream's whole body once.

@@ -3,7 +3,7 @@
 mod auth;
 mod doors;
 mod drain;
-mod fields;
+pub mod fields;
 mod generate;
 pub mod head_limits;
 mod info;

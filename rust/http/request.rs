@@ -17,6 +17,8 @@ pub struct GenerateRequest {
     pub ignore_eos: bool,
     pub top_k: i32,
     pub seed: Option<u64>,
+    /// A tool choice that forces a call (the codec constrains the output to one).
+    pub forced_tool: Option<fields::ForcedTool>,
     /// Wait-queue order: lower first.
     pub priority: i64,
     pub body: Vec<u8>,
@@ -175,16 +177,9 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>
         }
         obj.insert("top_logprobs".into(), Value::from(top));
     }
-    fields::check_tool_choice(obj)?;
-    match obj.get("response_format") {
-        None | Some(Value::Null) => {}
-        Some(rf) if rf.get("type").and_then(Value::as_str) == Some("text") => {}
-        Some(_) => {
-            return Err(ApiError::bad_param(
-                "response_format",
-                "Structured output (json_object, json_schema, regex) is not supported; only \"text\" is.",
-            ));
-        }
+    let forced_tool = fields::tool_choice(obj, fields::ToolDoor::Chat)?;
+    if let Some(rf) = obj.get("response_format").filter(|v| !v.is_null()) {
+        check_response_format(rf)?;
     }
 
     // max_completion_tokens wins over the deprecated max_tokens (as in vLLM); the recipe reads max_tokens only.
@@ -214,7 +209,38 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>
     }
 
     let body = serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?;
-    Ok(GenerateRequest { model, stream, include_usage, continuous_usage, ignore_eos, top_k, seed, priority, body })
+    Ok(GenerateRequest {
+        model,
+        stream,
+        include_usage,
+        continuous_usage,
+        ignore_eos,
+        top_k,
+        seed,
+        forced_tool,
+        priority,
+        body,
+    })
+}
+
+/// Chat's `response_format`: text, json_object, json_schema (with a schema) or deepseek-recipe's regex. The
+/// schema itself is checked by deepseek-recipe and compiled by the codec (python/deepinfer_server/grammar.py).
+fn check_response_format(rf: &Value) -> Result<(), ApiError> {
+    let bad = |param: &str, what: &str| Err(ApiError::bad_param(param, format!("Invalid '{param}': {what}.")));
+    match rf.get("type").and_then(Value::as_str) {
+        Some("text" | "json_object") => Ok(()),
+        Some("json_schema") => match rf.get("json_schema") {
+            Some(Value::Object(js)) => match js.get("schema") {
+                Some(Value::Object(_) | Value::Bool(_)) => Ok(()),
+                None | Some(Value::Null) => bad("response_format.json_schema.schema", "a JSON schema is required"),
+                Some(_) => bad("response_format.json_schema.schema", "expected a JSON schema object"),
+            },
+            _ => bad("response_format.json_schema", "expected an object with 'name' and 'schema'"),
+        },
+        Some("regex") if rf.get("regex").is_some_and(Value::is_string) => Ok(()),
+        Some("regex") => bad("response_format.regex", "expected a regular expression string"),
+        _ => bad("response_format.type", "expected \"text\", \"json_object\", \"json_schema\" or \"regex\""),
+    }
 }
 
 /// The thinking switch clients written for vLLM or Qwen send, and gateways (smg) write into rewritten bodies:

@@ -149,6 +149,7 @@ pub async fn render_chat(
         ignore_eos: req.ignore_eos,
         include_usage: false,
         continuous_usage: false,
+        forced_tool: req.forced_tool.clone(),
     };
     // Only plain values leave the codec thread; the request's decoder is dropped there.
     let seed = req.seed;

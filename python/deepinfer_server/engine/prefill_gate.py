@@ -12,6 +12,7 @@ The gate wraps the engine and counts a request as prefilling from `add` until th
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any
 
@@ -25,6 +26,9 @@ class PrefillGate:
         self.engine, self.limit = engine, limit
         self.waiting: deque[Submit] = deque()
         self.prefilling: set[int] = set()
+        # When the rank took each request from its ring: the engine's own "taken" would start at its release
+        # from the gate, and hide the wait here (the TTFT breakdown counts it in `engine_queue`).
+        self.taken: dict[int, float] = {}
         self._firsts: list[tuple[int, float, float]] = []
         self._times = engine.first_token_times  # type: ignore[attr-defined]
 
@@ -41,6 +45,7 @@ class PrefillGate:
 
     # -- requests ------------------------------------------------------------------------------------------------
     def add(self, req: Submit) -> list[Output]:
+        self.taken[req.request_id] = time.perf_counter()
         if len(self.prefilling) >= self.limit:
             self.waiting.append(req)
             return []
@@ -51,6 +56,8 @@ class PrefillGate:
         if self.waiting:
             self.waiting = deque(r for r in self.waiting if r.request_id not in gone)
         self.prefilling -= gone
+        for rid in gone:
+            self.taken.pop(rid, None)
         self.engine.abort(request_ids)
         # Waiting requests move up at the next step (`_after`), whose outputs can carry a refusal of theirs.
 
@@ -81,15 +88,17 @@ class PrefillGate:
 
     def _admit(self, req: Submit) -> list[Output]:
         out = self.engine.add(req)
-        if not out:  # an immediate output is the engine refusing it: never prefilling
+        if out:  # an immediate output is the engine refusing it: never prefilling
+            self.taken.pop(req.request_id, None)
+        else:
             self.prefilling.add(req.request_id)
         return out
 
     def _after(self, out: list[Output]) -> list[Output]:
         firsts = self._times()  # first outputs, an engine error included (the engines report those too)
-        self._firsts += firsts
-        for rid, *_ in firsts:
+        for rid, taken, scheduled in firsts:
             self.prefilling.discard(rid)
+            self._firsts.append((rid, self.taken.pop(rid, taken), scheduled))
         self._release(out)
         return out
 

@@ -114,41 +114,10 @@ class Sampler:
         return token, (logprobs[token], ranked), own and token == scripted
 
     def _distribution(self, logits: dict[int, float]) -> dict[int, float]:
-        """Logprobs of the distribution sampled from: temperature, then top-k and top-p, renormalized."""
-        ranked = sorted(logits.items(), key=lambda kv: -kv[1])
-        keep = len(ranked) if self.top_k < 1 else min(self.top_k, len(ranked))
-        keep = 1 if self.temperature < GREEDY_BELOW else keep
-        live = [(t, v / max(self.temperature, GREEDY_BELOW)) for t, v in ranked[:keep] if v > IMPOSSIBLE]
-        peak = live[0][1]
-        weights = [(t, math.exp(v - peak)) for t, v in live]
-        total = sum(w for _, w in weights)
-        probs = [(t, w / total) for t, w in weights]
-        if self.top_p < 1.0:
-            cut, mass = [], 0.0
-            for t, p in probs:
-                cut.append((t, p))
-                mass += p
-                if mass >= self.top_p:
-                    break
-            total = sum(p for _, p in cut)
-            probs = [(t, p / total) for t, p in cut]
-        out = dict.fromkeys(logits, IMPOSSIBLE)
-        for t, p in probs:
-            out[t] = max(IMPOSSIBLE, math.log(p)) if p > 0 else IMPOSSIBLE
-        return out
+        return distribution(logits, self.temperature, self.top_k, self.top_p)
 
     def _draw(self, logprobs: dict[int, float]) -> int:
-        x = self.rng.random()
-        last = None
-        for t, lp in sorted(logprobs.items(), key=lambda kv: -kv[1]):
-            if lp <= IMPOSSIBLE:
-                break
-            last = t
-            x -= math.exp(lp)
-            if x < 0:
-                return t
-        assert last is not None
-        return last
+        return draw(logprobs, self.rng)
 
     def _advance(self, scripted: int, token: int, data: bytes) -> None:
         if self.pending:
@@ -158,6 +127,46 @@ class Sampler:
         if token != scripted and data and data.startswith(self.vocab.bytes[token]):
             # A shorter spelling: the rest of the scripted token's bytes come next.
             self.pending.extendleft(reversed(self.vocab.spell(data[len(self.vocab.bytes[token]) :])))
+
+
+def distribution(logits: dict[int, float], temperature: float, top_k: int, top_p: float) -> dict[int, float]:
+    """Logprobs of the distribution sampled from: temperature, then top-k and top-p, renormalized."""
+    ranked = sorted(logits.items(), key=lambda kv: -kv[1])
+    keep = len(ranked) if top_k < 1 else min(top_k, len(ranked))
+    keep = 1 if temperature < GREEDY_BELOW else keep
+    live = [(t, v / max(temperature, GREEDY_BELOW)) for t, v in ranked[:keep] if v > IMPOSSIBLE]
+    peak = live[0][1]
+    weights = [(t, math.exp(v - peak)) for t, v in live]
+    total = sum(w for _, w in weights)
+    probs = [(t, w / total) for t, w in weights]
+    if top_p < 1.0:
+        cut, mass = [], 0.0
+        for t, p in probs:
+            cut.append((t, p))
+            mass += p
+            if mass >= top_p:
+                break
+        total = sum(p for _, p in cut)
+        probs = [(t, p / total) for t, p in cut]
+    out = dict.fromkeys(logits, IMPOSSIBLE)
+    for t, p in probs:
+        out[t] = max(IMPOSSIBLE, math.log(p)) if p > 0 else IMPOSSIBLE
+    return out
+
+
+def draw(logprobs: dict[int, float], rng: random.Random) -> int:
+    """One token drawn from a distribution of logprobs."""
+    x = rng.random()
+    last = None
+    for t, lp in sorted(logprobs.items(), key=lambda kv: -kv[1]):
+        if lp <= IMPOSSIBLE:
+            break
+        last = t
+        x -= math.exp(lp)
+        if x < 0:
+            return t
+    assert last is not None
+    return last
 
 
 def _whole_text(data: bytes) -> bool:

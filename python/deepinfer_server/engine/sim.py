@@ -14,6 +14,7 @@ without logprobs follows its script and pays nothing for them.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
 import time
@@ -27,8 +28,10 @@ from tokenizers import Tokenizer
 
 from deepinfer_server import _native
 from deepinfer_server.engine.base import Output, Submit
+from deepinfer_server.engine.constrained import GRAMMAR_FAILED, GrammarRun, SimGrammars
 from deepinfer_server.engine.sampling import Sampler, Vocabulary
 
+log = logging.getLogger("deepinfer_server.sim")
 CORPUS = Path(__file__).with_name("sim_corpus.txt")
 ANCHOR_SLACK_S = 0.001
 _TOOLS_SECTION = re.compile(r"### Available Tool Schemas\n\n(.*?)\n\nYou MUST strictly follow", re.S)
@@ -57,6 +60,8 @@ class SimConfig:
 class _Seq:
     __slots__ = (
         "generated",
+        "grammar",
+        "grammar_params",
         "max_tokens",
         "offset",
         "plan",
@@ -80,6 +85,8 @@ class _Seq:
         # For the server's TTFT breakdown (CLOCK_MONOTONIC s): taken from the ring, first prefill chunk's step start.
         self.taken = time.perf_counter()
         self.scheduled = 0.0
+        self.grammar: GrammarRun | None = None  # requests with a constraint (so_args)
+        self.grammar_params: tuple[random.Random, float, int, float, int | None] | None = None
 
 
 class SimEngine:
@@ -106,6 +113,7 @@ class SimEngine:
                 self.starts.append(j % len(self.corpus))
         self.words = [w for w in re.findall(r"[A-Za-z]{4,}", CORPUS.read_text(encoding="utf-8"))]
         self.vocab = Vocabulary(cfg.tokenizer_path)
+        self._grammars: SimGrammars | None = None  # built on the first constrained request
         self.waiting: deque[_Seq] = deque()
         # Admitted requests, split so a step's batch is one list concatenation: past their prompt (decoding), and
         # still in prefill, in admission order (chunked prefill serves them in that order).
@@ -136,6 +144,16 @@ class SimEngine:
         seq = _Seq(req.request_id, len(prompt), max_tokens, plan, rng.randrange(1 << 30))
         if req.logprobs is not None:
             seq.sampler = Sampler(self.vocab, plan, self._free_text(plan), req, random.Random(rng.getrandbits(64)))
+        if req.so_args is not None:
+            if self._grammars is None:
+                self._grammars = SimGrammars(self.cfg.tokenizer_path, self.eos, self.vocab)
+            run = self._grammars.run(req.so_args)
+            if isinstance(run, str):
+                log.warning("request %d: grammar failed to compile: %s", req.request_id, run)
+                return [(req.request_id, [], _native.FINISH_ERROR, GRAMMAR_FAILED)]
+            seq.grammar = run
+            grng = random.Random(rng.getrandbits(64))
+            seq.grammar_params = (grng, req.temperature, req.top_k, req.top_p, req.logprobs)
         self.waiting.append(seq)
         self.by_id[req.request_id] = seq
         return []
@@ -251,6 +269,9 @@ class SimEngine:
         running, stop, length = _native.FINISH_NONE, _native.FINISH_STOP, _native.FINISH_LENGTH
         for s in self._batch:
             i = s.generated
+            if s.grammar is not None:
+                finished |= self._commit_constrained(s, out)
+                continue
             if s.sampler is not None:
                 finished |= self._commit_sampled(s, out)
                 continue
@@ -280,6 +301,48 @@ class SimEngine:
             out.append((s.rid, [tok], _native.FINISH_NONE, None, [lp]))
             return False
         out.append((s.rid, [tok], _native.FINISH_STOP if eos_stop else _native.FINISH_LENGTH, None, [lp]))
+        del self.by_id[s.rid]
+        return True
+
+    def _commit_constrained(self, s: _Seq, out: list[Output]) -> bool:
+        """One token of a request with a grammar (engine/constrained.py); True if it ended the request."""
+        run, params = s.grammar, s.grammar_params
+        assert run is not None and params is not None
+        rng, temperature, top_k, top_p, top = params
+        corpus, plan = self.corpus, s.plan
+        if s.generated == 0 and run.constrained:
+            run.follow(plan)  # constrained from the first token
+        i = s.generated
+        s.generated += 1
+        lp = None
+        if not run.constrained:
+            forced = run.forced
+            if forced is not None:
+                tok, lp = forced, (0.0, [(forced, 0.0)][: top or 0])
+            elif s.sampler is not None:
+                tok, lp, _ = s.sampler.next(lambda j: corpus[(s.offset + j) % len(corpus)])
+            else:
+                tok = plan[i] if i < len(plan) else corpus[(s.offset + i) % len(corpus)]
+            run.free(tok)
+            if run.constrained:
+                run.follow(plan[s.sampler.cursor if s.sampler is not None else s.generated :])
+            end = tok == self.eos
+        else:
+            hint = run.hint()
+            if hint is None:
+                hint = corpus[(s.offset + i) % len(corpus)]
+            got = run.choose(hint, rng, temperature, top_k, top_p, top)
+            if got is None or not run.accept(got[0]):
+                out.append((s.rid, [], _native.FINISH_ERROR, GRAMMAR_FAILED))
+                del self.by_id[s.rid]
+                return True
+            tok, lp = got
+            end = tok == self.eos
+        logprobs = [lp] if top is not None and lp is not None else None
+        if s.generated < s.max_tokens and not end:
+            out.append((s.rid, [tok], _native.FINISH_NONE, None, logprobs))
+            return False
+        out.append((s.rid, [tok], _native.FINISH_STOP if end else _native.FINISH_LENGTH, None, logprobs))
         del self.by_id[s.rid]
         return True
 

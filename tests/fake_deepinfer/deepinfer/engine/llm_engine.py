@@ -7,6 +7,7 @@ under ignore_eos). See ../README.md for the quirks and the test knobs.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import random
@@ -114,6 +115,7 @@ class Sequence:
         self.prompt = prompt
         self.sampling_params = sp
         self.plan = plan
+        self.grammar_failed = False  # structured output that xgrammar fails to compile
         self.offset = offset
         self.output: list[int] = []
         self.status = "WAITING"
@@ -195,6 +197,9 @@ class LLMEngine:
         # Failure injection: add_request raises for prompts longer than this; abort_request raises.
         self.add_raises_over = int(os.environ.get("FAKE_DEEPINFER_ADD_RAISES_OVER", "0"))
         self.abort_raises = os.environ.get("FAKE_DEEPINFER_ABORT_RAISES", "") == "1"
+        # Structured output: requests with so_args fail in xgrammar as the real engine reports it (a compile error
+        # or timeout in the builder thread), after being admitted through the builder.
+        self.grammar_fails = os.environ.get("FAKE_DEEPINFER_GRAMMAR_FAILS", "") == "1"
         # Prompts longer than this end with "insufficient_system_resource" (no memory for them right now).
         self.no_memory_over = int(os.environ.get("FAKE_DEEPINFER_NO_MEMORY_OVER", "0"))
         kv = int(os.environ.get("FAKE_DEEPINFER_KV_TOKENS", str(1 << 24)))
@@ -286,11 +291,31 @@ class LLMEngine:
             return None
         if self.add_raises_over and a.size > self.add_raises_over:
             raise RuntimeError(f"fake: the scheduler cannot take a {a.size}-token prompt")
+        so_args = sampling_params.so_args
+        grammar_failed = False
+        if so_args is not None:
+            # The real builder's checks (structure_output/so_matcher_builder.py, matcher.py validate_trigger_bound).
+            if "serialized" in so_args or "bound_token_ids" in so_args:
+                raise ValueError("fake: serialized grammars and bound_token_ids are not accepted")
+            if so_args["schema_type"] not in ("json", "regex", "ebnf"):
+                raise ValueError("Unsupported Grammar Type")
+            triggers = so_args.get("trigger_token_ids") or []
+            bad_trigger = not isinstance(triggers, list) or any(type(t) is not int or t < 0 for t in triggers)
+            bound = so_args.get("bound_token_id")
+            grammar_failed = bad_trigger or (
+                bound is not None and (type(bound) is not int or bound < 0 or not triggers)
+            )
+            grammar_failed = grammar_failed or self.grammar_fails
+            _say(f"so_args {request_id} {json.dumps(so_args, sort_keys=True)}")
         prompt = a.tolist()
         rng = random.Random(zlib.crc32(a.tobytes()) * 1_000_003 + sampling_params.seq_seed)
         plan = [] if not self.corpus else self._text(rng, rng.randint(8, 60))
         plan.append(self.eos_id)
         seq = Sequence(request_id, prompt, sampling_params, plan, rng.randrange(1 << 30))
+        seq.grammar_failed = grammar_failed
+        if so_args is not None:  # through the grammar builder: the scheduler sees it a step later at the earliest
+            self._admitting.append((self.generate_step + max(1, self.admission_steps), seq))
+            return seq
         if multi_modal_data is not None:
             # Not schedulable until the VE worker has mapped its multi_modal_data, even an empty one
             # (pybind_sequence.cpp: schedulable = multi_modal_data.is_none(); multimodal_processor.add/fetch).
@@ -458,6 +483,11 @@ class LLMEngine:
                 s = sched.waiting[0]
                 if not s.schedulable:
                     break
+                if s.grammar_failed:  # the builder's aborted matcher: finished before running, without a token
+                    sched.waiting.pop(0)
+                    s.status = "FINISHED_IGNORED"
+                    outs.append(self._out(s, s.prompt[-1], "xgrammar runtime errors or timeout", True))
+                    continue
                 if len(s.prompt) > limit or len(s.prompt) > self.kv_tokens:
                     sched.waiting.pop(0)
                     s.status = "FINISHED_IGNORED"

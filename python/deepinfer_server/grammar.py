@@ -1,0 +1,438 @@
+"""Structured output: deepseek-recipe's output constraint -> the grammar DeepInfer enforces, checked before admission.
+
+deepseek-recipe turns `response_format`, strict tools and forced tool choices into `InferenceOptions.output_constraint`
+(kinds `json`, `regex`, `tool_call`, `tool_call_required`); it enforces nothing. This module maps each one to
+DeepInfer's `SamplingParams.so_args` (`schema_type` json, regex or ebnf, `schema`, `trigger_token_ids`), which the
+engine compiles with xgrammar (`compile_json_schema(schema, strict_mode=True)`, `compile_regex`, `compile_grammar`):
+
+* `json`: the schema as deepseek-recipe normalized it; a bare `json_object` ("" from deepseek-recipe) is any object.
+* `regex`: the pattern.
+* tool calls: an EBNF grammar of deepseek-recipe's DSML tool-call block (`tool_calls_ebnf`), one `invoke` per call
+  with the tool's parameters; non-string values are JSON constrained by their schema (`_JsonEbnf`).
+
+With thinking on, the grammar starts after `</think>` (the trigger), so the reasoning stays free. Before admission
+the grammar is compiled with llguidance, with xgrammar's strict-mode semantics applied to the schema
+(`strict_schema`): a malformed or unsupported grammar is a 400 naming the field, never a late engine failure.
+Results are cached by grammar text in a bounded LRU. The simulated engine compiles the same so_args with the same
+functions (`compile_so_args`), so what it honours is what DeepInfer is sent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import llguidance
+from llguidance import LLMatcher
+
+# so_args' schema_type names, as the ring codes them (rust/ring/records.rs SCHEMA_*).
+SCHEMA_JSON, SCHEMA_REGEX, SCHEMA_EBNF = 1, 2, 3
+SCHEMA_NAMES = {SCHEMA_JSON: "json", SCHEMA_REGEX: "regex", SCHEMA_EBNF: "ebnf"}
+
+# `json_object`: any JSON object. xgrammar's strict mode would allow only `{}` for a bare {"type": "object"}.
+ANY_OBJECT = '{"type":"object","additionalProperties":true}'
+
+DSML = "｜DSML｜"
+CALLS_OPEN = f"\n\n<{DSML} calls>\n"
+CALLS_CLOSE = f"</{DSML} calls>"
+
+# llguidance options closest to xgrammar's compile_json_schema: unknown keywords and formats are ignored (xgrammar
+# warns and goes on), whitespace between tokens is free (any_whitespace=True).
+_JSON_OPTIONS: Any = {"lenient": True}
+
+
+class GrammarError(ValueError):
+    """A grammar that cannot be compiled or is not supported; the message says why."""
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """One request's grammar, as the SUBMIT record carries it to the rank."""
+
+    schema_type: int
+    schema: str
+    triggers: tuple[int, ...] = ()
+    bound: int | None = None
+
+    def record(self) -> tuple[int, str, list[int], int | None]:
+        return self.schema_type, self.schema, list(self.triggers), self.bound
+
+
+# -- xgrammar's strict mode, for llguidance ---------------------------------------------------------------------
+
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SUBSCHEMA_ONE = ("items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems", "not", "propertyNames")
+
+
+def strict_schema(schema: Any) -> Any:
+    """The schema with xgrammar's `strict_mode=True` made explicit: an object allows no property it does not name
+    (unless it says otherwise), an array with `prefixItems` no item past them."""
+    if isinstance(schema, list):
+        return [strict_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _SUBSCHEMA_LISTS and isinstance(value, list):
+            out[key] = [strict_schema(v) for v in value]
+        elif key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {k: strict_schema(v) for k, v in value.items()}
+        elif key in _SUBSCHEMA_ONE and isinstance(value, dict):
+            out[key] = strict_schema(value)
+        else:
+            out[key] = value
+    kind = out.get("type")
+    is_object = kind == "object" or (kind is None and ("properties" in out or "required" in out))
+    if is_object and "additionalProperties" not in out and "unevaluatedProperties" not in out:
+        out["additionalProperties"] = False
+    if "prefixItems" in out and "items" not in out and "unevaluatedItems" not in out:
+        out["items"] = False
+    return out
+
+
+# -- the DSML tool-call grammar ---------------------------------------------------------------------------------
+
+
+def _lit(s: str) -> str:
+    """An EBNF string literal (xgrammar's and GBNF's syntax)."""
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t") + '"'
+
+
+_JSON_BASE = r"""
+ws ::= [ ]?
+jvalue ::= jobject | jarray | jstring | jnumber | "true" | "false" | "null"
+jobject ::= "{" ws ( jstring ws ":" ws jvalue ( ws "," ws jstring ws ":" ws jvalue )* )? ws "}"
+jarray ::= "[" ws ( jvalue ( ws "," ws jvalue )* )? ws "]"
+jstring ::= "\"" jchar* "\""
+jchar ::= [^"\\\x00-\x1f] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] )
+jinteger ::= "-"? ( "0" | [1-9] [0-9]* )
+jnumber ::= jinteger ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
+rawtext ::= [^<｜]*
+"""
+
+
+class _JsonEbnf:
+    """JSON values constrained by a JSON schema, as EBNF rules (the subset tool parameters use; see `unsupported`)."""
+
+    def __init__(self, root: dict[str, Any], prefix: str) -> None:
+        self.root = root
+        self.prefix = prefix  # rule names of one tool's parameters
+        self.rules: dict[str, str] = {}
+        self.names: dict[str, str] = {}
+
+    def rule(self, body: str) -> str:
+        name = self.names.get(body)
+        if name is None:
+            name = self.names[body] = f"{self.prefix}r{len(self.names)}"
+            self.rules[name] = body
+        return name
+
+    def value(self, s: Any) -> str:
+        if s is True or s == {}:
+            return "jvalue"
+        if s is False or not isinstance(s, dict):
+            raise GrammarError(f"schema {json.dumps(s)[:80]} accepts no value")
+        if "$ref" in s:
+            return self._ref(str(s["$ref"]))
+        if "const" in s:
+            return _lit(json.dumps(s["const"], ensure_ascii=False))
+        if "enum" in s:
+            values = s["enum"]
+            if not isinstance(values, list) or not values:
+                raise GrammarError("'enum' must be a non-empty array")
+            return self.rule(" | ".join(_lit(json.dumps(v, ensure_ascii=False)) for v in values))
+        for key in ("anyOf", "oneOf"):
+            if key in s:
+                options = s[key]
+                if not isinstance(options, list) or not options:
+                    raise GrammarError(f"'{key}' must be a non-empty array")
+                return self.rule(" | ".join(self.value(o) for o in options))
+        if "allOf" in s:
+            parts = s["allOf"]
+            if isinstance(parts, list) and len(parts) == 1:
+                return self.value(parts[0])
+            raise GrammarError("'allOf' with several schemas is not supported in tool parameters")
+        kind = s.get("type")
+        if isinstance(kind, list):
+            return self.rule(" | ".join(self.value({**s, "type": k}) for k in kind))
+        if kind is None:
+            if "properties" in s:
+                kind = "object"
+            elif "items" in s or "prefixItems" in s:
+                kind = "array"
+            else:
+                return "jvalue"
+        if kind == "string":
+            lo, hi = s.get("minLength"), s.get("maxLength")
+            if lo is None and hi is None:
+                return "jstring"
+            return self.rule(f'"\\"" jchar{{{int(lo or 0)},{"" if hi is None else int(hi)}}} "\\""')
+        if kind == "integer":
+            return self._integer(s)
+        if kind == "number":
+            return "jnumber"
+        if kind == "boolean":
+            return self.rule('"true" | "false"')
+        if kind == "null":
+            return '"null"'
+        if kind == "array":
+            return self._array(s)
+        if kind == "object":
+            return self._object(s)
+        raise GrammarError(f'unsupported type "{kind}"')
+
+    def _integer(self, s: dict[str, Any]) -> str:
+        lo, hi = s.get("minimum"), s.get("maximum")
+        if isinstance(s.get("exclusiveMinimum"), (int, float)) and not isinstance(s.get("exclusiveMinimum"), bool):
+            lo = s["exclusiveMinimum"] + 1 if lo is None else max(lo, s["exclusiveMinimum"] + 1)
+        if isinstance(s.get("exclusiveMaximum"), (int, float)) and not isinstance(s.get("exclusiveMaximum"), bool):
+            hi = s["exclusiveMaximum"] - 1 if hi is None else min(hi, s["exclusiveMaximum"] - 1)
+        if lo is None and hi is None:
+            return "jinteger"
+        lo = None if lo is None else math.ceil(lo)
+        hi = None if hi is None else math.floor(hi)
+        if lo is not None and hi is not None and lo > hi:
+            raise GrammarError("minimum is greater than maximum")
+        return self.rule(" | ".join(_int_range(lo, hi)))
+
+    def _ref(self, ref: str) -> str:
+        if not ref.startswith("#/"):
+            raise GrammarError(f"$ref {ref!r}: only references inside the schema (#/...) are supported")
+        name = f"{self.prefix}ref_" + "".join(c if c.isalnum() else "_" for c in ref[2:])
+        if name not in self.rules:
+            node: Any = self.root
+            for part in ref[2:].split("/"):
+                part = part.replace("~1", "/").replace("~0", "~")
+                if not isinstance(node, dict) or part not in node:
+                    raise GrammarError(f"$ref {ref!r} does not exist")
+                node = node[part]
+            self.rules[name] = ""  # placeholder: a recursive reference names the rule before it is written
+            self.rules[name] = self.value(node)
+        return name
+
+    def _array(self, s: dict[str, Any]) -> str:
+        prefix = [self.value(p) for p in s.get("prefixItems") or []]
+        items = s.get("items", not prefix)
+        lo, hi = int(s.get("minItems") or 0), s.get("maxItems")
+        seq = ' ws "," ws '.join(prefix)
+        if items is False:
+            if len(prefix) < lo:
+                raise GrammarError("minItems is more than the array's prefixItems allow")
+            return self.rule(f'"[" ws {seq} ws "]"' if prefix else '"[" ws "]"')
+        item = self.value(items)
+        more_lo = max(0, lo - len(prefix))
+        more_hi = None if hi is None else int(hi) - len(prefix)
+        if more_hi is not None and more_hi < more_lo:
+            raise GrammarError("minItems is greater than maxItems")
+        if prefix:
+            tail = self._repeat(f'( ws "," ws {item} )', more_lo, more_hi)
+            return self.rule(f'"[" ws {seq} {tail} ws "]"')
+        if more_hi == 0:
+            return self.rule('"[" ws "]"')
+        rest = self._repeat(f'( ws "," ws {item} )', max(0, more_lo - 1), None if more_hi is None else more_hi - 1)
+        body = f"{item} {rest}"
+        return self.rule(f'"[" ws {body} ws "]"' if more_lo else f'"[" ws ( {body} )? ws "]"')
+
+    @staticmethod
+    def _repeat(expr: str, lo: int, hi: int | None) -> str:
+        if hi is None:
+            return f"{expr}*" if lo == 0 else f"{expr}{{{lo},}}"
+        return "" if hi == 0 else f"{expr}{{{lo},{hi}}}"
+
+    def _object(self, s: dict[str, Any]) -> str:
+        props = s.get("properties") or {}
+        if not isinstance(props, dict):
+            raise GrammarError("'properties' must be an object")
+        required = set(s.get("required") or [])
+        extra = s.get("additionalProperties", not props)
+        if not props:
+            if extra is False:
+                return self.rule('"{" ws "}"')
+            value = "jvalue" if extra is True else self.value(extra)
+            pair = f'jstring ws ":" ws {value}'
+            return self.rule(f'"{{" ws ( {pair} ( ws "," ws {pair} )* )? ws "}}"')
+        pairs = [(k, f'{_lit(json.dumps(k, ensure_ascii=False))} ws ":" ws {self.value(v)}') for k, v in props.items()]
+        # first_i: the properties from i on, the first one present without a comma; rest_i: each with one.
+        rest = '""'
+        first = '""'
+        for key, pair in reversed(pairs):
+            with_comma = f'ws "," ws {pair} {rest}'
+            new_rest = self.rule(with_comma if key in required else f"{with_comma} | {rest}")
+            new_first = self.rule(f"{pair} {rest}" if key in required else f"{pair} {rest} | {first}")
+            rest, first = new_rest, new_first
+        return self.rule(f'"{{" ws {first} ws "}}"')
+
+    def text(self) -> str:
+        return "\n".join(f"{name} ::= {body}" for name, body in self.rules.items() if body)
+
+
+def _digits(x: str, y: str) -> list[str]:
+    """EBNF sequences for the numbers from x to y, digit strings of one length (x <= y)."""
+    n = len(x)
+    if n == 1:
+        return [f'"{x}"' if x == y else f"[{x}-{y}]"]
+    if x[0] == y[0]:
+        return [f'"{x[0]}" {p}' for p in _digits(x[1:], y[1:])]
+    if x[1:] == "0" * (n - 1) and y[1:] == "9" * (n - 1):
+        return [f"[{x[0]}-{y[0]}] [0-9]{{{n - 1}}}"]
+    out = [f'"{x[0]}" {p}' for p in _digits(x[1:], "9" * (n - 1))]
+    if int(x[0]) + 1 <= int(y[0]) - 1:
+        out.append(f"[{int(x[0]) + 1}-{int(y[0]) - 1}] [0-9]{{{n - 1}}}")
+    return out + [f'"{y[0]}" {p}' for p in _digits("0" * (n - 1), y[1:])]
+
+
+def _nonneg(a: int, b: int | None) -> list[str]:
+    """The numbers from a (>= 0) to b (None: no bound), without leading zeros."""
+    top = b if b is not None else 10 ** len(str(a)) - 1
+    out = []
+    for n in range(len(str(a)), len(str(top)) + 1):
+        lo, hi = max(a, 10 ** (n - 1) if n > 1 else 0), min(top, 10**n - 1)
+        if lo <= hi:
+            out += _digits(str(lo), str(hi))
+    if b is None:
+        out.append(f"[1-9] [0-9]{{{len(str(a))},}}")
+    return out
+
+
+def _int_range(lo: int | None, hi: int | None) -> list[str]:
+    """EBNF alternatives for the integers in [lo, hi] (a None bound is open)."""
+    out = []
+    if lo is None or lo < 0:  # the negative ones: "-" and their magnitude
+        if hi is not None and hi < 0:
+            mags = _nonneg(-hi, None if lo is None else -lo)
+        else:
+            mags = _nonneg(1, None if lo is None else -lo)
+        out += [f'"-" {m}' for m in mags]
+    if hi is None or hi >= 0:
+        out += _nonneg(max(0, lo if lo is not None else 0), hi)
+    return [f"( {x} )" for x in out]
+
+
+def _is_string_schema(s: Any) -> bool:
+    if not isinstance(s, dict):
+        return False
+    if s.get("type") == "string":
+        return True
+    values = s.get("enum")
+    return isinstance(values, list) and bool(values) and all(isinstance(v, str) for v in values) and "type" not in s
+
+
+def tool_calls_ebnf(tools: list[dict[str, Any]], prefix: str, parallel: bool = True) -> str:
+    """EBNF for deepseek-recipe's DSML tool-call block: `prefix` (what the grammar still has to write of the
+    block's opening), one or more `invoke`s of the given tools (one if not `parallel`), then the closing tag.
+
+    A parameter whose schema is a string is raw text (`string="true"`, without `<` or `｜`); any other is JSON
+    constrained by its schema (`string="false"`). Required parameters come in schema order, optional ones may be
+    left out."""
+    invokes: list[str] = []
+    lines = []
+    for tool in tools:
+        fn = tool.get("function", tool)
+        name = str(fn.get("name", ""))
+        params = fn.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise GrammarError(f"the parameters of tool {name!r} are not a schema object")
+        rule = f"invoke{len(invokes)}"
+        conv = _JsonEbnf(params, f"{rule}_")
+        props = params.get("properties") or {}
+        required = set(params.get("required") or [])
+        parts = []
+        for key, sub in props.items():
+            if _is_string_schema(sub):
+                values = sub.get("enum")
+                value = " | ".join(_lit(v) for v in values) if values else "rawtext"
+                flag = "true"
+            else:
+                value, flag = conv.value(sub), "false"
+            open_tag = f'<{DSML} parameter name="{key}" string="{flag}">'
+            part = f"{_lit(open_tag)} ( {value} ) {_lit(f'</{DSML} parameter>' + chr(10))}"
+            parts.append(part if key in required else f"( {part} )?")
+        head = _lit(f'<{DSML} invoke name="{name}">\n')
+        lines.append(f"{rule} ::= {head} {' '.join(parts)} {_lit(f'</{DSML} invoke>' + chr(10))}")
+        body = conv.text()
+        if body:
+            lines.append(body)
+        invokes.append(rule)
+    if not invokes:
+        raise GrammarError("a forced tool call needs at least one tool")
+    one = " | ".join(invokes)
+    calls = f"( {one} )+" if parallel else f"( {one} )"
+    root = f"root ::= {_lit(prefix) + ' ' if prefix else ''}{calls} {_lit(CALLS_CLOSE)}"
+    return "\n".join([root, *lines, _JSON_BASE.strip()])
+
+
+# -- compiling, with a bounded cache -----------------------------------------------------------------------------
+
+
+def llguidance_grammar(schema_type: str, schema: str) -> str:
+    """The llguidance grammar for DeepInfer's so_args (json with xgrammar's strict mode, regex, or ebnf)."""
+    if schema_type == "json":
+        try:
+            parsed = json.loads(schema)
+        except ValueError as e:
+            raise GrammarError(f"the schema is not valid JSON: {e}") from None
+        if not isinstance(parsed, (dict, bool)):
+            raise GrammarError("a JSON schema must be an object or a boolean")
+        return LLMatcher.grammar_from_json_schema(json.dumps(strict_schema(parsed)), _JSON_OPTIONS)
+    if schema_type == "regex":
+        return LLMatcher.grammar_from_regex(schema)
+    if schema_type == "ebnf":
+        try:
+            return llguidance.grammar_from("ebnf", schema)
+        except ValueError as e:
+            raise GrammarError(str(e)) from None
+    raise GrammarError(f"unsupported schema_type {schema_type!r}")
+
+
+class GrammarCache:
+    """Checked grammars by (schema_type, schema): the llguidance grammar, or why it failed. Bounded (LRU)."""
+
+    def __init__(self, capacity: int = 512) -> None:
+        self.capacity = capacity
+        self.entries: OrderedDict[tuple[str, str], tuple[str | None, str | None]] = OrderedDict()
+        self.lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def check(self, schema_type: str, schema: str) -> str:
+        """The compiled grammar; raises GrammarError (cached too) for one that fails."""
+        key = (schema_type, schema)
+        with self.lock:
+            hit = self.entries.get(key)
+            if hit is not None:
+                self.entries.move_to_end(key)
+                self.hits += 1
+        if hit is None:
+            self.misses += 1
+            hit = _compile(schema_type, schema)
+            with self.lock:
+                self.entries[key] = hit
+                while len(self.entries) > self.capacity:
+                    self.entries.popitem(last=False)
+        grammar, error = hit
+        if error is not None:
+            raise GrammarError(error)
+        assert grammar is not None
+        return grammar
+
+
+def _compile(schema_type: str, schema: str) -> tuple[str | None, str | None]:
+    try:
+        grammar = llguidance_grammar(schema_type, schema)
+    except GrammarError as e:
+        return None, str(e)
+    except ValueError as e:
+        return None, str(e)
+    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+    if is_error:
+        return None, _first_line(messages[0] if messages else "invalid grammar")
+    return grammar, None
+
+
+def _first_line(message: str) -> str:
+    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip() and not ln.strip().startswith("^")]
+    return " ".join(lines[:3])[:500]
