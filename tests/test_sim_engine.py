@@ -206,6 +206,7 @@ def test_the_gate_reports_when_the_rank_took_a_request_not_when_it_let_it_throug
     held_since = g.taken[2]
     times = {}
     for _ in range(3):
+        g.step_start()  # as the rank loop does: the step's start is what `scheduled` reports
         step(g)  # type: ignore[arg-type]
         times.update({rid: (taken, scheduled) for rid, taken, scheduled in g.first_token_times()})
     assert times[2][0] == held_since < times[2][1], "its wait in the gate comes before the step that prefills it"
