@@ -288,6 +288,37 @@ def wait_until_gone(server_pid: int, groups: set[int], timeout: float = 10.0) ->
         time.sleep(0.1)
 
 
+@dataclass
+class BackgroundStream:
+    """A streamed chat request read on a thread of its own: its `data:` payloads, when its first text came, and
+    when it ended (for tests that stop or kill ranks under it)."""
+
+    events: list[str] = field(default_factory=list)
+    first: threading.Event = field(default_factory=threading.Event)
+    ended: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    @classmethod
+    def start(cls, base_url: str, body: dict[str, Any]) -> BackgroundStream:
+        s = cls()
+
+        def read() -> None:
+            with (
+                httpx.Client(base_url=base_url, timeout=60) as c,
+                c.stream("POST", "/v1/chat/completions", json=body) as r,
+            ):
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        s.events.append(line[6:])
+                        if sse_has_text(line):
+                            s.first.set()
+            s.ended.set()
+
+        s.thread = threading.Thread(target=read, daemon=True)
+        s.thread.start()
+        return s
+
+
 def sse_has_text(line: str) -> bool:
     """True for an SSE line that carries generated text (not the role chunk, a comment or the end)."""
     if not line.startswith("data: {"):

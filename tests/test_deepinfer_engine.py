@@ -23,6 +23,7 @@ import openai
 import pytest
 from conftest import (
     MODEL,
+    BackgroundStream,
     Server,
     group_members,
     idle_wakeups_per_s,
@@ -579,27 +580,12 @@ def test_stopped_peer_in_a_collective_trips_the_watchdog(deepinfer_server) -> No
         FAKE_DEEPINFER_STEP_MS="10",
     )  # fmt: skip
     ranks = srv.rank_pids()
-    events: list[str] = []
-    got_first = threading.Event()
-
-    def stream() -> None:
-        body = {
-            "model": MODEL, "messages": [{"role": "user", "content": "hang"}], "max_tokens": 3000,
-            "stream": True, "ignore_eos": True, **NO_THINK,
-        }  # fmt: skip
-        with httpx.Client(base_url=srv.url, timeout=60) as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    events.append(line[6:])
-                    if sse_has_text(line):
-                        got_first.set()
-
-    t = threading.Thread(target=stream, daemon=True)
-    t.start()
-    assert got_first.wait(20)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hang"}], "max_tokens": 3000, "stream": True}
+    bg = BackgroundStream.start(srv.url, {**body, "ignore_eos": True, **NO_THINK})
+    events = bg.events
+    assert bg.first.wait(20)
     os.kill(max(ranks), signal.SIGSTOP)  # the later rank: the stream went to the least loaded, rank 0
-    t.join(15)
-    assert not t.is_alive(), "the stream hung"
+    assert bg.ended.wait(15), "the stream hung"
     assert events[-1] == "[DONE]" and "stopped responding" in events[-2], events[-3:]
     assert srv.proc.wait(timeout=15) == 1
     assert not wait_until_gone(srv.proc.pid, set(ranks))
@@ -654,27 +640,12 @@ def test_a_dead_peer_during_a_collective_ends_in_a_clean_exit(deepinfer_server) 
     # No short --rank-shutdown-timeout: the survivor cannot close, and is not given the default 30 s to try.
     srv = deepinfer_server("--dp", "2", "--exit-on-rank-failure", "1", FAKE_DEEPINFER_STEP_MS="10")
     ranks = srv.rank_pids()
-    events: list[str] = []
-    got_first = threading.Event()
-
-    def stream() -> None:
-        body = {
-            "model": MODEL, "messages": [{"role": "user", "content": "dead peer"}], "max_tokens": 3000,
-            "stream": True, "ignore_eos": True, **NO_THINK,
-        }  # fmt: skip
-        with httpx.Client(base_url=srv.url, timeout=60) as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    events.append(line[6:])
-                    if sse_has_text(line):
-                        got_first.set()
-
-    t = threading.Thread(target=stream, daemon=True)
-    t.start()
-    assert got_first.wait(20)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "dead peer"}], "max_tokens": 3000, "stream": True}
+    bg = BackgroundStream.start(srv.url, {**body, "ignore_eos": True, **NO_THINK})
+    events = bg.events
+    assert bg.first.wait(20)
     os.kill(max(ranks), signal.SIGKILL)
-    t.join(15)
-    assert not t.is_alive(), "the stream hung"
+    assert bg.ended.wait(15), "the stream hung"
     assert events[-1] == "[DONE]" and '"error"' in events[-2], events[-3:]
     killed = time.monotonic()
     assert srv.proc.wait(timeout=20) == 1, srv.log()
