@@ -791,6 +791,7 @@ def test_constraints_reach_the_engine_as_so_args(deepinfer_server) -> None:
     tool = {"type": "function", "function": {"name": "f", "parameters": SCHEMA}}
     body = {**base, "tools": [tool], "tool_choice": "required", "thinking": {"type": "disabled"}}
     assert httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=30).status_code == 200
+    wait_for("the engine's three so_args lines", lambda: len(logged_so_args(srv)) >= 3)  # the log pump is async
     on, off, forced = logged_so_args(srv)[-3:]
     assert on["schema_type"] == off["schema_type"] == "json" and json.loads(str(on["schema"])) == SCHEMA
     assert on["trigger_token_ids"] == [think_end_id] and "trigger_token_ids" not in off

@@ -45,6 +45,11 @@ def _says(pattern: str) -> Callable[[Body, Error], bool]:
 # (reason, test on the error object). First match wins.
 BY_DESIGN: list[tuple[str, Callable[[Body, Error], bool]]] = [
     ("n > 1, best_of > 1: one choice per request", _param("n|best_of")),
+    ("json_object output needs the word 'json' in the prompt (OpenAI's rule)", _says(r"must contain the word 'json'")),
+    (
+        "a chat field of the wrong type on a door whose published schema leaves it undeclared (the same field table)",
+        _says(r"^Invalid '[\w.]+': expected "),
+    ),
     (
         "logprobs: top_logprobs in [0, 20] and only with logprobs true (OpenAI's rule); Completions' logprobs in "
         "[0, 20], not with echo",
