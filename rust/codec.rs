@@ -1,15 +1,17 @@
 //! The bridge to the Python codec (deepseek-recipe). Only these threads take the GIL:
-//! a small pool for `Codec.prepare` and the rank_io threads for `decode_batch`. Tokio workers never do.
+//! a small pool for `Codec.prepare`, a second one for requests with images (their preprocessing takes tens of
+//! milliseconds per image, and must not hold up text requests' encoding), and the rank_io threads for
+//! `decode_batch`. Tokio workers never do.
 
 use crate::error::ApiError;
 use crate::http::fields::ForcedTool;
 use crate::protocol::{Protocol, frame_into};
 use crate::ring::py::logprobs_to_py;
-use crate::ring::records::{Constraint, Logprobs};
+use crate::ring::records::{Constraint, ImageSet, Logprobs};
 use axum::http::StatusCode;
 use bytes::BytesMut;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::thread;
 use std::time::Duration;
@@ -26,6 +28,10 @@ pub struct PrepareRequest {
     pub continuous_usage: bool,
     /// A tool choice that forces a call: the codec constrains the output to a tool-call block.
     pub forced_tool: Option<ForcedTool>,
+    /// The request has images: it is prepared on the image pool.
+    pub has_images: bool,
+    /// The image URLs the front end fetched, with their bytes.
+    pub fetched: Vec<(String, bytes::Bytes)>,
 }
 
 /// A converted, encoded request.
@@ -42,6 +48,17 @@ pub struct Prepared {
     pub incremental: bool,
     /// Framed SSE events to send before any token (the role delta); empty for non-streams.
     pub first: BytesMut,
+    /// The prompt's images, in the file the codec wrote for the rank.
+    pub images: Option<ImageSet>,
+}
+
+impl Prepared {
+    /// Remove the images' file when no rank will read it (the request went nowhere).
+    pub fn discard_images(&self) {
+        if let Some(im) = &self.images {
+            let _ = std::fs::remove_file(&im.path);
+        }
+    }
 }
 
 /// Result states of `codec.decode_batch`, as defined in python/deepinfer_server/codec.py.
@@ -68,6 +85,7 @@ pub struct Codec {
     codec: Py<PyAny>,
     decode_batch: Py<PyAny>,
     jobs: Mutex<mpsc::Sender<Job>>,
+    image_jobs: Mutex<mpsc::Sender<Job>>,
     /// Requests waiting for or in `prepare`. Decoding yields the GIL to them: a new request's time to first
     /// token should not queue behind other requests' token batches.
     preparing: Mutex<usize>,
@@ -78,22 +96,31 @@ pub struct Codec {
 const PREPARE_PRIORITY_WAIT: Duration = Duration::from_millis(2);
 
 impl Codec {
-    /// Start `threads` prepare workers around the Python `Codec` object and its `decode_batch` function.
+    /// Start `threads` prepare workers (and as many for requests with images) around the Python `Codec` object
+    /// and its `decode_batch` function.
     pub fn start(codec: Py<PyAny>, decode_batch: Py<PyAny>, threads: usize) -> Arc<Self> {
         let (tx, rx) = mpsc::channel::<Job>();
-        let rx = Arc::new(Mutex::new(rx));
+        let (image_tx, image_rx) = mpsc::channel::<Job>();
         let this = Arc::new(Codec {
             codec,
             decode_batch,
             jobs: Mutex::new(tx),
+            image_jobs: Mutex::new(image_tx),
             preparing: Mutex::new(0),
             prepared: Condvar::new(),
         });
+        this.spawn_pool("codec", rx, threads);
+        this.spawn_pool("codec-images", image_rx, threads);
+        this
+    }
+
+    fn spawn_pool(self: &Arc<Self>, name: &str, rx: mpsc::Receiver<Job>, threads: usize) {
+        let rx = Arc::new(Mutex::new(rx));
         for i in 0..threads.max(1) {
             let rx = rx.clone();
-            let me = this.clone();
+            let me = self.clone();
             thread::Builder::new()
-                .name(format!("codec-{i}"))
+                .name(format!("{name}-{i}"))
                 .spawn(move || {
                     with_thread_state(|| {
                         loop {
@@ -105,7 +132,6 @@ impl Codec {
                 })
                 .expect("spawn codec thread");
         }
-        this
     }
 
     /// Convert and encode on the codec pool, then run `then` on the same thread (without the GIL) and return its
@@ -115,12 +141,29 @@ impl Codec {
         req: PrepareRequest,
         then: impl FnOnce(Prepared) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<T, ApiError> {
-        self.run(move |codec| {
+        let images = req.has_images;
+        let job = move |codec: &Codec| {
             let prepared = Python::attach(|py| codec.prepare_blocking(py, &req));
             // If the client left meanwhile the result is dropped by the caller, and a ticket in it aborts the request.
             prepared.and_then(then)
-        })
-        .await
+        };
+        if images { self.run_images(job).await } else { self.run(job).await }
+    }
+
+    /// Run `f` on the image pool. Token batches do not yield to these (`yield_to_prepares`): an image request's
+    /// preprocessing releases the GIL for most of its time, and a decode batch waiting on it would stall streams.
+    async fn run_images<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Codec) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move |codec| {
+            let _ = tx.send(f(codec));
+        });
+        if self.image_jobs.lock().unwrap().send(job).is_err() {
+            return Err(ApiError::Unavailable("codec stopped".into()));
+        }
+        rx.await.map_err(|_| ApiError::Internal)?
     }
 
     /// Call a method of the Python `Codec` on the codec pool (counting tokens, rendering): `(body, protocol)` in,
@@ -130,15 +173,22 @@ impl Codec {
         method: &'static str,
         body: Vec<u8>,
         protocol: Protocol,
+        fetched: Option<Vec<(String, bytes::Bytes)>>,
     ) -> Result<(u16, String), ApiError> {
-        self.run(move |codec| {
+        let images = fetched.is_some();
+        let job = move |codec: &Codec| {
             Python::attach(|py| {
-                let args = (PyBytes::new(py, &body), protocol.code());
-                let out = codec.codec.bind(py).call_method1(method, args).map_err(|e| internal(py, e))?;
+                let body = PyBytes::new(py, &body);
+                let out = match fetched.as_deref() {
+                    None => codec.codec.bind(py).call_method1(method, (body, protocol.code())),
+                    Some(f) => fetched_to_py(py, f)
+                        .and_then(|images| codec.codec.bind(py).call_method1(method, (body, protocol.code(), images))),
+                }
+                .map_err(|e| internal(py, e))?;
                 out.extract::<(u16, String)>().map_err(|e| internal(py, e))
             })
-        })
-        .await
+        };
+        if images { self.run_images(job).await } else { self.run(job).await }
     }
 
     /// Run `f` on a codec thread (it takes the GIL itself) and await its result; new requests' preparations go
@@ -174,6 +224,7 @@ impl Codec {
             // "" forces any tool, a name that one; None forces nothing.
             req.forced_tool.as_ref().map(|f| f.name.clone().unwrap_or_default()),
             req.forced_tool.as_ref().is_none_or(|f| f.parallel),
+            req.has_images.then(|| fetched_to_py(py, &req.fetched)).transpose().map_err(|e| internal(py, e))?,
         );
         let out = self.codec.bind(py).call_method1("prepare", args).map_err(|e| internal(py, e))?;
         if let Ok(t) = out.cast::<PyTuple>() {
@@ -200,6 +251,10 @@ impl Codec {
             decoder: get("decoder")?.unbind(),
             incremental: get("incremental")?.extract().map_err(|e| internal(py, e))?,
             first,
+            images: get("images")?
+                .extract::<Option<(String, u32, Vec<[u32; 3]>)>>()
+                .map_err(|e| internal(py, e))?
+                .map(|(path, extra_tokens, sizes)| ImageSet { path, extra_tokens, sizes }),
         })
     }
 
@@ -244,6 +299,15 @@ impl Codec {
         }
         Ok(decoded)
     }
+}
+
+/// The fetched images as the codec takes them: `{url: bytes}`.
+fn fetched_to_py<'py>(py: Python<'py>, fetched: &[(String, bytes::Bytes)]) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (url, data) in fetched {
+        d.set_item(url, PyBytes::new(py, data))?;
+    }
+    Ok(d)
 }
 
 /// Run a thread's loop with a Python thread state kept for its whole life (the GIL released), so each

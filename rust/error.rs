@@ -77,6 +77,7 @@ impl ApiError {
             ),
             r if r.starts_with("xgrammar") => (rejected("invalid_grammar", "its grammar failed"), "grammar_error"),
             "ve_error" => (rejected("invalid_image", "an image could not be processed"), "ve_error"),
+            "images_unsupported" => (rejected("images_disabled", "this model takes no images"), "ve_error"),
             // The engine's scheduler gave up on a running request (DeepInfer's "abort"): a server error, counted
             // apart from the other engine errors so that dashboards can tell the two.
             "abort" => (ApiError::Engine(format!("The engine aborted the request ({reason}).")), "engine_abort"),

@@ -143,6 +143,7 @@ mod tests {
             ignore_eos: false,
             logprobs: None,
             constraint: None,
+            images: None,
         };
         let now = Instant::now();
         let meta = RequestMeta { id: d.next_id(), request_id: "r".into(), arrival: now, parsed: now, admitted: now };

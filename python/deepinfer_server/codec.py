@@ -61,6 +61,7 @@ from deepinfer_server.grammar import (
     GrammarError,
     tool_calls_ebnf,
 )
+from deepinfer_server.images import Images, ResolvedImages, sources_of
 from deepinfer_server.prompt_encoder import LengthGuard, PromptTooLong, RecipeEncoder
 from deepinfer_server.prompt_encoder import build as build_prompt_encoder
 
@@ -140,6 +141,12 @@ class _Encoded:
     conv: ConversationRequest
     ids: list[int]
     generator: _MakeGenerator  # (response id, model) -> the door's chunk generator
+    images: ResolvedImages | None = None
+
+    @property
+    def image_tokens(self) -> int:
+        """Prompt tokens the images take beyond their placeholders."""
+        return 0 if self.images is None else self.images.extra_tokens
 
 
 @dataclass(frozen=True)
@@ -155,6 +162,8 @@ class Prepared:
     incremental: bool  # decode as tokens arrive (streams, stop sequences), or once at the end
     logprobs: int | None = None  # logprobs asked for: alternatives per token
     constraint: tuple[int, str, list[int], int | None] | None = None  # (schema_type, schema, triggers, bound)
+    # The request's images for the rank: (file, prompt tokens beyond the placeholders, [(width, height, bytes)]).
+    images: tuple[str, int, list[tuple[int, int, int]]] | None = None
 
 
 class Codec:
@@ -169,6 +178,7 @@ class Codec:
         prompt_encoder: str = "auto",
         fingerprint: str | None = None,
         default_thinking: bool = True,
+        images: Images | None = None,
     ) -> None:
         # deepseek-recipe's tokenizer (~50 MB for DeepSeek's vocabulary) stays alive only if deepseek-recipe encodes
         # the prompts; with fastokens it is needed at start-up alone, to check fastokens against it.
@@ -206,6 +216,7 @@ class Codec:
         self.think_end_id = tokenizer.encode(SpecialToken.ThinkingEnd.default_str())[0]
         self.dsml_id = tokenizer.encode(DSML)[0]
         self.grammars = GrammarCache()
+        self.images = images  # None: image input is refused
         # Requests with logprobs feed deepseek-recipe's processor token IDs, which needs its tokenizer (about 50 MB
         # for DeepSeek's 128k vocabulary). The deepseek-recipe prompt encoder holds one anyway: share it. Otherwise
         # (fastokens encodes the prompts) it is loaded on the first request with logprobs, not kept from start-up.
@@ -235,21 +246,23 @@ class Codec:
         protocol: int = CHAT,
         forced_tool: str | None = None,
         parallel_tools: bool = True,
+        images: dict[str, bytes] | None = None,
     ) -> Prepared | tuple[int, str]:
         """Convert and encode one request. Returns `Prepared`, or `(status, error envelope)` for a bad request.
 
         `body` was validated and normalized by the Rust front end (model checked, developer -> system,
         max_completion_tokens -> max_tokens, unsupported features rejected). Error envelopes are OpenAI's; Rust
         re-wraps them for the Messages door. `forced_tool`: a tool choice that forces a call ("" any tool, else
-        its name; Rust checked it names one of the tools).
+        its name; Rust checked it names one of the tools). `images`: the request's image URLs the front end
+        fetched, and their bytes.
         """
         if protocol == COMPLETIONS:
             return self._prepare_completion(body, response_id, model, ignore_eos, include_usage, continuous_usage)
-        encoded = self._encode(body, protocol, forced_tool is not None)
+        encoded = self._encode(body, protocol, forced_tool is not None, images)
         if not isinstance(encoded, _Encoded):
             return encoded
         conv, ids = encoded.conv, encoded.ids
-        n_prompt = len(ids)
+        n_prompt = len(ids) + encoded.image_tokens
         try:
             max_tokens = conv.resolve_max_tokens(n_prompt, self.max_model_len)
         except ConversionError as e:
@@ -274,6 +287,10 @@ class Codec:
         else:
             kind = MessagesResponse if protocol == MESSAGES else ResponsesResponse
             decoder = EventDecoder(self, conv, generator, kind, response_id, model, n_prompt, ignore_eos)
+        pictures, blob = encoded.images, None
+        if pictures is not None and self.images is not None:
+            sizes = [(w, h, len(d)) for (w, h), d in zip(pictures.sizes, pictures.data, strict=True)]
+            blob = (self.images.write_blob(response_id, pictures), pictures.extra_tokens, sizes)
         return Prepared(
             prompt_ids=ids,
             max_tokens=max_tokens,
@@ -284,6 +301,7 @@ class Codec:
             incremental=conv.stream or bool(conv.parsing_options.stop_sequences),
             logprobs=decoder.logprobs,
             constraint=None if constraint is None else constraint.record(),
+            images=blob,
         )
 
     def constraint(
@@ -392,14 +410,16 @@ class Codec:
         text = detokenizer(self)
         return text.feed(ids) + text.flush()
 
-    def tokenize(self, body: bytes, protocol: int) -> tuple[int, str]:
-        """vLLM's `POST /tokenize`: a chat body's prompt IDs (what its request would count), or a raw prompt's."""
+    def tokenize(self, body: bytes, protocol: int, images: dict[str, bytes] | None = None) -> tuple[int, str]:
+        """vLLM's `POST /tokenize`: a chat body's prompt IDs (what its request would count), or a raw prompt's. An
+        image is one placeholder ID in `tokens`; `count` adds the tokens the engine expands it to."""
         d = json.loads(body)
+        extra = 0
         if "messages" in d:
-            encoded = self._encode(body, CHAT)
+            encoded = self._encode(body, CHAT, images=images)
             if not isinstance(encoded, _Encoded):
                 return encoded
-            ids = encoded.ids
+            ids, extra = encoded.ids, encoded.image_tokens
         else:
             prompt = d.get("prompt")
             if not isinstance(prompt, str):
@@ -409,7 +429,7 @@ class Codec:
             except PromptTooLong as e:
                 return 400, self._too_long(f"at least {e.at_least}", "prompt")
             ids = [self.bos_id, *text] if d.get("add_special_tokens", True) else text
-        out = {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids, "token_strs": None}
+        out = {"count": len(ids) + extra, "max_model_len": self.max_model_len, "tokens": ids, "token_strs": None}
         return 200, json.dumps(out)
 
     def detokenize(self, body: bytes, protocol: int) -> tuple[int, str]:
@@ -419,16 +439,20 @@ class Codec:
             return 400, error_body(f"'tokens' must be a list of token IDs below {self.vocab_size}", param="tokens")
         return 200, json.dumps({"prompt": self.text_of(tokens)}, ensure_ascii=False)
 
-    def count_tokens(self, body: bytes, protocol: int) -> tuple[int, str]:
-        """`POST /v1/messages/count_tokens`: the prompt length of a request, from the encoder that serves it."""
-        encoded = self._encode(body, protocol)
+    def count_tokens(self, body: bytes, protocol: int, images: dict[str, bytes] | None = None) -> tuple[int, str]:
+        """`POST /v1/messages/count_tokens`: the prompt length of a request (its images' tokens included), from the
+        encoder that serves it."""
+        encoded = self._encode(body, protocol, images=images)
         if not isinstance(encoded, _Encoded):
             return encoded
-        return 200, json.dumps({"input_tokens": len(encoded.ids)})
+        return 200, json.dumps({"input_tokens": len(encoded.ids) + encoded.image_tokens})
 
-    def _encode(self, body: bytes, protocol: int, forced: bool = False) -> _Encoded | tuple[int, str]:
-        """The converted and encoded request, or (status, error envelope). `forced`: the tool choice forces a call,
-        which deepseek-recipe refuses with thinking on; the server then constrains it itself (`constraint`)."""
+    def _encode(
+        self, body: bytes, protocol: int, forced: bool = False, images: dict[str, bytes] | None = None
+    ) -> _Encoded | tuple[int, str]:
+        """The converted and encoded request, its images preprocessed, or (status, error envelope). `forced`: the
+        tool choice forces a call, which deepseek-recipe refuses with thinking on; the server then constrains it
+        itself (`constraint`). `images`: fetched bytes by URL."""
         try:
             try:
                 conv, generator = self._convert(body, protocol)
@@ -448,9 +472,20 @@ class Codec:
             return 400, error_body(f"the conversation cannot be encoded: {e}")
         except PromptTooLong as e:
             return 400, self._too_long(f"at least {e.at_least}")
-        if len(ids) >= self.max_model_len:
-            return 400, self._too_long(str(len(ids)))
-        return _Encoded(conv, ids, generator)
+        resolved = None
+        # Only a body that names an image can have one (reading the conversation's messages back costs a copy).
+        sources = sources_of(conv.conversation.messages) if b"image" in body else []
+        if sources:
+            if self.images is None:
+                return 400, error_body("Image input is not enabled on this server.", code="images_disabled")
+            got = self.images.resolve(sources, images or {})
+            if isinstance(got, tuple):
+                return got
+            resolved = got
+        n = len(ids) + (resolved.extra_tokens if resolved is not None else 0)
+        if n >= self.max_model_len:
+            return 400, self._too_long(str(n))
+        return _Encoded(conv, ids, generator, resolved)
 
     def _convert(self, body: bytes, protocol: int) -> tuple[ConversationRequest, _MakeGenerator]:
         """The door's deepseek-recipe conversion, and a maker of its chunk generator (response id, model)."""

@@ -15,6 +15,7 @@ import os
 import re
 import secrets
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,8 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from deepseek_recipe import SpecialToken
+
 from deepinfer_server import _native, logs
 from deepinfer_server.codec import Codec, decode_batch, system_fingerprint
+from deepinfer_server.images import Images
 from deepinfer_server.malloc import PRELOADED, returning_freed_memory, without_preload
 
 log = logging.getLogger("deepinfer_server")
@@ -123,7 +127,10 @@ def clean_stale_segments() -> None:
         except PermissionError:
             continue
         try:
-            path.unlink()
+            if path.is_dir():
+                shutil.rmtree(path)  # a media directory
+            else:
+                path.unlink()
             log.info("removed stale shared-memory segment %s", path)
         except OSError:
             pass
@@ -172,6 +179,7 @@ class Ranks:
             "max_num_batched_tokens": a.max_num_batched_tokens,
             "gpu_memory_utilization": a.gpu_memory_utilization,
             "disable_log_stats": a.disable_log_stats,
+            "image_placeholder_id": image_placeholder_id(self.tokenizer),
         }
 
     def start_reaper(self) -> None:
@@ -278,6 +286,12 @@ class Ranks:
             if pending:
                 time.sleep(0.02)
 
+    def media_dir(self) -> Path:
+        """Where the codec leaves each request's images for its rank (tmpfs; removed with the rings)."""
+        path = SHM_DIR / f"{self.prefix}-media"
+        path.mkdir(mode=0o700, exist_ok=True)
+        return path
+
     def unlink(self) -> None:
         """Every party has mapped the rings: remove the names so nothing outlives the processes."""
         for path in self.paths:
@@ -307,6 +321,7 @@ class Ranks:
         for p in self.procs:
             p.wait()
         self.unlink()
+        shutil.rmtree(SHM_DIR / f"{self.prefix}-media", ignore_errors=True)
         if self.reaper_pipe >= 0:
             os.close(self.reaper_pipe)  # nothing is left for the reaper to find: it exits
             self.reaper_pipe = -1
@@ -360,6 +375,20 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def image_placeholder_id(tokenizer: Path) -> int | None:
+    """The serving tokenizer's ID for deepseek-recipe's image placeholder `<｜image｜>`, if it has one."""
+    spelling = SpecialToken.Image.default_str()
+    added = json.loads(tokenizer.read_text(encoding="utf-8")).get("added_tokens") or []
+    return next((int(t["id"]) for t in added if t.get("content") == spelling), None)
+
+
+def image_input(args: argparse.Namespace, media_dir: Path) -> Images | None:
+    """Image preprocessing with the request limits, or None when `--max-images-per-request 0` refuses images."""
+    if args.max_images_per_request <= 0:
+        return None
+    return Images(args.max_images_per_request, args.max_image_bytes, args.max_image_total_bytes, str(media_dir))
+
+
 def run(args: argparse.Namespace) -> int:
     # Prompt encoding runs on the codec threads next to the HTTP and decode threads; rayon's spinning worker
     # pool (the tokenizers default) costs more under load than it saves on short prompts.
@@ -383,6 +412,8 @@ def run(args: argparse.Namespace) -> int:
             args.context_parallel_size,
             args.max_model_len,
         )
+        clean_stale_segments()
+        ranks = Ranks(args, tokenizer)
         codec = Codec(
             tokenizer,
             names,
@@ -391,9 +422,8 @@ def run(args: argparse.Namespace) -> int:
             args.prompt_encoder,
             fingerprint,
             default_thinking=args.default_thinking == "on",
+            images=image_input(args, ranks.media_dir()),
         )
-    clean_stale_segments()
-    ranks = Ranks(args, tokenizer)
     code = 1  # until the server returns its own
     # SIGTERM during start-up: stop cleanly instead of leaving ranks and segments behind.
     signal.signal(signal.SIGTERM, _interrupt)

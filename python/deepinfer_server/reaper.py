@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -69,7 +70,10 @@ def main(argv: list[str]) -> int:
     if prefix.startswith("deepinfer-"):
         for path in SHM_DIR.glob(prefix + "*"):
             with contextlib.suppress(OSError):
-                path.unlink()
+                if path.is_dir():
+                    shutil.rmtree(path)  # the media directory
+                else:
+                    path.unlink()
                 removed += 1
     if killed or removed:
         sys.stderr.write(f"deepinfer-server reaper: killed {killed} leftover process(es), removed {removed} file(s)\n")

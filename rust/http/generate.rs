@@ -123,6 +123,8 @@ async fn handle(
         include_usage: req.include_usage,
         continuous_usage: req.continuous_usage,
         forced_tool: req.forced_tool,
+        has_images: false,
+        fetched: Vec::new(),
     };
     let (outlet, reply) = if req.stream {
         let buf = StreamBuf::new(protocol);
@@ -152,11 +154,19 @@ async fn handle(
                     ignore_eos,
                     logprobs: prepared.logprobs,
                     constraint: prepared.constraint,
+                    images: prepared.images,
                 },
                 incremental: prepared.incremental,
             };
             let meta = RequestMeta { id, request_id, arrival, parsed, admitted };
-            dispatcher.submit(meta, job, prepared.decoder, outlet, permit)
+            let blob = job.submit.images.as_ref().map(|im| im.path.clone());
+            let sent = dispatcher.submit(meta, job, prepared.decoder, outlet, permit);
+            if sent.is_err()
+                && let Some(path) = blob
+            {
+                let _ = std::fs::remove_file(path); // no rank will read it
+            }
+            sent
         })
         .await?;
     let timeout = st.config.request_timeout();

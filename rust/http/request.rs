@@ -48,19 +48,19 @@ pub fn opt_u64(obj: &Map<String, Value>, key: &str) -> Result<Option<u64>, ApiEr
     }
 }
 
-/// Reject content the service cannot take (images, audio, files): text parts only.
+/// Reject content the service cannot take (audio, files): text and image parts only.
 fn check_content(i: usize, msg: &Map<String, Value>) -> Result<(), ApiError> {
     let Some(Value::Array(parts)) = msg.get("content") else {
         return Ok(());
     };
     for (j, part) in parts.iter().enumerate() {
         let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
-        if kind != "text" {
+        if kind != "text" && kind != "image_url" {
             let param = format!("messages[{i}].content[{j}].type");
             let what = if kind.is_empty() { "a content part without a type".to_string() } else { format!("'{kind}'") };
             return Err(ApiError::bad_param(
                 &param,
-                format!("Only text content is supported; {what} is not (images, audio and files are not accepted)."),
+                format!("Only text and image_url content parts are supported; {what} is not (audio and files are not)."),
             ));
         }
     }

@@ -19,7 +19,7 @@ pub async fn count_messages_tokens(State(st): State<Arc<AppState>>, body: RawBod
 async fn count(st: &AppState, protocol: Protocol, body: RawBody) -> Result<Response, ApiError> {
     let body = read_body(st, body)?;
     let req = doors::messages(&body, &st.config.served_model_names)?;
-    let (status, out) = st.codec.call("count_tokens", req.body, protocol).await?;
+    let (status, out) = st.codec.call("count_tokens", req.body, protocol, None).await?;
     if status != 200 {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
         return Err(ApiError::Codec { status, body: out });
@@ -54,7 +54,7 @@ async fn tokens_call(st: &AppState, method: &'static str, body: RawBody) -> Resu
         request::body_and_model(&raw, served)?;
         raw
     };
-    let (status, out) = st.codec.call(method, body, Protocol::Chat).await?;
+    let (status, out) = st.codec.call(method, body, Protocol::Chat, None).await?;
     if status != 200 {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
         return Err(ApiError::Codec { status, body: out });

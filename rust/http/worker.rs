@@ -150,11 +150,19 @@ pub async fn render_chat(
         include_usage: false,
         continuous_usage: false,
         forced_tool: req.forced_tool.clone(),
+        has_images: false,
+        fetched: Vec::new(),
     };
-    // Only plain values leave the codec thread; the request's decoder is dropped there.
+    // Only plain values leave the codec thread; the request's decoder is dropped there (its images too: no rank
+    // will read them).
     let seed = req.seed;
-    let (token_ids, max_tokens, temperature, top_p) =
-        st.codec.prepare_then(prepare, |p| Ok((p.prompt, p.max_tokens, p.temperature, p.top_p))).await?;
+    let (token_ids, max_tokens, temperature, top_p) = st
+        .codec
+        .prepare_then(prepare, |p| {
+            p.discard_images();
+            Ok((p.prompt, p.max_tokens, p.temperature, p.top_p))
+        })
+        .await?;
     Ok(Json(json!({
         "request_id": request_id,
         "token_ids": token_ids,

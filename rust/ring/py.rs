@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use super::layout::AUX_WORDS;
-use super::records::{self, Constraint, Logprobs, Request, Submit, TokenEntry};
+use super::records::{self, Constraint, ImageSet, Logprobs, Request, Submit, TokenEntry};
 use super::status::monotonic_us;
 use super::{Ring, RingError as CoreError};
 
@@ -392,7 +392,7 @@ impl PyRing {
 
     // ------------------------------------------------------- request side
 
-    #[pyo3(signature = (request_id, prompt, max_tokens, temperature=1.0, top_p=1.0, top_k=-1, seed=None, ignore_eos=false, timeout=None, logprobs=None, constraint=None))]
+    #[pyo3(signature = (request_id, prompt, max_tokens, temperature=1.0, top_p=1.0, top_k=-1, seed=None, ignore_eos=false, timeout=None, logprobs=None, constraint=None, images=None))]
     #[allow(clippy::too_many_arguments)]
     fn push_submit(
         &self,
@@ -408,6 +408,7 @@ impl PyRing {
         timeout: Option<f64>,
         logprobs: Option<u32>,
         constraint: Option<(u32, String, Vec<u32>, Option<u32>)>,
+        images: Option<(String, u32, Vec<[u32; 3]>)>,
     ) -> PyResult<()> {
         let prompt = prompt_ids(prompt)?;
         let constraint = constraint.map(|(schema_type, schema, triggers, bound)| Constraint {
@@ -427,6 +428,7 @@ impl PyRing {
             ignore_eos,
             logprobs,
             constraint,
+            images: images.map(|(path, extra_tokens, sizes)| ImageSet { path, extra_tokens, sizes }),
         };
         let s = &s;
         self.push_with(py, records::SUBMIT, s.encoded_len(), timeout, move |b| s.write(b))
@@ -445,7 +447,8 @@ impl PyRing {
 
     /// Consumes available request records: `(1, request_id, prompt_ids,
     /// max_tokens, temperature, top_p, top_k, seed|None, ignore_eos,
-    /// logprobs top|None, (schema_type, schema, triggers, bound|None)|None)`,
+    /// logprobs top|None, (schema_type, schema, triggers, bound|None)|None,
+    /// (path, extra_tokens, [(width, height, bytes)])|None)`,
     /// `(2, request_id)`, `(3,)`. A malformed record (a peer bug) raises
     /// `RingError`; everything drained by that call is consumed and lost.
     #[pyo3(signature = (max_bytes=1 << 26))]
@@ -471,6 +474,7 @@ impl PyRing {
                             s.ignore_eos,
                             s.logprobs,
                             s.constraint.map(|c| (c.schema_type, c.schema, c.triggers, c.bound)),
+                            s.images.map(|im| (im.path, im.extra_tokens, im.sizes)),
                         )
                             .into_pyobject(py)
                             .map(Bound::into_any)

@@ -9,6 +9,8 @@
 //!          | top_k i32 | top_logprobs u32 | seed u64 | n_prompt u32 | pad u32 | n_prompt x u32
 //!          | [FLAG_CONSTRAINT: schema_type u32 | bound_token u32 | n_trigger u32 | schema_len u32
 //!             | n_trigger x u32 | utf-8 schema]
+//!          | [FLAG_IMAGES: extra_tokens u32 | n_images u32 | path_len u32 | n_images x (width u32 | height u32
+//!             | bytes u32) | utf-8 path]
 //! ABORT:   request_id u64
 //! SHUTDOWN: (empty)
 //! TOKENS:  n_entries u32 | pad u32 | entries...
@@ -26,6 +28,9 @@
 //! A TIMING record goes just before the TOKENS record that carries the first tokens of its requests: when the
 //! rank took each from its ring, when the engine step that carries its prefill began, and when the rank published
 //! (CLOCK_MONOTONIC, microseconds). It is sent once per request, never per token.
+//!
+//! Images never travel in the ring: a SUBMIT names the file holding them (in the server's media directory) and
+//! each one's size; the rank reads the file once and unlinks it.
 //!
 //! Encoders write straight into the ring mapping (`Ring::try_push_with`);
 //! decoders never panic on malformed input and never assume alignment.
@@ -53,6 +58,8 @@ pub const FLAG_HAS_SEED: u32 = 1 << 1;
 pub const FLAG_LOGPROBS: u32 = 1 << 2;
 /// A grammar constrains the output: the constraint trailer follows the prompt.
 pub const FLAG_CONSTRAINT: u32 = 1 << 3;
+/// The prompt has images: the image trailer follows (after the constraint's, if any).
+pub const FLAG_IMAGES: u32 = 1 << 4;
 
 /// `schema_type` of a constraint, as DeepInfer's `so_args` names them.
 pub const SCHEMA_JSON: u32 = 1;
@@ -135,6 +142,23 @@ pub struct Submit<P> {
     pub logprobs: Option<u32>,
     /// A grammar the output must follow.
     pub constraint: Option<Constraint>,
+    /// The prompt's images (one placeholder token each in `prompt`).
+    pub images: Option<ImageSet>,
+}
+
+/// A request's images, as the SUBMIT record names them: the file that holds their encoded bytes back to back,
+/// `(width, height, bytes)` of each in placeholder order, and the prompt tokens they take beyond their placeholders.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageSet {
+    pub path: String,
+    pub extra_tokens: u32,
+    pub sizes: Vec<[u32; 3]>,
+}
+
+impl ImageSet {
+    fn encoded_len(&self) -> usize {
+        12 + 12 * self.sizes.len() + self.path.len()
+    }
 }
 
 /// A structured-output constraint, as DeepInfer's `so_args` carries it: `schema_type` (`SCHEMA_*`), the schema
@@ -227,7 +251,10 @@ impl Writer<'_> {
 
 impl<P: AsRef<[u32]>> Submit<P> {
     pub fn encoded_len(&self) -> usize {
-        SUBMIT_HEADER + 4 * self.prompt.as_ref().len() + self.constraint.as_ref().map_or(0, Constraint::encoded_len)
+        SUBMIT_HEADER
+            + 4 * self.prompt.as_ref().len()
+            + self.constraint.as_ref().map_or(0, Constraint::encoded_len)
+            + self.images.as_ref().map_or(0, ImageSet::encoded_len)
     }
 
     /// Writes the payload into `buf` (exactly `encoded_len()` bytes).
@@ -237,7 +264,8 @@ impl<P: AsRef<[u32]>> Submit<P> {
         let flags = flag(self.ignore_eos, FLAG_IGNORE_EOS)
             | flag(self.seed.is_some(), FLAG_HAS_SEED)
             | flag(self.logprobs.is_some(), FLAG_LOGPROBS)
-            | flag(self.constraint.is_some(), FLAG_CONSTRAINT);
+            | flag(self.constraint.is_some(), FLAG_CONSTRAINT)
+            | flag(self.images.is_some(), FLAG_IMAGES);
         let mut w = Writer { buf, off: 0 };
         w.u64(self.request_id);
         w.u32(self.max_tokens);
@@ -257,6 +285,15 @@ impl<P: AsRef<[u32]>> Submit<P> {
             w.u32(c.schema.len() as u32);
             w.u32s(&c.triggers);
             w.bytes(c.schema.as_bytes());
+        }
+        if let Some(im) = &self.images {
+            w.u32(im.extra_tokens);
+            w.u32(im.sizes.len() as u32);
+            w.u32(im.path.len() as u32);
+            for size in &im.sizes {
+                w.u32s(size);
+            }
+            w.bytes(im.path.as_bytes());
         }
     }
 
@@ -437,6 +474,17 @@ pub fn decode_request(kind: u32, payload: &[u8]) -> Result<Request<'_>, RecordEr
             } else {
                 None
             };
+            let images = if flags & FLAG_IMAGES != 0 {
+                let extra_tokens = r.u32()?;
+                let n = r.u32()?;
+                let path_len = r.u32()?;
+                let sizes = r.u32s(n.checked_mul(3).ok_or(RecordError::Truncated)?)?.to_vec();
+                let path = std::str::from_utf8(r.take(path_len as usize)?).map_err(|_| RecordError::BadUtf8)?;
+                let sizes = sizes.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect();
+                Some(ImageSet { path: path.to_owned(), extra_tokens, sizes })
+            } else {
+                None
+            };
             Request::Submit(Submit {
                 request_id,
                 prompt,
@@ -448,6 +496,7 @@ pub fn decode_request(kind: u32, payload: &[u8]) -> Result<Request<'_>, RecordEr
                 ignore_eos: flags & FLAG_IGNORE_EOS != 0,
                 logprobs: (flags & FLAG_LOGPROBS != 0).then_some(top_logprobs),
                 constraint,
+                images,
             })
         }
         ABORT => Request::Abort(Abort { request_id: r.u64()? }),
@@ -583,6 +632,7 @@ mod tests {
                 ignore_eos,
                 logprobs: None,
                 constraint: None,
+                images: None,
             };
             let bytes = s.encode();
             assert_eq!(bytes.len(), SUBMIT_HEADER + 4 * prompt.len());
@@ -599,7 +649,7 @@ mod tests {
     }
 
     #[test]
-    fn submit_with_logprobs_and_constraint_round_trip() {
+    fn submit_with_logprobs_constraint_and_images_round_trip() {
         let prompt = [5u32, 6];
         let constraint = Constraint {
             schema_type: SCHEMA_JSON,
@@ -607,7 +657,12 @@ mod tests {
             triggers: vec![128_822],
             bound: Some(1),
         };
-        for (logprobs, constraint) in [(Some(5), Some(constraint.clone())), (Some(0), None), (None, Some(constraint))] {
+        let images = ImageSet { path: "/dev/shm/x/chatcmpl-1ü".into(), extra_tokens: 650, sizes: vec![[1036, 1036, 2006], [8, 9, 10]] };
+        for (logprobs, constraint, images) in [
+            (Some(5), Some(constraint.clone()), None),
+            (Some(0), None, Some(images.clone())),
+            (None, Some(constraint), Some(images)),
+        ] {
             let s = Submit {
                 request_id: 7,
                 prompt: &prompt[..],
@@ -619,10 +674,12 @@ mod tests {
                 ignore_eos: false,
                 logprobs,
                 constraint: constraint.clone(),
+                images: images.clone(),
             };
             let bytes = s.encode();
             let Request::Submit(d) = decode_request(SUBMIT, &bytes).unwrap() else { panic!("not a submit") };
             assert_eq!((d.prompt.to_vec(), d.logprobs, d.constraint), (prompt.to_vec(), logprobs, constraint));
+            assert_eq!(d.images, images);
             for cut in 0..bytes.len() {
                 assert!(decode_request(SUBMIT, &bytes[..cut]).is_err(), "cut {cut}");
             }

@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass
 from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Images:
+    """A prompt's images, in placeholder order: encoded bytes (WebP, preprocessed by deepseek-recipe), their
+    (width, height), and the prompt tokens they take beyond their placeholders."""
+
+    data: list[bytes]
+    sizes: list[tuple[int, int]]
+    extra_tokens: int
 
 
 @dataclass(slots=True)
@@ -22,6 +34,7 @@ class Submit:
     logprobs: int | None = None
     # A grammar on the output: DeepInfer's so_args, {"schema_type", "schema", "trigger_token_ids", "bound_token_id"}.
     so_args: dict[str, object] | None = None
+    images: Images | None = None
 
 
 # One token's logprob and its alternatives [(token id, logprob), ...], best first.
@@ -36,6 +49,29 @@ Output = (
 )
 
 SCHEMA_TYPES = {1: "json", 2: "regex", 3: "ebnf"}  # _native.SCHEMA_* -> so_args' schema_type
+
+
+def load_images(record: tuple[str, int, list[tuple[int, int, int]]] | None) -> Images | str | None:
+    """A SUBMIT record's images: read from the file it names, which is then unlinked. A string: why they could not
+    be read (the request fails with it)."""
+    if record is None:
+        return None
+    path, extra_tokens, sizes = record
+    try:
+        with open(path, "rb") as f:
+            blob = f.read()
+    except OSError as e:
+        return f"the request's image file could not be read: {e}"
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    if len(blob) != sum(n for _, _, n in sizes):
+        return "the request's image file does not hold what its record says"
+    data, at = [], 0
+    for _, _, n in sizes:
+        data.append(blob[at : at + n])
+        at += n
+    return Images(data, [(w, h) for w, h, _ in sizes], extra_tokens)
 
 
 def so_args(constraint: tuple[int, str, list[int], int | None] | None) -> dict[str, object] | None:

@@ -60,7 +60,12 @@ SERVING_ENV_DEFAULTS: dict[str, str] = {
 # (pybind_sequence.cpp:35 `schedulable = multi_modal_data.is_none()`): an IPC round trip and at least one step
 # before prefill, for every request. None is the path of the profiling run and the placeholder sequence
 # (prepare_tensor_input_vl.py:88-91, model_runner.py:395), and the model handles a batch without any
-# ("pure text / profile run", deepseek_vl.py:219-222); with images refused by the server, no batch mixes the two.
+# ("pure text / profile run", deepseek_vl.py:219-222). A batch that mixes text-only and image requests is padded
+# for the None ones (prepare_tensor_input_vl.py `prepare_input_metadata_vl`: "补全 None 键集").
+# A request with images passes {"image_bytes": [encoded bytes], "image_sizes": [(width, height)]}, one pair per
+# image placeholder in prompt order (multimodal_processor.py `overwrite_prompt`). The placeholder is the engine's
+# `mm_config.image_token_id` (config.json; checked against the tokenizer's `<image>`/`<｜deepseek_image｜>` or
+# config `image_token`); deepseek-recipe writes `<｜image｜>`, so its ID is replaced when the two differ.
 _USER_ID = "deepinfer-server"
 _REAL_TOKEN_REASONS = ("", "stop", "length")
 _INT32_MAX = (1 << 31) - 1
@@ -295,6 +300,7 @@ def build(cfg: dict[str, Any]) -> DeepInferEngine:
         request_output=RequestOutput,
         sampling_params=SamplingParams,
         dp_group=PG.cpu_data_parallel_group(),
+        image_placeholder_id=cfg.get("image_placeholder_id"),
     )
 
 
@@ -317,8 +323,10 @@ class DeepInferEngine:
         request_output: Any,
         sampling_params: Any,
         dp_group: Any,
+        image_placeholder_id: int | None = None,
     ) -> None:
         self.engine = engine
+        self.image_placeholder_id = image_placeholder_id  # the serving tokenizer's <｜image｜>
         self.max_model_len = max_model_len
         self._np = np
         self._torch = torch
@@ -349,7 +357,7 @@ class DeepInferEngine:
             return [(rid, [], _native.FINISH_ERROR, "empty prompt")]
         if min(prompt) < 0 or max(prompt) > _INT32_MAX:
             return [(rid, [], _native.FINISH_ERROR, "prompt contains a token id outside the vocabulary")]
-        n = len(prompt)
+        n = len(prompt) + (req.images.extra_tokens if req.images is not None else 0)
         max_tokens = max(1, min(req.max_tokens, self.max_model_len - n, _INT32_MAX))
         try:
             sp = self._sp(
@@ -363,12 +371,15 @@ class DeepInferEngine:
                 so_args=req.so_args,
             )
             ids = self._np.ascontiguousarray(self._np.asarray(prompt, dtype=self._np.int32))
+            mm = self._images(ids, req)
+            if isinstance(mm, str):
+                return [(rid, [], _native.FINISH_ERROR, mm)]
             seq = self.engine.add_request(
                 user_id=_USER_ID,
                 request_id=str(rid),
                 sampling_params=sp,
                 prompt_token_ids=ids,
-                multi_modal_data=None,
+                multi_modal_data=mm,
             )
         except ENGINE_FAULTS:
             raise  # the engine (its memory, its worker processes or shared memory) is at fault: the rank exits
@@ -385,6 +396,21 @@ class DeepInferEngine:
         if req.logprobs is not None:
             self.logprobs[rid] = req.logprobs
         return []
+
+    def _images(self, ids: Any, req: Submit) -> dict[str, list[Any]] | str | None:
+        """A request's multi_modal_data (its placeholders moved to the engine's image token in `ids`), None for a
+        text-only request, or why the engine cannot take its images."""
+        images = req.images
+        if images is None:
+            return None
+        processor = getattr(self.engine, "multi_modal_processor", None)
+        if processor is None:
+            return "images_unsupported"  # the checkpoint has no vision encoder
+        want = int(processor.mm_config.image_token_id)
+        have = self.image_placeholder_id
+        if have is not None and have != want:
+            ids[ids == have] = want
+        return {"image_bytes": list(images.data), "image_sizes": [(int(w), int(h)) for w, h in images.sizes]}
 
     def abort(self, request_ids: list[int]) -> None:
         ids = [rid for rid in request_ids if rid in self.live]

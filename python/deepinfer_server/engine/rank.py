@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from deepinfer_server import _native, logs
-from deepinfer_server.engine.base import Engine, Output, Submit, so_args
+from deepinfer_server.engine.base import Engine, Output, Submit, load_images, so_args
 
 if TYPE_CHECKING:
     from deepinfer_server.engine.sim import SimEngine
@@ -161,9 +161,23 @@ def take_requests(engine: Engine, requests: _native.Ring) -> tuple[list[Output],
     for msg in requests.drain_requests():
         tag = msg[0]
         if tag == _native.KIND_SUBMIT:
-            _, rid, prompt, max_tokens, temperature, top_p, top_k, seed, ignore_eos, logprobs, constraint = msg
+            _, rid, prompt, max_tokens, temperature, top_p, top_k, seed, ignore_eos, logprobs, constraint, pics = msg
+            images = load_images(pics)
+            if isinstance(images, str):
+                published.append((rid, [], _native.FINISH_ERROR, images))
+                continue
             req = Submit(
-                rid, prompt, max_tokens, temperature, top_p, top_k, seed, ignore_eos, logprobs, so_args(constraint)
+                rid,
+                prompt,
+                max_tokens,
+                temperature,
+                top_p,
+                top_k,
+                seed,
+                ignore_eos,
+                logprobs,
+                so_args(constraint),
+                images,
             )
             published += engine.add(req)
         elif tag == _native.KIND_ABORT:

@@ -9,10 +9,14 @@ A request that asks for logprobs is sampled, token by token, from a distribution
 token is the most likely, its shorter spellings (prefixes of its bytes) and a few other tokens less so, with the
 request's temperature, top-k and top-p applied; the logprobs it returns are that distribution's. A request
 without logprobs follows its script and pays nothing for them.
+
+Images cost their tokens in prefill, as the engine's expanded prompt would. A prompt with images that asks
+`sim:images` gets, as its answer, what reached the rank: `images=N` and each one's `WxH/bytes/sha256 prefix`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -27,7 +31,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from deepinfer_server import _native
-from deepinfer_server.engine.base import Output, Submit
+from deepinfer_server.engine.base import Images, Output, Submit
 from deepinfer_server.engine.constrained import GRAMMAR_FAILED, GrammarRun, SimGrammars
 from deepinfer_server.engine.sampling import Sampler, Vocabulary
 
@@ -136,12 +140,15 @@ class SimEngine:
             return [(req.request_id, [], _native.FINISH_ERROR, "empty prompt")]
         if max(prompt) > self.max_id:  # IDs come off the ring as u32: never negative
             return [(req.request_id, [], _native.FINISH_ERROR, "prompt contains a token id outside the vocabulary")]
-        if len(prompt) >= self.cfg.max_model_len:
+        n_prompt = len(prompt) + (req.images.extra_tokens if req.images is not None else 0)
+        if n_prompt >= self.cfg.max_model_len:
             return [(req.request_id, [], _native.FINISH_ERROR, "prompt_length_exceeded")]
-        max_tokens = max(1, min(req.max_tokens, self.cfg.max_model_len - len(prompt)))
+        max_tokens = max(1, min(req.max_tokens, self.cfg.max_model_len - n_prompt))
         rng = self._rng(req)
         plan = self._plan(prompt, rng, req.ignore_eos)
-        seq = _Seq(req.request_id, len(prompt), max_tokens, plan, rng.randrange(1 << 30))
+        if req.images is not None and "sim:images" in self.tok.decode(prompt, skip_special_tokens=False):
+            plan = self._describe(req.images) + ([] if req.ignore_eos else [self.eos])
+        seq = _Seq(req.request_id, n_prompt, max_tokens, plan, rng.randrange(1 << 30))
         if req.logprobs is not None:
             seq.sampler = Sampler(self.vocab, plan, self._free_text(plan), req, random.Random(rng.getrandbits(64)))
         if req.so_args is not None:
@@ -386,6 +393,15 @@ class SimEngine:
         if not ignore_eos:
             plan.append(self.eos)
         return plan
+
+    def _describe(self, images: Images) -> list[int]:
+        """What the rank received, for tests to check the images arrived intact."""
+        seen = [
+            f"{w}x{h}/{len(d)}/{hashlib.sha256(d).hexdigest()[:16]}"
+            for (w, h), d in zip(images.sizes, images.data, strict=True)
+        ]
+        text = f"images={len(seen)} " + " ".join(seen) + f" extra_tokens={images.extra_tokens}"
+        return self.tok.encode(text, add_special_tokens=False).ids
 
     def _tool_call(self, prompt: list[int], rng: random.Random) -> list[int] | None:
         """A DSML tool call for one of the offered tools, unless the last turn is already a tool result."""

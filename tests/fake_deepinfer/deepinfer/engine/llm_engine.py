@@ -7,6 +7,7 @@ under ignore_eos). See ../README.md for the quirks and the test knobs.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import os
@@ -109,6 +110,38 @@ def _say(msg: str) -> None:
     sys.stderr.flush()
 
 
+class _MMConfig:
+    def __init__(self, image_token_id: int) -> None:
+        self.image_token_id = image_token_id
+
+
+class MultimodalProcessor:
+    """The parts of deepinfer/ve/multimodal_processor.py the adapter touches: `mm_config.image_token_id` and the
+    prompt expansion of `overwrite_prompt` (each placeholder -> vocab+IMAGE then N-1 x vocab+IMAGE_PAD, N from the
+    image's (width, height); more placeholders than images: the rest stay plain tokens)."""
+
+    IMAGE, IMAGE_PAD = 2, 1  # ImageTokenOffset
+
+    def __init__(self, image_token_id: int, vocab_size: int) -> None:
+        self.mm_config = _MMConfig(image_token_id)
+        self.vocab_size = vocab_size
+
+    def overwrite_prompt(self, token_ids: np.ndarray, multi_modal_data: dict) -> np.ndarray:
+        from deepseek_recipe import ImageInfo, MultiModalData  # the V4.1 image token spec, as the engine's estimate
+
+        sizes = multi_modal_data.get("image_sizes", [])
+        at = np.flatnonzero(token_ids == self.mm_config.image_token_id)[: len(sizes)]
+        pieces, cursor = [], 0
+        for (w, h), pos in zip(sizes, at.tolist(), strict=False):
+            n = MultiModalData([ImageInfo(b"", int(w), int(h))]).image_token_adjustment() + 1
+            expanded = np.full(n, self.vocab_size + self.IMAGE_PAD, dtype=np.int32)
+            expanded[0] = self.vocab_size + self.IMAGE
+            pieces += [token_ids[cursor:pos], expanded]
+            cursor = pos + 1
+        pieces.append(token_ids[cursor:])
+        return np.concatenate(pieces).astype(np.int32)
+
+
 class Sequence:
     def __init__(self, request_id: str, prompt: list[int], sp: SamplingParams, plan: list[int], offset: int) -> None:
         self.request_id = request_id
@@ -116,6 +149,7 @@ class Sequence:
         self.sampling_params = sp
         self.plan = plan
         self.grammar_failed = False  # structured output that xgrammar fails to compile
+        self.ve_failed = False  # multi_modal_data with image_bytes None: FINISHED_VE_FAILED
         self.offset = offset
         self.output: list[int] = []
         self.status = "WAITING"
@@ -225,6 +259,10 @@ class LLMEngine:
         dist.barrier()  # model init and warm-up are collective
         self.cache_config.num_gpu_blocks = max(1, self.kv_tokens // cache_config.block_size)
         self.scheduler = Scheduler(self)
+        # A V4.1 checkpoint has a vision config; its image token comes from config.json (here: the environment,
+        # so a test can make it differ from the serving tokenizer's <｜image｜>).
+        image_id = int(os.environ.get("FAKE_DEEPINFER_IMAGE_TOKEN_ID", vocab.get("<｜image｜>", 0)))
+        self.multi_modal_processor = MultimodalProcessor(image_id, self.model_config.get_vocab_size())
         self._admitting: list[tuple[int, Sequence]] = []  # (admitted at step, seq): the lost-abort window
         self._inflight: list[RequestOutput] = []  # ZOS: decode outputs of the last step, returned one step late
         self._ignored: list[RequestOutput] = []  # terminal outputs of aborted-while-waiting requests
@@ -283,6 +321,21 @@ class LLMEngine:
         a = prompt_token_ids
         if not (isinstance(a, np.ndarray) and a.dtype == np.int32 and a.ndim == 1 and a.flags.c_contiguous):
             raise TypeError("prompt_token_ids must be a 1-D C-contiguous np.ndarray[np.int32] (noconvert)")
+        # As the engine: images expand their placeholders first, then the empty and token-range checks.
+        ve_failed = False
+        if multi_modal_data is not None:
+            if multi_modal_data.get("image_bytes", []) is None:
+                ve_failed = True
+            else:
+                data, sizes = multi_modal_data.get("image_bytes", []), multi_modal_data.get("image_sizes", [])
+                placeholders = int((a == self.multi_modal_processor.mm_config.image_token_id).sum())
+                digests = [hashlib.sha256(bytes(d)).hexdigest()[:16] for d in data]
+                a = self.multi_modal_processor.overwrite_prompt(a, multi_modal_data)
+                _say(
+                    f"multi_modal_data {request_id} placeholders={placeholders} "
+                    f"sizes={json.dumps([list(map(int, x)) for x in sizes])} sha={','.join(digests)} "
+                    f"expanded_len={a.size}"
+                )
         if a.size == 0:
             raise ValueError("prompt must not be empty")
         max_valid = self.model_config.get_vocab_size() + (NUM_IMAGE_SPECIAL if multi_modal_data is not None else 0)
@@ -313,6 +366,7 @@ class LLMEngine:
         plan.append(self.eos_id)
         seq = Sequence(request_id, prompt, sampling_params, plan, rng.randrange(1 << 30))
         seq.grammar_failed = grammar_failed
+        seq.ve_failed = ve_failed
         if so_args is not None:  # through the grammar builder: the scheduler sees it a step later at the earliest
             self._admitting.append((self.generate_step + max(1, self.admission_steps), seq))
             return seq
@@ -483,6 +537,11 @@ class LLMEngine:
                 s = sched.waiting[0]
                 if not s.schedulable:
                     break
+                if s.ve_failed:  # the VE worker had no image bytes to map
+                    sched.waiting.pop(0)
+                    s.status = "FINISHED_IGNORED"
+                    outs.append(self._out(s, s.prompt[-1], "ve_error", True))
+                    continue
                 if s.grammar_failed:  # the builder's aborted matcher: finished before running, without a token
                     sched.waiting.pop(0)
                     s.status = "FINISHED_IGNORED"
