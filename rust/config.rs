@@ -65,6 +65,31 @@ pub struct ServerConfig {
     pub expert_parallel_size: u32,
     #[pyo3(default = 1)]
     pub context_parallel_size: u32,
+    /// Image fetching (rust/media). Hosts images may be fetched from (every redirect hop too); empty: any host.
+    /// An entry `*.example.com` matches the subdomains of example.com, not example.com itself.
+    #[pyo3(default)]
+    pub allowed_media_domains: Vec<String>,
+    /// CIDRs fetched from even though not public (the precise way to reach a private image store).
+    #[pyo3(default)]
+    pub allowed_media_networks: Vec<String>,
+    /// Fetch from loopback, private and link-local addresses too; cloud-metadata addresses stay refused.
+    #[pyo3(default)]
+    pub allow_private_media_urls: bool,
+    /// A directory whose files `file://` image URLs may name; `None` refuses `file://`.
+    #[pyo3(default)]
+    pub allowed_local_media_path: Option<String>,
+    /// Longest the image fetches of one request may take together.
+    #[pyo3(default = 10.0)]
+    pub media_fetch_timeout_s: f64,
+    /// 0 refuses every image.
+    #[pyo3(default = 8)]
+    pub max_images_per_request: usize,
+    /// Largest encoded image, fetched or inline.
+    #[pyo3(default = 20 << 20)]
+    pub max_image_bytes: usize,
+    /// Largest sum of a request's encoded images.
+    #[pyo3(default = 50 << 20)]
+    pub max_image_total_bytes: usize,
 }
 
 impl ServerConfig {
@@ -121,6 +146,14 @@ impl ServerConfig {
             expert_parallel_size: 1,
             context_parallel_size: 1,
             watchdog_timeout_s: 300.0,
+            allowed_media_domains: Vec::new(),
+            allowed_media_networks: Vec::new(),
+            allow_private_media_urls: false,
+            allowed_local_media_path: None,
+            media_fetch_timeout_s: 10.0,
+            max_images_per_request: 8,
+            max_image_bytes: 20 << 20,
+            max_image_total_bytes: 50 << 20,
         }
     }
 }

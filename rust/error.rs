@@ -46,6 +46,10 @@ pub enum ApiError {
     /// The engine lacked memory for the request right now (DeepInfer's "insufficient_system_resource"): retry.
     #[error("{0}")]
     EngineBusy(String),
+    /// An image the request names was refused or could not be fetched (rust/media): always the client's 400,
+    /// `retryable` when a retry may succeed (timeout, connection error, upstream 5xx or 429).
+    #[error("{message}")]
+    Media { message: String, code: &'static str, param: String, retryable: bool },
     #[error("Not found: {0}")]
     RouteNotFound(String),
     #[error("Method not allowed.")]
@@ -117,6 +121,7 @@ impl ApiError {
             EngineBusy(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable_error", "insufficient_system_resource")
             }
+            Media { code, .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", code),
             RouteNotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", "not_found"),
             MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed"),
             Unauthorized => (StatusCode::UNAUTHORIZED, "invalid_request_error", "invalid_api_key"),
@@ -142,6 +147,7 @@ impl ApiError {
         let param = match self {
             ApiError::BadRequest { param, .. } => param.clone(),
             ApiError::ModelNotFound(_) => Some("model".to_string()),
+            ApiError::Media { param, .. } => Some(param.clone()),
             _ => None,
         };
         json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}}).to_string()
@@ -156,6 +162,11 @@ impl ApiError {
         let mut resp = (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
         if self.status() == StatusCode::TOO_MANY_REQUESTS || matches!(self, ApiError::EngineBusy(_)) {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        // The openai and anthropic SDKs read this header before their own status rules (which retry no 400).
+        if let ApiError::Media { retryable, .. } = &self {
+            let retry = HeaderValue::from_static(if *retryable { "true" } else { "false" });
+            resp.headers_mut().insert("x-should-retry", retry);
         }
         // The rest of the body was left unread: hyper closes the connection, so say so.
         if matches!(self, ApiError::PayloadTooLarge(_) | ApiError::BodyTimeout(_)) {
@@ -208,6 +219,33 @@ mod tests {
             assert!(e.to_string().contains(reason), "{reason}: {e}");
             let resp = e.into_response();
             assert_eq!(resp.headers().contains_key(header::RETRY_AFTER), retry, "{reason}");
+        }
+    }
+
+    #[test]
+    fn media_errors_name_the_param_and_say_whether_to_retry() {
+        for (retryable, header) in [(true, "true"), (false, "false")] {
+            let e = || ApiError::Media {
+                message: "no".into(),
+                code: "image_fetch_failed",
+                param: "messages[0].content[1].image_url.url".into(),
+                retryable,
+            };
+            let v: serde_json::Value = serde_json::from_str(&e().envelope()).unwrap();
+            assert_eq!(v["error"]["param"], "messages[0].content[1].image_url.url");
+            assert_eq!(
+                (v["error"]["code"].as_str(), e().status()),
+                (Some("image_fetch_failed"), StatusCode::BAD_REQUEST)
+            );
+            for protocol in [Protocol::Chat, Protocol::Messages] {
+                let resp = e().response_for(protocol);
+                assert_eq!(
+                    (resp.status(), resp.headers()["x-should-retry"].to_str().unwrap()),
+                    (StatusCode::BAD_REQUEST, header)
+                );
+            }
+            let v: serde_json::Value = serde_json::from_str(&Protocol::Messages.envelope(&e())).unwrap();
+            assert_eq!(v["error"]["type"], "invalid_request_error");
         }
     }
 

@@ -9,6 +9,7 @@ pub mod dispatch;
 pub mod error;
 pub mod http;
 pub mod listener;
+pub mod media;
 pub mod metrics;
 pub mod protocol;
 pub mod rank_io;

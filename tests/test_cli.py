@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -43,12 +44,49 @@ def test_parallel_sizes(argv: list[str], ep: int, dp: int, cp: int) -> None:
         (["--stream-interval-ms", "-1"], "--stream-interval-ms must not be negative"),
         (["--client-timeout", "0"], "--client-timeout must be positive"),
         (["--malloc", "jemalloc"], "invalid choice: 'jemalloc'"),
+        (["--allowed-media-networks", "10.0.0.0/33"], "--allowed-media-networks: '10.0.0.0/33' is not a CIDR"),
+        (["--allowed-media-domains", "https://x.example"], "--allowed-media-domains: 'https://x.example'"),
+        (["--allowed-local-media-path", "/nonexistent/images"], "is not an existing directory"),
+        (["--media-fetch-timeout", "0"], "--media-fetch-timeout must be positive"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_clear_message(argv: list[str], message: str) -> None:
     r = subprocess.run([sys.executable, "-m", "deepinfer_server", *argv], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert message in r.stderr
+
+
+def test_media_options_reach_the_server_config(tmp_path: Path) -> None:
+    from deepinfer_server.media_args import server_config
+
+    argv = ["--allowed-media-domains", "a.example,*.cdn.example", "b.example", "--allowed-media-networks", "10.0.0.0/8"]
+    args = build_parser().parse_args(
+        [*argv, "--allowed-local-media-path", str(tmp_path), "--max-images-per-request", "0"]
+    )
+    assert check_args(args) is None
+    conf = server_config(args)
+    assert conf["allowed_media_domains"] == ["a.example", "*.cdn.example", "b.example"]
+    assert conf["allowed_media_networks"] == ["10.0.0.0/8"]
+    assert (conf["allowed_local_media_path"], conf["max_images_per_request"]) == (str(tmp_path.resolve()), 0)
+    defaults = server_config(_checked([]))
+    assert defaults == {
+        "allowed_media_domains": [],
+        "allowed_media_networks": [],
+        "allow_private_media_urls": False,
+        "allowed_local_media_path": None,
+        "media_fetch_timeout_s": 10.0,
+        "max_images_per_request": 8,
+        "max_image_bytes": 20 << 20,
+        "max_image_total_bytes": 50 << 20,
+    }
+    for bad in (["--allowed-media-networks", "10.0.0.0/255.0.0.0"], ["--allowed-media-domains", "a.*.example"]):
+        assert check_args(build_parser().parse_args(bad)) is not None, bad
+
+
+def _checked(argv: list[str]) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    assert check_args(args) is None
+    return args
 
 
 def test_bundled_tokenizer_rebuilds_identically(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from deepinfer_server import __version__
+from deepinfer_server import __version__, media_args
 from deepinfer_server.engine import sim_faults
 from deepinfer_server.prompt_encoder import CHOICES as PROMPT_ENCODERS
 
@@ -169,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="Require 'Authorization: Bearer KEY' on /v1/* (default from DEEPINFER_SERVER_API_KEY); "
         "/health and /metrics stay open.",
     )
+    media_args.add_arguments(p.add_argument_group("image input"))
     sim = p.add_argument_group("simulated engine (--engine sim)")
     # The cost flags default to the --sim-profile's values (sim_faults.resolve fills them in).
     sim.add_argument("--sim-prefill-ms-per-1k-tokens", type=float, default=None, help="Prefill cost; 0 = free.")
@@ -230,7 +231,7 @@ def resolve_parallelism(args: argparse.Namespace) -> str | None:
 
 def check_args(args: argparse.Namespace) -> str | None:
     """Every cross-field rule in one place; the message names the flags involved."""
-    err = resolve_parallelism(args) or sim_faults.resolve(args)
+    err = resolve_parallelism(args) or sim_faults.resolve(args) or media_args.resolve(args)
     if err:
         return err
     if args.engine == "deepinfer" and not args.model:

@@ -25,7 +25,7 @@ from typing import Any
 
 from deepseek_recipe import SpecialToken
 
-from deepinfer_server import _native, logs
+from deepinfer_server import _native, logs, media_args
 from deepinfer_server.codec import Codec, decode_batch, system_fingerprint
 from deepinfer_server.images import Images
 from deepinfer_server.malloc import PRELOADED, returning_freed_memory, without_preload
@@ -459,6 +459,7 @@ def run(args: argparse.Namespace) -> int:
             "engine": args.engine,
             "expert_parallel_size": args.expert_parallel_size,
             "context_parallel_size": args.context_parallel_size,
+            **media_args.server_config(args),
         }
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the Rust server handles SIGTERM/SIGINT from here on
         # The codec threads (request conversion) and the rank output threads (decoding) share the GIL. Python's
