@@ -342,13 +342,16 @@ impl Dispatcher {
             rank.busy_since_ms.store(monotonic_ms(), Ordering::Relaxed);
         }
         rank.count.fetch_add(1, Ordering::Release);
-        if let Err(e) = rank.requests.send(records::SUBMIT, Submit { request_id: id, ..job.submit }.encode()) {
+        let record = Submit { request_id: id, ..job.submit }.encode();
+        // Stamped before the send: once in the ring the rank may take the request before this thread runs again,
+        // and its `taken` must not come before `written`.
+        let written = Instant::now();
+        entry.stamps.written(written);
+        if let Err(e) = rank.requests.send(records::SUBMIT, record) {
             rank.take(id);
             tracing::error!(rank = rank.index, "cannot send request to rank: {e}");
             return Err(ApiError::Unavailable(format!("engine rank {} is not accepting requests", rank.index)));
         }
-        let written = Instant::now();
-        entry.stamps.written(written);
         self.metrics.queue.observe((written - arrival).as_secs_f64());
         self.metrics.prompt_tokens.inc_by(prompt_tokens as u64);
         Ok(Ticket { dispatcher: self.clone(), rank: rank.index, id, abort_reason: "client_disconnect" })

@@ -50,7 +50,9 @@ pub fn serve(
     let dispatcher = Dispatcher::new(links, metrics);
     let codec = Codec::start(codec, decode_batch, config.codec_threads);
     let capacity = dispatcher.ranks.len() * config.max_num_seqs as usize;
+    let media = crate::media::Fetcher::new(&config).map_err(pyo3::exceptions::PyValueError::new_err)?;
     let state = Arc::new(AppState {
+        media,
         admission: Admission::with_queue(capacity, config.max_queued_requests, config.queue_timeout()),
         codec: codec.clone(),
         dispatcher: dispatcher.clone(),

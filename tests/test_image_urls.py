@@ -119,7 +119,7 @@ def post(srv: Server, messages: list[dict[str, Any]]) -> httpx.Response:
 def test_loopback_urls_are_refused_by_default(guarded: Server, host: ImageHost) -> None:
     before = len(host.hits)
     with pytest.raises(openai.BadRequestError) as e:
-        guarded.client(max_retries=0).chat.completions.create(
+        guarded.client().chat.completions.create(
             model=MODEL,
             messages=ask(f"{host.url}/ok.png"),
             max_tokens=5,  # type: ignore[arg-type]

@@ -416,7 +416,11 @@ def test_rank_sigkill_mid_load(make_server) -> None:
     threads = [threading.Thread(target=consume, args=(i,), daemon=True) for i in range(n)]
     for t in threads:
         t.start()
-    started.wait(timeout=20)  # every stream produced content: all 8 slots are busy
+    try:
+        started.wait(timeout=20)  # every stream produced content: all 8 slots are busy
+    except threading.BrokenBarrierError:
+        seen = [r if isinstance(r, BaseException) else f"{len(r)} events" for r in results]
+        raise AssertionError(f"not every stream produced content: {seen}\n{srv.log()[-3000:]}") from None
     victim = srv.rank_pids()[0]
     t0 = time.monotonic()
     os.kill(victim, signal.SIGKILL)

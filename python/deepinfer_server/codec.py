@@ -102,6 +102,8 @@ _PARAM_IN_MESSAGE = (
     (re.compile(r"^(Cannot use strict tool|response_format should not be used with tools)"), "tools"),
 )
 
+_BAD_IMAGE_DATA = re.compile(r"Invalid base64 data|data url", re.I)
+
 # The request field a constraint comes from, per door: (schema's field, tools' field).
 _SCHEMA_PARAM = {CHAT: "response_format", RESPONSES: "text.format", MESSAGES: "output_format"}
 _THINKING_TOOL_CHOICE = "Thinking mode does not support this tool_choice"
@@ -117,6 +119,8 @@ def with_param(body: str, protocol: int = CHAT) -> str:
     if not isinstance(err, dict) or err.get("param") is not None:
         return body
     message = str(err.get("message", ""))
+    if err.get("code") == "invalid_request_error" and _BAD_IMAGE_DATA.search(message):
+        err["code"] = "invalid_image_url"  # the images' own refusals have codes (images.py); this one is the recipe's
     for pattern, param in _PARAM_IN_MESSAGE:
         m = pattern.match(message)
         if m:

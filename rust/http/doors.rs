@@ -3,16 +3,19 @@
 //! in words. deepseek-recipe converts and validates the rest, as it does for chat (`request.rs`).
 
 use super::fields::{self, integer};
-use super::request::{GenerateRequest, body_and_model, opt_bool};
+use super::request::{GenerateRequest, body_and_model, images_of, opt_bool};
 use crate::error::ApiError;
+use crate::protocol::Protocol;
 use serde_json::{Map, Value};
 
 fn generate(
+    (raw, protocol): (&[u8], Protocol),
     mut body: Value,
     model: String,
     top_k: i32,
     forced_tool: Option<fields::ForcedTool>,
 ) -> Result<GenerateRequest, ApiError> {
+    let images = images_of(protocol, raw, &body);
     let obj = body.as_object_mut().ok_or(ApiError::Internal)?;
     let priority = fields::take_priority(obj)?;
     Ok(GenerateRequest {
@@ -26,6 +29,7 @@ fn generate(
         seed: None,
         forced_tool,
         priority,
+        images,
         body: serde_json::to_vec(&body).map_err(|_| ApiError::Internal)?,
     })
 }
@@ -62,7 +66,7 @@ pub fn messages(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiErr
     if !matches!(obj.get("metadata"), None | Some(Value::Null | Value::Object(_))) {
         return Err(ApiError::bad_param("metadata", "'metadata' must be an object."));
     }
-    generate(v, model, top_k, forced_tool)
+    generate((raw, Protocol::Messages), v, model, top_k, forced_tool)
 }
 
 /// Responses tools the server can run: function tools (and deepseek-recipe's `apply_patch` custom tool).
@@ -194,7 +198,7 @@ pub fn responses(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiEr
             }
         }
     }
-    generate(v, model, top_k, forced_tool)
+    generate((raw, Protocol::Responses), v, model, top_k, forced_tool)
 }
 
 /// `POST /v1/completions`: a raw prompt (a string, a list of one, or token IDs), optionally with a `suffix` for
@@ -269,6 +273,7 @@ pub fn completions(raw: &[u8], served: &[String]) -> Result<GenerateRequest, Api
         seed,
         forced_tool: None,
         priority,
+        images: Vec::new(), // a raw prompt has no image parts
         body: serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?,
     })
 }

@@ -113,6 +113,10 @@ async fn handle(
     if let Some(err) = st.unavailable() {
         return Err(err); // the server began to drain, or a rank failed, while the request waited
     }
+    // Image URLs are fetched now, with the slot held (it bounds how many fetches run), by the request's deadline.
+    let deadline = st.config.request_timeout().map(|t| tokio::time::Instant::from_std(arrival + t));
+    let has_images = !req.images.is_empty();
+    let fetched = if has_images { st.media.fetch(&req.images, deadline).await? } else { Default::default() };
     let id = st.dispatcher.next_id();
     let prepare = PrepareRequest {
         protocol,
@@ -123,8 +127,8 @@ async fn handle(
         include_usage: req.include_usage,
         continuous_usage: req.continuous_usage,
         forced_tool: req.forced_tool,
-        has_images: false,
-        fetched: Vec::new(),
+        has_images,
+        fetched: fetched.into_iter().collect(),
     };
     let (outlet, reply) = if req.stream {
         let buf = StreamBuf::new(protocol);

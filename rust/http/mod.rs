@@ -33,6 +33,8 @@ pub struct AppState {
     pub admission: Admission,
     pub codec: Arc<Codec>,
     pub dispatcher: Arc<Dispatcher>,
+    /// Fetches image URLs behind the address guard.
+    pub media: crate::media::Fetcher,
     /// Set on SIGTERM: stop admitting, report 503 on /health, let in-flight requests finish.
     pub draining: AtomicBool,
     pub started_unix: u64,
@@ -121,6 +123,7 @@ mod tests {
             admission: Admission::new(4),
             codec: Codec::start(codec, decode, 1),
             dispatcher: Dispatcher::new(Vec::new(), Arc::new(Metrics::new("test-model"))),
+            media: crate::media::Fetcher::new(&config).expect("media fetcher"),
             draining: AtomicBool::new(false),
             started_unix: 0,
             config,

@@ -21,7 +21,14 @@ pub struct GenerateRequest {
     pub forced_tool: Option<fields::ForcedTool>,
     /// Wait-queue order: lower first.
     pub priority: i64,
+    /// The request's images (fetched, for URLs, after admission).
+    pub images: Vec<crate::media::ImageRef>,
     pub body: Vec<u8>,
+}
+
+/// The images of a body; only one that spells "image" can have any (the cheap test keeps text requests free).
+pub fn images_of(protocol: crate::protocol::Protocol, raw: &[u8], body: &Value) -> Vec<crate::media::ImageRef> {
+    if raw.windows(5).any(|w| w == b"image") { crate::media::image_refs(protocol, body) } else { Vec::new() }
 }
 
 /// Upper bound deepseek-recipe accepts for max_tokens.
@@ -60,7 +67,9 @@ fn check_content(i: usize, msg: &Map<String, Value>) -> Result<(), ApiError> {
             let what = if kind.is_empty() { "a content part without a type".to_string() } else { format!("'{kind}'") };
             return Err(ApiError::bad_param(
                 &param,
-                format!("Only text and image_url content parts are supported; {what} is not (audio and files are not)."),
+                format!(
+                    "Only text and image_url content parts are supported; {what} is not (audio and files are not)."
+                ),
             ));
         }
     }
@@ -208,6 +217,7 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>
         top_k = 1;
     }
 
+    let images = images_of(crate::protocol::Protocol::Chat, raw, &v);
     let body = serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?;
     Ok(GenerateRequest {
         model,
@@ -219,6 +229,7 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>
         seed,
         forced_tool,
         priority,
+        images,
         body,
     })
 }

@@ -19,7 +19,8 @@ pub async fn count_messages_tokens(State(st): State<Arc<AppState>>, body: RawBod
 async fn count(st: &AppState, protocol: Protocol, body: RawBody) -> Result<Response, ApiError> {
     let body = read_body(st, body)?;
     let req = doors::messages(&body, &st.config.served_model_names)?;
-    let (status, out) = st.codec.call("count_tokens", req.body, protocol, None).await?;
+    let images = fetch_images(st, &req.images).await?;
+    let (status, out) = st.codec.call("count_tokens", req.body, protocol, images).await?;
     if status != 200 {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
         return Err(ApiError::Codec { status, body: out });
@@ -37,6 +38,18 @@ pub async fn detokenize(State(st): State<Arc<AppState>>, body: RawBody) -> Respo
     tokens_call(&st, "detokenize", body).await.unwrap_or_else(|e| e.response_for(Protocol::Chat))
 }
 
+/// A count includes the images' tokens, so URL images are fetched as a request's would be (their size decides).
+async fn fetch_images(
+    st: &AppState,
+    refs: &[crate::media::ImageRef],
+) -> Result<Option<Vec<(String, bytes::Bytes)>>, ApiError> {
+    if refs.is_empty() {
+        return Ok(None);
+    }
+    let deadline = st.config.request_timeout().map(|t| tokio::time::Instant::now() + t);
+    Ok(Some(st.media.fetch(refs, deadline).await?.into_iter().collect()))
+}
+
 async fn tokens_call(st: &AppState, method: &'static str, body: RawBody) -> Result<Response, ApiError> {
     let body = read_body(st, body)?;
     let mut v: serde_json::Value = serde_json::from_slice(&body)
@@ -48,13 +61,14 @@ async fn tokens_call(st: &AppState, method: &'static str, body: RawBody) -> Resu
     }
     let raw = serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?;
     // A chat body goes through chat's own checks and normalizations, so its count is the request's prompt_tokens.
-    let body = if method == "tokenize" && v.get("messages").is_some() {
-        request::parse(&raw, served)?.body
+    let (body, images) = if method == "tokenize" && v.get("messages").is_some() {
+        let req = request::parse(&raw, served)?;
+        (req.body, fetch_images(st, &req.images).await?)
     } else {
         request::body_and_model(&raw, served)?;
-        raw
+        (raw, None)
     };
-    let (status, out) = st.codec.call(method, body, Protocol::Chat, None).await?;
+    let (status, out) = st.codec.call(method, body, Protocol::Chat, images).await?;
     if status != 200 {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
         return Err(ApiError::Codec { status, body: out });

@@ -150,8 +150,8 @@ pub async fn render_chat(
         include_usage: false,
         continuous_usage: false,
         forced_tool: req.forced_tool.clone(),
-        has_images: false,
-        fetched: Vec::new(),
+        has_images: !req.images.is_empty(),
+        fetched: st.media.fetch(&req.images, None).await?.into_iter().collect(),
     };
     // Only plain values leave the codec thread; the request's decoder is dropped there (its images too: no rank
     // will read them).

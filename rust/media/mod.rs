@@ -98,10 +98,10 @@ impl Fetcher {
                 async move {
                     let got = tokio::time::timeout_at(deadline, self.client.get(&url, &total, limit)).await;
                     match got {
-                        Ok(Ok(bytes)) => Ok((spelled.to_string(), bytes)),
-                        Ok(Err(f)) => Err(media(param, f.code, format!("{param}: {}", f.message), f.retryable)),
+                        Ok(Ok(bytes)) => Ok((spelled, bytes)),
+                        Ok(Err(f)) => Err(media(&param, f.code, format!("{param}: {}", f.message), f.retryable)),
                         Err(_) => Err(media(
-                            param,
+                            &param,
                             "image_fetch_timeout",
                             format!(
                                 "Fetching the image at {param} did not finish in time (this server allows {:.3} s for \
@@ -121,7 +121,7 @@ impl Fetcher {
 
     /// The checks made before any fetch: count, inline sizes, URL syntax, scheme, domain and IP literal. Returns
     /// the distinct URLs to fetch (as spelled and parsed) with the first param naming each, and the inline bytes.
-    fn check<'a>(&self, refs: &'a [ImageRef]) -> Result<(Vec<Pending<'a>>, usize), ApiError> {
+    fn check(&self, refs: &[ImageRef]) -> Result<(Vec<Pending>, usize), ApiError> {
         let Some(first) = refs.first() else { return Ok((Vec::new(), 0)) };
         let Limits { images, bytes, total_bytes } = self.limits;
         if images == 0 {
@@ -143,7 +143,7 @@ impl Fetcher {
                 }
                 Source::Url(url) => url,
             };
-            if urls.iter().any(|p| p.spelled == spelled) {
+            if urls.iter().any(|p| p.spelled == *spelled) {
                 continue;
             }
             let url = Url::parse(spelled).map_err(|e| {
@@ -161,17 +161,19 @@ impl Fetcher {
                 _ => policy.check_url(&url),
             };
             checked.map_err(|e| media(&r.param, e.code, format!("{}: {}", r.param, e.message), false))?;
-            urls.push(Pending { spelled, url, param: &r.param });
+            urls.push(Pending { spelled: spelled.clone(), url, param: r.param.clone() });
         }
         Ok((urls, inline))
     }
 }
 
 /// A URL to fetch: as the request spelled it (the key of `Fetched`), parsed, and the first field naming it.
-struct Pending<'a> {
-    spelled: &'a str,
+/// Owned: a borrowed one would make the fetch stream's closure higher-ranked, which a `Send` handler future
+/// cannot prove (rust-lang/rust#102211).
+struct Pending {
+    spelled: String,
     url: Url,
-    param: &'a str,
+    param: String,
 }
 
 /// Over the per-image limit (`one`) or the per-request total.

@@ -657,7 +657,11 @@ mod tests {
             triggers: vec![128_822],
             bound: Some(1),
         };
-        let images = ImageSet { path: "/dev/shm/x/chatcmpl-1ü".into(), extra_tokens: 650, sizes: vec![[1036, 1036, 2006], [8, 9, 10]] };
+        let images = ImageSet {
+            path: "/dev/shm/x/chatcmpl-1ü".into(),
+            extra_tokens: 650,
+            sizes: vec![[1036, 1036, 2006], [8, 9, 10]],
+        };
         for (logprobs, constraint, images) in [
             (Some(5), Some(constraint.clone()), None),
             (Some(0), None, Some(images.clone())),
