@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from deepseek_recipe import (
     ImageQuota,
     ImageResolver,
     ImageSource,
+    Message,
     OpenCvImagePreprocessor,
     ReqwestImageFetcher,
 )
@@ -146,9 +148,9 @@ def _skip(chunks: list[bytes], n: int) -> list[bytes]:
     return out
 
 
-def sources_of(conv_messages: list[object]) -> list[ImageSource]:
+def sources_of(messages: Sequence[Message]) -> list[ImageSource]:
     """A conversation's image sources in placeholder order (deepseek-recipe renders messages in order)."""
-    return [s for m in conv_messages for s in getattr(m, "image_sources", ())]
+    return [s for m in messages for s in m.image_sources]
 
 
 def param(src: ImageSource) -> str | None:
