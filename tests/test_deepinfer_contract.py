@@ -391,3 +391,37 @@ def test_so_args_are_what_the_real_engine_reads(real: Reader) -> None:
     # A bound needs a non-empty trigger list; an empty list is the builder's default (no trigger).
     assert "bound_token_id requires non-empty trigger_token_ids" in matcher
     assert 'trigger_tokens = so_args.get("trigger_token_ids")' in builder and "trigger_tokens = []" in builder
+
+
+@pytest.mark.parametrize("which", ["real", "fake"])
+def test_images_are_what_the_engine_reads(real: Reader, which: str) -> None:
+    """A request's images: the adapter reads the engine's `multi_modal_processor.mm_config.image_token_id` and
+    passes `multi_modal_data` with exactly the keys `overwrite_prompt` reads, `image_bytes` and `image_sizes`
+    ((width, height) per placeholder); a text-only request passes None. The fake models the same names."""
+    from deepinfer_server.engine.base import Images, Submit
+    from deepinfer_server.engine.deepinfer import DeepInferEngine
+
+    read = real if which == "real" else fake_reader
+    _, eng_tree = _module(read, "deepinfer.engine.llm_engine")
+    assert "multi_modal_processor" in _self_attrs(_class(eng_tree, "LLMEngine"))
+    mm = read("deepinfer/ve/multimodal_processor.py") if which == "real" else read("deepinfer/engine/llm_engine.py")
+    assert mm is not None
+    assert "self.mm_config.image_token_id" in mm and "def overwrite_prompt" in mm
+    keys = set(re.findall(r"multi_modal_data\.get\(\"(image_\w+)\"", mm))
+    assert keys == {"image_bytes", "image_sizes"}, keys
+
+    class Processor:  # the attribute path the adapter reads
+        class mm_config:
+            image_token_id = 7
+
+    engine = DeepInferEngine.__new__(DeepInferEngine)
+    engine.engine = type("E", (), {"multi_modal_processor": Processor})()
+    engine.image_placeholder_id = 5
+    np = pytest.importorskip("numpy")
+    ids = np.asarray([1, 5, 2, 5], dtype=np.int32)
+    pics = Images([b"a", b"bc"], [(3, 4), (5, 6)], 10)
+    req = Submit(1, [1, 5, 2, 5], 4, 1.0, 1.0, -1, None, False, images=pics)
+    got = engine._images(ids, req)
+    assert got == {"image_bytes": [b"a", b"bc"], "image_sizes": [(3, 4), (5, 6)]} and set(got) == keys
+    assert ids.tolist() == [1, 7, 2, 7]  # the placeholders moved to the engine's image token
+    assert engine._images(ids, Submit(2, [1], 4, 1.0, 1.0, -1, None, False)) is None

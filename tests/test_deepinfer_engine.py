@@ -823,3 +823,46 @@ def test_a_grammar_the_engine_fails_ends_the_request_and_frees_its_slot(deepinfe
     metrics = httpx.get(f"{srv.url}/metrics").text
     assert re.search(r'deepinfer_aborted_requests_total\{[^}]*reason="grammar_error"\} 4', metrics), metrics
     stop_cleanly(srv)
+
+
+def logged_images(srv: Server) -> list[dict[str, str]]:
+    """The fake engine's `multi_modal_data` lines: what add_request received, per request."""
+    out = []
+    for line in srv.lines:
+        if "fake-deepinfer multi_modal_data " in line:
+            fields = line.split("multi_modal_data ", 1)[1].split()
+            out.append({"rid": fields[0], **dict(f.split("=", 1) for f in fields[1:])})
+    return out
+
+
+@pytest.mark.parametrize("engine_image_id", [None, 128000])
+def test_images_reach_deepinfer_as_its_multi_modal_data(deepinfer_server, engine_image_id: int | None) -> None:
+    """What DeepInfer receives for a request with images: `image_bytes` (deepseek-recipe's preprocessed WebP) and
+    `image_sizes` in placeholder order, the placeholders at the engine's own image token (config.json's, here
+    different from the serving tokenizer's <｜image｜> in the second case), and an expanded prompt exactly as long
+    as the prompt_tokens the client is billed."""
+    from test_images import data_url, expected, picture
+
+    env = {} if engine_image_id is None else {"FAKE_DEEPINFER_IMAGE_TOKEN_ID": str(engine_image_id)}
+    srv = deepinfer_server(**env)
+    a, b = picture(300, 200), picture(640, 640, "JPEG")
+    parts = [
+        {"type": "text", "text": "two pictures"},
+        {"type": "image_url", "image_url": {"url": data_url(a), "detail": "high"}},
+        {"type": "image_url", "image_url": {"url": data_url(b, "image/jpeg"), "detail": "low"}},
+    ]
+    r = srv.client().chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": parts}],
+        max_tokens=5,
+        extra_body=NO_THINK,  # type: ignore[list-item]
+    )
+    assert r.usage is not None
+    wait_for("the engine's multi_modal_data line", lambda: len(logged_images(srv)) >= 1)
+    got = logged_images(srv)[-1]
+    want = expected((a, "high"), (b, "low"))  # "WxH/bytes/sha16" each
+    assert json.loads(got["sizes"]) == [[int(x) for x in w.split("/")[0].split("x")] for w in want]
+    assert got["sha"].split(",") == [w.split("/")[2] for w in want]
+    assert got["placeholders"] == "2"  # found at the engine's image token, whichever ID that is
+    assert int(got["expanded_len"]) == r.usage.prompt_tokens
+    stop_cleanly(srv)

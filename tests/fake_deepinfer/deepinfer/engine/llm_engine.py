@@ -331,10 +331,10 @@ class LLMEngine:
                 placeholders = int((a == self.multi_modal_processor.mm_config.image_token_id).sum())
                 digests = [hashlib.sha256(bytes(d)).hexdigest()[:16] for d in data]
                 a = self.multi_modal_processor.overwrite_prompt(a, multi_modal_data)
+                shown = json.dumps([list(map(int, x)) for x in sizes], separators=(",", ":"))
                 _say(
-                    f"multi_modal_data {request_id} placeholders={placeholders} "
-                    f"sizes={json.dumps([list(map(int, x)) for x in sizes])} sha={','.join(digests)} "
-                    f"expanded_len={a.size}"
+                    f"multi_modal_data {request_id} placeholders={placeholders} sizes={shown} "
+                    f"sha={','.join(digests)} expanded_len={a.size}"
                 )
         if a.size == 0:
             raise ValueError("prompt must not be empty")
