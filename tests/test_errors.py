@@ -67,12 +67,20 @@ UNKNOWN_TOOL = {"type": "function", "function": {"name": "not_a_tool"}}
         (
             {
                 "model": MODEL,
-                "messages": [
-                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}
-                ],
+                "messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "x"}}]}],
             },
             400,
             "messages[0].content[0].type",
+        ),
+        (
+            {
+                "model": MODEL,
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://127.0.0.1/y.png"}}]}
+                ],
+            },
+            400,
+            "messages[0].content[0].image_url.url",
         ),
     ],
 )

@@ -251,6 +251,7 @@ def test_request_records_round_trip(ring_path: Any, ops: list[tuple[Any, ...]]) 
                         ignore_eos,
                         None,
                         None,
+                        None,
                     )
                 )
             elif op[0] == "abort":

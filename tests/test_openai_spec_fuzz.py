@@ -62,7 +62,14 @@ BY_DESIGN: list[tuple[str, Callable[[Body, Error], bool]]] = [
         _param(r"(response_format|text\.format)(\.[\w.]+)?"),
     ),
     (
-        "non-text content (images, audio, files): not served yet (images issue)",
+        "images: a URL the address guard refuses or that cannot be fetched, data that is not an image, over a limit",
+        lambda body, err: (
+            str(err.get("code")).startswith(("image", "invalid_image", "too_many_images"))
+            or str(err.get("code")) == "unsupported_image_type"
+        ),
+    ),
+    (
+        "non-text content (audio, files): not served",
         _param(r"messages\[\d+\]\.content\[\d+\]\.type"),
     ),
     ("audio output, web search: not served", _param("audio|web_search_options|modalities")),
@@ -108,7 +115,7 @@ BY_DESIGN: list[tuple[str, Callable[[Body, Error], bool]]] = [
         _param(r"input\[\d+\]\.(type|call_id)"),
     ),
     (
-        "Responses: image and file inputs: not served yet (images issue)",
+        "Responses: file inputs (file_id, input_file): not served",
         lambda body, err: (
             bool(re.fullmatch(r"input\[\d+\].*", str(err.get("param"))))
             and any(w in str(err.get("message")) for w in ("input_", "file_id"))

@@ -51,13 +51,18 @@ def test_request_round_trip(ring_path) -> None:
     assert cons.wait(0)
     got = cons.drain_requests()
     assert got == [
-        (1, 7, [1, 2, 3, 2**32 - 1], 128, 0.7, 0.95, 40, 1234, True, None, None),
-        (1, 8, [5, 6], 16, 0.0, 1.0, -1, None, False, None, None),
-        (1, 9, [], 1, 1.0, 1.0, -1, None, False, None, None),
+        (1, 7, [1, 2, 3, 2**32 - 1], 128, 0.7, 0.95, 40, 1234, True, None, None, None),
+        (1, 8, [5, 6], 16, 0.0, 1.0, -1, None, False, None, None, None),
+        (1, 9, [], 1, 1.0, 1.0, -1, None, False, None, None, None),
         (2, 7),
         (3,),
     ]
     assert cons.drain_requests() == []
+    # A request's images travel as a file name and sizes, never their bytes.
+    pics = ("/dev/shm/deepinfer-x-media/chatcmpl-1", 650, [(1036, 1036, 2006), (8, 9, 10)])
+    prod.push_submit(10, [129264, 5, 129264], 4, images=pics)
+    (got_images,) = cons.drain_requests()
+    assert got_images[-1] == (pics[0], 650, [[1036, 1036, 2006], [8, 9, 10]]) and got_images[2] == [129264, 5, 129264]
     assert prod.used_bytes == 0
     with pytest.raises(ValueError):
         prod.push_submit(1, b"abc", 1)

@@ -113,7 +113,7 @@ def test_server_and_model_info_and_their_aliases(busy_server: Server) -> None:
     server = httpx.get(f"{url}/server_info").json()
     assert (server["engine"], server["max_num_seqs"], server["max_total_tokens"]) == ("sim", 2, 2 * 2 * 4096)
     model = httpx.get(f"{url}/model_info").json()
-    assert model["is_generation"] is True and model["has_image_understanding"] is False
+    assert model["is_generation"] is True and model["has_image_understanding"] is True
 
 
 def test_render_gives_the_prompt_ids_a_chat_request_runs_with(busy_server: Server) -> None:

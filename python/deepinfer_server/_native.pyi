@@ -57,6 +57,8 @@ OutputEntry = (
 )
 # (schema_type, schema, trigger token ids, bound token id)
 ConstraintTuple = tuple[int, str, Sequence[int], int | None]
+# (file holding the encoded images back to back, prompt tokens beyond the placeholders, [(width, height, bytes)])
+ImagesTuple = tuple[str, int, Sequence[tuple[int, int, int]]]
 
 class Ring:
     """A single-producer single-consumer shared-memory ring of records in /dev/shm."""
@@ -91,6 +93,7 @@ class Ring:
         timeout: float | None = None,
         logprobs: int | None = None,
         constraint: ConstraintTuple | None = None,
+        images: ImagesTuple | None = None,
     ) -> None: ...
     def push_abort(self, request_id: int, timeout: float | None = None) -> None: ...
     def push_shutdown(self, timeout: float | None = None) -> None: ...

@@ -102,7 +102,7 @@ pub async fn model_info(State(st): State<Arc<AppState>>) -> Response {
     let mut info = common_info(&st);
     info.extend([
         ("is_generation".into(), json!(true)),
-        ("has_image_understanding".into(), json!(false)),
+        ("has_image_understanding".into(), json!(st.media.is_enabled())),
         ("has_audio_understanding".into(), json!(false)),
         ("model_type".into(), json!(st.config.model_type)),
     ]);
