@@ -65,11 +65,12 @@ def assert_healthy(srv: Server) -> None:
     assert r.status_code == 200, r.text
 
 
-def small_server(max_model_len: int) -> Iterator[Server]:
+def small_server(max_model_len: int, *extra: str) -> Iterator[Server]:
     """One rank, 4 sequences, zero-cost sim: what the fuzzers throw at, stopped when the module is done."""
     srv = start_server(
         *("--served-model-name", MODEL, "--dp", "1", "--max-num-seqs", "4"),
         *("--max-model-len", str(max_model_len), "--sim-decode-step-ms", "0"),
+        *extra,
     )
     yield srv
     srv.stop()
