@@ -258,11 +258,6 @@ def test_an_image_one_byte_over_the_limit_is_refused(edge_server: Server) -> Non
     assert post_padded(edge_server, EDGE - 1).status_code == 200
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rust/media/refs.rs base64_len counts the '=' padding as data bytes: an inline image of exactly "
-    "--max-image-bytes is refused when that limit is not a multiple of 3 (the default 20 MiB is not)",
-)
 def test_an_image_of_exactly_the_limit_is_accepted(edge_server: Server) -> None:
     r = post_padded(edge_server, EDGE)
     assert r.status_code == 200, r.text[:300]

@@ -31,9 +31,11 @@ impl ImageRef {
     }
 }
 
-/// Decoded size of base64 text, near enough for a limit (padding and line breaks are not subtracted).
+/// Decoded size of base64 text: 3 bytes per 4 characters, less the `=` padding (whitespace, which decoders
+/// skip, is counted: an upper bound, never under).
 fn base64_len(text: &str) -> usize {
-    text.len() / 4 * 3 + text.len() % 4
+    let data = text.trim_end_matches('=');
+    data.len() / 4 * 3 + (data.len() % 4 * 3) / 4
 }
 
 /// A data: URL is inline (base64: decoded size; otherwise its percent-encoded length, an upper bound);
@@ -210,7 +212,7 @@ mod tests {
             image_refs(Protocol::Responses, &body),
             [
                 url("input[0].content[1].image_url", "https://a.example/x.png"),
-                inline("input[0].content[3].image_url", 6),
+                inline("input[0].content[3].image_url", 4),
                 url("input[1].output[0].image_url", "https://b.example/y.png"),
             ]
         );
