@@ -121,6 +121,8 @@ def with_param(body: str, protocol: int = CHAT) -> str:
     message = str(err.get("message", ""))
     if err.get("code") == "invalid_request_error" and _BAD_IMAGE_DATA.search(message):
         err["code"] = "invalid_image_url"  # the images' own refusals have codes (images.py); this one is the recipe's
+    elif err.get("code") == "invalid_request_error" and "uploaded an unsupported image" in message:
+        err["code"] = "unsupported_image_type"  # a data URL's media type deepseek-recipe does not take
     for pattern, param in _PARAM_IN_MESSAGE:
         m = pattern.match(message)
         if m:

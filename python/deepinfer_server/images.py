@@ -36,7 +36,7 @@ from deepseek_recipe import (
 # for all decode failures; the client should learn which problem it has.
 _KINDS: dict[str, tuple[str, str]] = {
     "Decode": ("invalid_image", "could not be decoded: the data is corrupt or truncated"),
-    "EmptyImage": ("invalid_image", "is empty"),
+    "EmptyImage": ("invalid_image", "holds no complete image (empty or truncated data)"),
     "Resize": ("invalid_image", "could not be resized"),
     "Encode": ("invalid_image", "could not be re-encoded for the model"),
     "EncodeFailed": ("invalid_image", "could not be re-encoded for the model"),
