@@ -150,6 +150,32 @@ impl Codec {
         if images { self.run_images(job).await } else { self.run(job).await }
     }
 
+    /// Check a request's grammar (compiled and cached by the codec) before it waits for a slot: a 400 now for one
+    /// that cannot be enforced, instead of after the wait.
+    pub async fn check_constraint(
+        &self,
+        body: Vec<u8>,
+        protocol: Protocol,
+        forced_tool: Option<ForcedTool>,
+    ) -> Result<(), ApiError> {
+        let (status, out) = self
+            .run(move |codec| {
+                Python::attach(|py| {
+                    let forced = forced_tool.as_ref().map(|f| f.name.clone().unwrap_or_default());
+                    let parallel = forced_tool.as_ref().is_none_or(|f| f.parallel);
+                    let args = (PyBytes::new(py, &body), protocol.code(), forced, parallel);
+                    let out =
+                        codec.codec.bind(py).call_method1("check_constraint", args).map_err(|e| internal(py, e))?;
+                    out.extract::<(u16, String)>().map_err(|e| internal(py, e))
+                })
+            })
+            .await?;
+        if status == 200 {
+            return Ok(());
+        }
+        Err(ApiError::Codec { status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST), body: out })
+    }
+
     /// Run `f` on the image pool. Token batches do not yield to these (`yield_to_prepares`): an image request's
     /// preprocessing releases the GIL for most of its time, and a decode batch waiting on it would stall streams.
     async fn run_images<T: Send + 'static>(

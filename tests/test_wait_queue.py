@@ -181,3 +181,32 @@ def test_priority_must_be_an_integer_on_every_door(server: Server) -> None:
         bad = httpx.post(f"{server.url}{path}", json={"model": MODEL, "priority": "high", **body}, timeout=30)
         assert bad.status_code == 400, (path, bad.text)
         assert "priority" in bad.text, (path, bad.text)
+
+
+def test_a_grammar_that_cannot_be_enforced_is_refused_before_the_wait(make_server: Any) -> None:
+    """A full server (the only slot held, a queue, a 20 s queue timeout): a request whose schema cannot be
+    compiled hears its 400 at once, on chat and Responses, instead of after waiting for a slot; a sound schema
+    waits its turn; the same bad schema without a wait is the same 400."""
+    srv = make_server(*SLOW, "--max-queued-requests", "4", "--queue-timeout", "20")
+    lookahead = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=x)a"}}, "required": ["a"]}
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": lookahead}}
+    good = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    with held_slot(srv):
+        t0 = time.monotonic()
+        r = chat(srv, "bad", response_format=bad)
+        took = time.monotonic() - t0
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_grammar", r.text
+        assert r.json()["error"]["param"] == "response_format"
+        assert took < 5, took  # not the 20 s queue timeout, nor the held stream's end
+        fmt = {"format": {"type": "json_schema", "name": "x", "schema": lookahead}}
+        body = {"model": MODEL, "max_output_tokens": 5, "input": "x", "text": fmt}
+        resp = httpx.post(f"{srv.url}/v1/responses", json=body, timeout=30)
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == "text.format", resp.text
+        waited: list[int] = []
+        t = threading.Thread(target=lambda: waited.append(chat(srv, "good", response_format=good).status_code))
+        t.start()
+        wait_for("the sound request to queue", lambda: metric(srv, "vllm:num_requests_waiting") == 1, 10)
+    t.join(30)
+    assert waited == [200]
+    again = chat(srv, "bad-idle", response_format=bad)
+    assert again.status_code == 400 and again.json()["error"]["code"] == "invalid_grammar"

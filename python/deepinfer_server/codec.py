@@ -143,6 +143,12 @@ _MakeGenerator = Callable[[str, str], Generator]
 
 
 @dataclass(frozen=True)
+class _Converted:
+    conv: ConversationRequest
+    generator: _MakeGenerator  # (response id, model) -> the door's chunk generator
+
+
+@dataclass(frozen=True)
 class _Encoded:
     conv: ConversationRequest
     ids: list[int]
@@ -273,15 +279,9 @@ class Codec:
             max_tokens = conv.resolve_max_tokens(n_prompt, self.max_model_len)
         except ConversionError as e:
             return e.status_code, with_param(e.body, protocol)
-        try:
-            constraint = self.constraint(conv, forced_tool, parallel_tools, client_schema(body, protocol))
-        except GrammarError as e:
-            param = "tool_choice" if forced_tool is not None else _SCHEMA_PARAM.get(protocol, "response_format")
-            if forced_tool is None and (oc := conv.inference_options.output_constraint) and oc.kind != "json":
-                param = "tools" if oc.kind.startswith("tool_call") else param
-            return 400, error_body(
-                f"Invalid '{param}': the grammar cannot be enforced: {e}", code="invalid_grammar", param=param
-            )
+        constraint = self._request_constraint(conv, body, protocol, forced_tool, parallel_tools)
+        if isinstance(constraint, tuple):
+            return constraint
         opts = conv.inference_options
         generator = encoded.generator(response_id, model)
         decoder: BaseDecoder
@@ -309,6 +309,31 @@ class Codec:
             constraint=None if constraint is None else constraint.record(),
             images=blob,
         )
+
+    def check_constraint(
+        self, body: bytes, protocol: int, forced_tool: str | None = None, parallel_tools: bool = True
+    ) -> tuple[int, str]:
+        """A request's grammar checked (compiled, cached) before it waits for a slot: (200, "") or (400, envelope).
+        Its prepare then finds the grammar in the cache."""
+        converted = self._converted(body, protocol, forced_tool is not None)
+        if not isinstance(converted, _Converted):
+            return converted
+        got = self._request_constraint(converted.conv, body, protocol, forced_tool, parallel_tools)
+        return got if isinstance(got, tuple) else (200, "")
+
+    def _request_constraint(
+        self, conv: ConversationRequest, body: bytes, protocol: int, forced_tool: str | None, parallel_tools: bool
+    ) -> Constraint | tuple[int, str] | None:
+        """`constraint` for a request, or the 400 naming the field its grammar came from."""
+        try:
+            return self.constraint(conv, forced_tool, parallel_tools, client_schema(body, protocol))
+        except GrammarError as e:
+            param = "tool_choice" if forced_tool is not None else _SCHEMA_PARAM.get(protocol, "response_format")
+            if forced_tool is None and (oc := conv.inference_options.output_constraint) and oc.kind != "json":
+                param = "tools" if oc.kind.startswith("tool_call") else param
+            return 400, error_body(
+                f"Invalid '{param}': the grammar cannot be enforced: {e}", code="invalid_grammar", param=param
+            )
 
     def constraint(
         self,
@@ -459,19 +484,10 @@ class Codec:
         """The converted and encoded request, its images preprocessed, or (status, error envelope). `forced`: the
         tool choice forces a call, which deepseek-recipe refuses with thinking on; the server then constrains it
         itself (`constraint`). `images`: fetched bytes by URL."""
-        try:
-            try:
-                conv, generator = self._convert(body, protocol)
-            except ConversionError as e:
-                if not (forced and str(e) == _THINKING_TOOL_CHOICE):
-                    raise
-                d = json.loads(body)
-                d["tool_choice"] = {"type": "auto"} if protocol == MESSAGES else "auto"
-                conv, generator = self._convert(json.dumps(d).encode(), protocol)
-        except ConversionError as e:
-            return e.status_code, with_param(e.body, protocol)
-        except (ValueError, TypeError, OverflowError, RecursionError) as e:
-            return 400, error_body(str(e))
+        converted = self._converted(body, protocol, forced)
+        if not isinstance(converted, _Converted):
+            return converted
+        conv, generator = converted.conv, converted.generator
         try:
             ids = self.encoder.encode(conv.conversation)
         except RuntimeError as e:
@@ -492,6 +508,23 @@ class Codec:
         if n >= self.max_model_len:
             return 400, self._too_long(str(n))
         return _Encoded(conv, ids, generator, resolved)
+
+    def _converted(self, body: bytes, protocol: int, forced: bool) -> _Converted | tuple[int, str]:
+        """`_convert`, with a forced tool choice deepseek-recipe refuses in thinking mode taken as `auto` (the
+        server constrains it itself), or (status, error envelope)."""
+        try:
+            try:
+                return _Converted(*self._convert(body, protocol))
+            except ConversionError as e:
+                if not (forced and str(e) == _THINKING_TOOL_CHOICE):
+                    raise
+                d = json.loads(body)
+                d["tool_choice"] = {"type": "auto"} if protocol == MESSAGES else "auto"
+                return _Converted(*self._convert(json.dumps(d).encode(), protocol))
+        except ConversionError as e:
+            return e.status_code, with_param(e.body, protocol)
+        except (ValueError, TypeError, OverflowError, RecursionError) as e:
+            return 400, error_body(str(e))
 
     def _convert(self, body: bytes, protocol: int) -> tuple[ConversationRequest, _MakeGenerator]:
         """The door's deepseek-recipe conversion, and a maker of its chunk generator (response id, model)."""

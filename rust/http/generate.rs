@@ -108,7 +108,16 @@ async fn handle(
     }
     // Past capacity the request may wait here (the wait queue); its response has not started, so a refusal is
     // still a real status. A queued request whose client goes away is dropped, and leaves the queue with it.
-    let permit = st.admission.admit(req.priority).await?;
+    let permit = match st.admission.try_admit() {
+        Ok(permit) => permit,
+        Err(_) => {
+            // No slot now: a grammar that cannot be enforced is refused before the wait, not after it.
+            if req.constrained {
+                st.codec.check_constraint(req.body.clone(), protocol, req.forced_tool.clone()).await?;
+            }
+            st.admission.admit(req.priority).await?
+        }
+    };
     let admitted = Instant::now();
     if let Some(err) = st.unavailable() {
         return Err(err); // the server began to drain, or a rank failed, while the request waited

@@ -23,7 +23,17 @@ pub struct GenerateRequest {
     pub priority: i64,
     /// The request's images (fetched, for URLs, after admission).
     pub images: Vec<crate::media::ImageRef>,
+    /// The output may be held to a grammar (a response format, a strict tool, a forced tool call): when it must
+    /// wait for a slot, its grammar is checked first.
+    pub constrained: bool,
     pub body: Vec<u8>,
+}
+
+/// Whether a request may carry a grammar: a forced tool call, or a body that names a structured format or a
+/// strict tool (an over-estimate is harmless: the check then finds none).
+pub fn may_constrain(raw: &[u8], forced_tool: bool) -> bool {
+    const MARKS: [&[u8]; 4] = [b"\"json_schema\"", b"\"json_object\"", b"\"regex\"", b"\"strict\""];
+    forced_tool || MARKS.iter().any(|m| raw.windows(m.len()).any(|w| w == *m))
 }
 
 /// The images of a body; only one that spells "image" can have any (the cheap test keeps text requests free).
@@ -218,6 +228,7 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>
     }
 
     let images = images_of(crate::protocol::Protocol::Chat, raw, &v);
+    let constrained = may_constrain(raw, forced_tool.is_some());
     let body = serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?;
     Ok(GenerateRequest {
         model,
@@ -230,6 +241,7 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>
         forced_tool,
         priority,
         images,
+        constrained,
         body,
     })
 }
@@ -343,10 +355,17 @@ mod tests {
         ] {
             assert_eq!(err(with(extra.clone())).status(), 400, "{extra}");
         }
+        let audio = json!({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this"}, {"type": "input_audio", "input_audio": {"data": "x"}}]}]});
+        assert!(err(with(audio)).envelope().contains("messages[0].content[1].type"));
+        // An image part is taken, and its URL noted for the fetcher.
         let img = json!({"messages": [{"role": "user", "content": [
             {"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]});
-        let e = err(with(img));
-        assert!(e.envelope().contains("messages[0].content[1].type"));
+        let r = ok(with(img));
+        assert_eq!(r.images.len(), 1);
+        assert_eq!(r.images[0].url(), Some("http://x/y.png"));
+        assert!(!r.constrained);
+        assert!(ok(with(json!({"response_format": {"type": "json_object"}}))).constrained);
     }
 
     #[test]
