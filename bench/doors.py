@@ -164,7 +164,7 @@ def main() -> int:
     summaries = {label: summarize(r) for label, r in runs.items()}
     print(json.dumps(summaries if args.base else summaries["this"], indent=1))
     for label, summary in summaries.items():
-        title = f"{label} ({args.base or 'this tree'})\n" if args.base else ""
+        title = f"{label} ({args.base if label == 'base' else 'this tree'})\n" if args.base else ""
         print(f"\n{title}| door | CPU µs/token (median) | / chat (rounds) | tok/s | non-2xx |\n|---|---|---|---|---|")
         for door, s in summary.items():
             ratios = ", ".join(f"{r:.2f}" for r in s["ratio_to_chat_rounds"])
