@@ -3,7 +3,10 @@
 on the same load: one server on the zero-cost sim, wrk streaming the same 256-token answers (`ignore_eos`) at 64
 connections, the doors in turn, several alternating rounds. Prints each door's figure and its ratio to chat's.
 
-    python bench/doors.py [--rounds 3] [--seconds 8] [--conns 64]
+    python bench/doors.py [--rounds 3] [--seconds 8] [--conns 64] [--base OTHER_TREE/python]
+
+`--base` runs a second server from another build's `python/` directory beside this one and alternates them door
+by door (their order flips each round), for a before/after in one run.
 
 Needs `wrk` (Debian package). CPU is the server's and its ranks' (utime + stime from /proc) over the timed run.
 """
@@ -93,36 +96,26 @@ def check_lengths(url: str) -> None:
             raise SystemExit(f"{door}: {n} output tokens, not {TOKENS}: {usage}")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--seconds", type=int, default=8)
-    ap.add_argument("--conns", type=int, default=64)
-    ap.add_argument("--port", type=int, default=18790)
-    args = ap.parse_args()
-    cmd = [sys.executable, "-m", "deepinfer_server", "--host", "127.0.0.1", "--port", str(args.port)]
+def start_server(port: int, pythonpath: str | None) -> tuple[subprocess.Popen[bytes], list[int], str]:
+    cmd = [sys.executable, "-m", "deepinfer_server", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--served-model-name", MODEL, "--log-level", "warning", "--dp", "2", "--max-num-seqs", "128"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{args.port}"
-    try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        out = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout
-        pids = [proc.pid, *map(int, out.split())]
-        check_lengths(url)
-        runs: dict[str, list[dict[str, float]]] = {door: [] for door in DOORS}
-        for i in range(args.rounds):
-            for door in DOORS:
-                runs[door].append(wrk(url, door, args.seconds, args.conns, pids))
-                print(f"round {i + 1} {door}: {runs[door][-1]}", file=sys.stderr, flush=True)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+    env = dict(os.environ)
+    if pythonpath is not None:  # another build's package first on the path (its ranks inherit it)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    out = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout
+    return proc, [proc.pid, *map(int, out.split())], url
+
+
+def summarize(runs: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, Any]]:
     chat = [r["cpu_us_per_token"] for r in runs["chat"]]
     summary = {}
     for door, rs in runs.items():
@@ -134,11 +127,56 @@ def main() -> int:
             "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in rs),
             "non_2xx": sum(r["non_2xx"] for r in rs),
         }
-    print(json.dumps(summary, indent=1))
-    print("\n| door | CPU µs/token (median) | / chat (rounds) | tok/s | non-2xx |\n|---|---|---|---|---|")
-    for door, s in summary.items():
-        ratios = ", ".join(f"{r:.2f}" for r in s["ratio_to_chat_rounds"])
-        print(f"| {door} | {s['cpu_us_per_token_median']} | {ratios} | {s['tokens_per_s_median']} | {s['non_2xx']} |")
+    return summary
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=int, default=8)
+    ap.add_argument("--conns", type=int, default=64)
+    ap.add_argument("--port", type=int, default=18790)
+    ap.add_argument(
+        "--base",
+        metavar="DIR",
+        help="also run a server from another build's python/ directory (put first on PYTHONPATH), "
+        "alternating with this one door by door: before/after in one run",
+    )
+    args = ap.parse_args()
+    builds = {"this": None} if args.base is None else {"base": args.base, "this": None}
+    servers: dict[str, tuple[subprocess.Popen[bytes], list[int], str]] = {}
+    try:
+        for k, (label, path) in enumerate(builds.items()):
+            servers[label] = start_server(args.port + k, path)
+            check_lengths(servers[label][2])
+        runs: dict[str, dict[str, list[dict[str, float]]]] = {label: {door: [] for door in DOORS} for label in builds}
+        for i in range(args.rounds):
+            for door in DOORS:
+                order = list(builds) if i % 2 == 0 else list(builds)[::-1]
+                for label in order:
+                    _, pids, url = servers[label]
+                    runs[label][door].append(wrk(url, door, args.seconds, args.conns, pids))
+                    print(f"round {i + 1} {label} {door}: {runs[label][door][-1]}", file=sys.stderr, flush=True)
+    finally:
+        for proc, _, _ in servers.values():
+            proc.terminate()
+            proc.wait(timeout=60)
+    summaries = {label: summarize(r) for label, r in runs.items()}
+    print(json.dumps(summaries if args.base else summaries["this"], indent=1))
+    for label, summary in summaries.items():
+        title = f"{label} ({args.base if label == 'base' else 'this tree'})\n" if args.base else ""
+        print(f"\n{title}| door | CPU µs/token (median) | / chat (rounds) | tok/s | non-2xx |\n|---|---|---|---|---|")
+        for door, s in summary.items():
+            ratios = ", ".join(f"{r:.2f}" for r in s["ratio_to_chat_rounds"])
+            print(
+                f"| {door} | {s['cpu_us_per_token_median']} | {ratios} | {s['tokens_per_s_median']} | {s['non_2xx']} |"
+            )
+    if args.base:
+        print("\nthis / base, CPU µs/token per round:")
+        for door in DOORS:
+            this = summaries["this"][door]["cpu_us_per_token_rounds"]
+            base = summaries["base"][door]["cpu_us_per_token_rounds"]
+            print(f"  {door}: " + ", ".join(f"{a / b:.2f}" for a, b in zip(this, base, strict=True)))
     return 0
 
 

@@ -10,6 +10,7 @@ pub mod error;
 pub mod http;
 pub mod listener;
 pub mod media;
+pub mod mend;
 pub mod metrics;
 pub mod protocol;
 pub mod rank_io;
@@ -32,5 +33,6 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     ring::py::register(m)?;
     m.add_function(wrap_pyfunction!(server::serve, m)?)?;
+    m.add_function(wrap_pyfunction!(mend::mend_response, m)?)?;
     Ok(())
 }

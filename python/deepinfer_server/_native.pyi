@@ -139,3 +139,7 @@ def serve(
     bell: Doorbell | None = None,
 ) -> int:
     """Run the HTTP front end until SIGTERM/SIGINT (returns 0) or a rank failure (returns 1)."""
+
+def mend_response(json: str, nested: bool) -> str | None:
+    """A Responses Response (inside an event's `response` when `nested`) without the members OpenAI's schema does
+    not have, cut from the text (rust/mend.rs); None when it holds a function call's `arguments` or is not JSON."""

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, cast
 
 from deepseek_recipe import ConversationRequest, MessagesResponse, MessagesStreamEvent, ResponsesResponse
 
+from deepinfer_server._native import mend_response
 from deepinfer_server.decoding import BaseDecoder, Chunk, Generator, cut_partial_tag, dumps
 
 if TYPE_CHECKING:
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
 Accumulator = type[MessagesResponse] | type[ResponsesResponse]
 # Only a Responses usage object has this key; deepseek-recipe leaves it 0 without a tokenizer attached.
 _NO_REASONING = '"output_tokens_details":{"reasoning_tokens":0}'
-_CALL_EVENTS = ("event: response.output_item.added\n", "event: response.function_call_arguments.done\n")
+_ITEM_ADDED = "event: response.output_item.added\n"
+_CALL_EVENTS = (_ITEM_ADDED, "event: response.function_call_arguments.done\n")
 _USAGE_EVENTS = ("event: message_delta\n", "event: response.completed\n", "event: response.incomplete\n")
 # Only usage objects have these keys unescaped (a JSON string escapes its quotes).
 _OUTPUT_TOKENS = re.compile(r'("(?:output_tokens|total_tokens)":)(\d+)')
@@ -59,6 +61,16 @@ class EventDecoder(BaseDecoder):
         return [_trim_event(f"event: {name(ev)}\ndata: {ev.to_json()}") for ev in chunks]  # type: ignore[arg-type]
 
     def _emit(self, chunks: Sequence[object], last: bool) -> list[str] | str:
+        if self.opened and not last and self.final is None and self.token_strings is None:
+            # A stream's deltas: the hot path, nothing to mend but a function call's `done` (Responses).
+            events = cast(Sequence[MessagesStreamEvent], chunks)
+            name = self.name
+            if self.calls is None:
+                return [f"event: {name(ev)}\ndata: {ev.to_json()}" for ev in events]  # type: ignore[arg-type]
+            return [
+                self._named(e) if (e := f"event: {name(ev)}\ndata: {ev.to_json()}").startswith(_CALL_EVENTS) else e  # type: ignore[arg-type]
+                for ev in events
+            ]
         out = self._emit_events(chunks, last)
         if self.token_strings is None:
             return out
@@ -117,6 +129,8 @@ class EventDecoder(BaseDecoder):
     def _named(self, event: str) -> str:
         """deepseek-recipe leaves out the function's name that OpenAI's `function_call_arguments.done` event
         carries: take it from the call's `output_item.added`."""
+        if event.startswith(_ITEM_ADDED) and '"function_call"' not in event:
+            return event  # a message or reasoning item: no call to remember (and no parse)
         head, _, data = event.partition("\ndata: ")
         d = json.loads(data)
         calls = cast(dict[str, str], self.calls)
@@ -154,16 +168,23 @@ _LIFECYCLE_END = ("event: response.incomplete\n", "event: response.failed\n")
 
 
 def _mend_response_event(event: str) -> str:
-    """The events that carry the whole Response (created, in progress, completed ...) as OpenAI's schema has it."""
+    """The events that carry the whole Response (created, in progress, completed ...) as OpenAI's schema has it:
+    cut as text in Rust (`mend_response`), parsed here only when a function call's arguments may need trimming."""
     if not event.startswith(_LIFECYCLE) and not event.startswith(_LIFECYCLE_END):
         return event
     head, _, data = event.partition("\ndata: ")
-    d = json.loads(data)
-    _mend(d["response"])
-    return f"{head}\ndata: {dumps(d)}"
+    mended = mend_response(data, True)
+    if mended is None:
+        d = json.loads(data)
+        _mend(d["response"])
+        mended = dumps(d)
+    return f"{head}\ndata: {mended}"
 
 
 def _mend_response(body: str) -> str:
+    mended = mend_response(body, False)
+    if mended is not None:
+        return mended
     d = json.loads(body)
     _mend(d)
     return dumps(d)
