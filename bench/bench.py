@@ -654,12 +654,16 @@ def scenario_replay(bench_dir: Path, quick: bool) -> dict:
     the peer side by side on the same cost model, at 16, 64 and 128 streams, in alternating rounds."""
     rounds = 1 if quick else REPLAY_ROUNDS
     loads = {16: 32, 64: 64, 128: 128} if quick else REPLAY_LOADS
-    if os.environ.get("REPLAY_LOADS"):  # e.g. "64:128,128:256": streams:requests
+    # REPLAY_LOADS (e.g. "64:128,128:256": streams:requests), REPLAY_MODELS ("calibrated"), REPLAY_ROUNDS narrow it.
+    if os.environ.get("REPLAY_LOADS"):
         loads = {int(k): int(v) for k, v in (x.split(":") for x in os.environ["REPLAY_LOADS"].split(","))}
+    models = [m for m in os.environ.get("REPLAY_MODELS", ",".join(REPLAY_MODELS)).split(",") if m in REPLAY_MODELS]
+    if os.environ.get("REPLAY_ROUNDS"):
+        rounds = int(os.environ["REPLAY_ROUNDS"])
     runs: dict[str, dict[int, dict[str, list[dict[str, Any]]]]] = {}
     for i in range(rounds):
         order = tuple(REPLAY_SERVERS) if i % 2 == 0 else tuple(reversed(REPLAY_SERVERS))
-        for model in REPLAY_MODELS:
+        for model in models:
             for streams, requests in loads.items():
                 for name in order:
                     print(f"   round {i + 1}: {model} c{streams} {name}", file=sys.stderr, flush=True)
