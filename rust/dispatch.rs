@@ -321,7 +321,9 @@ impl Dispatcher {
         let rank = self.pick().ok_or_else(|| ApiError::Unavailable("no engine rank is running".into()))?;
         let encoded = Instant::now(); // the codec calls this right after converting and encoding the request
         let RequestMeta { id, request_id, arrival, parsed, admitted } = meta;
-        let prompt_tokens = job.submit.prompt.len();
+        // The tokens the engine prefills: an image's placeholder stands for many (as usage counts them).
+        let images = job.submit.images.as_ref().map_or(0, |im| im.extra_tokens as usize);
+        let prompt_tokens = job.submit.prompt.len() + images;
         let entry = Arc::new(Inflight {
             id,
             request_id,

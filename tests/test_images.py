@@ -140,8 +140,11 @@ def test_count_and_tokenize_include_the_image_tokens(srv: Server, png: bytes) ->
             "messages": [{"role": "user", "content": [block, {"type": "text", "text": "x"}]}],
         }
         counted = h.post("/v1/messages/count_tokens", json=body).json()["input_tokens"]
-        sent = h.post("/v1/messages", json=body).json()
+        sent = h.post("/v1/messages", json=body, headers={"x-request-id": "img-usage"}).json()
         assert counted == sent["usage"]["input_tokens"] > 200
+    # The request log (and the prompt-token metrics) count what usage counts.
+    line = f"request_id=img-usage rank=0 prompt_tokens={counted} "
+    wait_for("the request's log line", lambda: line in srv.log(), 5)
 
 
 def test_anthropic_sdk_base64_image(srv: Server, jpeg: bytes) -> None:
