@@ -56,7 +56,7 @@ impl Prepared {
     /// Remove the images' file when no rank will read it (the request went nowhere).
     pub fn discard_images(&self) {
         if let Some(im) = &self.images {
-            let _ = std::fs::remove_file(&im.path);
+            im.discard();
         }
     }
 }
@@ -147,7 +147,7 @@ impl Codec {
             // If the client left meanwhile the result is dropped by the caller, and a ticket in it aborts the request.
             prepared.and_then(then)
         };
-        if images { self.run_images(job).await } else { self.run(job).await }
+        self.run(images, job).await
     }
 
     /// Check a request's grammar (compiled and cached by the codec) before it waits for a slot: a 400 now for one
@@ -158,11 +158,10 @@ impl Codec {
         protocol: Protocol,
         forced_tool: Option<ForcedTool>,
     ) -> Result<(), ApiError> {
-        let (status, out) = self
-            .run(move |codec| {
+        let answer = self
+            .run(false, move |codec| {
                 Python::attach(|py| {
-                    let forced = forced_tool.as_ref().map(|f| f.name.clone().unwrap_or_default());
-                    let parallel = forced_tool.as_ref().is_none_or(|f| f.parallel);
+                    let (forced, parallel) = forced_args(forced_tool.as_ref());
                     let args = (PyBytes::new(py, &body), protocol.code(), forced, parallel);
                     let out =
                         codec.codec.bind(py).call_method1("check_constraint", args).map_err(|e| internal(py, e))?;
@@ -170,26 +169,7 @@ impl Codec {
                 })
             })
             .await?;
-        if status == 200 {
-            return Ok(());
-        }
-        Err(ApiError::Codec { status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST), body: out })
-    }
-
-    /// Run `f` on the image pool. Token batches do not yield to these (`yield_to_prepares`): an image request's
-    /// preprocessing releases the GIL for most of its time, and a decode batch waiting on it would stall streams.
-    async fn run_images<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Codec) -> Result<T, ApiError> + Send + 'static,
-    ) -> Result<T, ApiError> {
-        let (tx, rx) = oneshot::channel();
-        let job: Job = Box::new(move |codec| {
-            let _ = tx.send(f(codec));
-        });
-        if self.image_jobs.lock().unwrap().send(job).is_err() {
-            return Err(ApiError::Unavailable("codec stopped".into()));
-        }
-        rx.await.map_err(|_| ApiError::Internal)?
+        accepted(answer).map(drop)
     }
 
     /// Call a method of the Python `Codec` on the codec pool (counting tokens, rendering): `(body, protocol)` in,
@@ -214,31 +194,42 @@ impl Codec {
                 out.extract::<(u16, String)>().map_err(|e| internal(py, e))
             })
         };
-        if images { self.run_images(job).await } else { self.run(job).await }
+        self.run(images, job).await
     }
 
-    /// Run `f` on a codec thread (it takes the GIL itself) and await its result; new requests' preparations go
-    /// before token batches while they wait for the pool (`yield_to_prepares`).
+    /// Run `f` on a codec thread (it takes the GIL itself) and await its result. On the text pool, new requests'
+    /// preparations go before token batches while they wait for it (`yield_to_prepares`); on the image pool they do
+    /// not: an image request's preprocessing releases the GIL for most of its time, and a decode batch waiting on
+    /// it would stall streams.
     async fn run<T: Send + 'static>(
         &self,
+        images: bool,
         f: impl FnOnce(&Codec) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<T, ApiError> {
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move |codec| {
             let result = f(codec);
-            *codec.preparing.lock().unwrap() -= 1;
-            codec.prepared.notify_all();
+            if !images {
+                *codec.preparing.lock().unwrap() -= 1;
+                codec.prepared.notify_all();
+            }
             let _ = tx.send(result);
         });
-        *self.preparing.lock().unwrap() += 1;
-        if self.jobs.lock().unwrap().send(job).is_err() {
-            *self.preparing.lock().unwrap() -= 1;
+        let pool = if images { &self.image_jobs } else { &self.jobs };
+        if !images {
+            *self.preparing.lock().unwrap() += 1;
+        }
+        if pool.lock().unwrap().send(job).is_err() {
+            if !images {
+                *self.preparing.lock().unwrap() -= 1;
+            }
             return Err(ApiError::Unavailable("codec stopped".into()));
         }
         rx.await.map_err(|_| ApiError::Internal)?
     }
 
     fn prepare_blocking(&self, py: Python<'_>, req: &PrepareRequest) -> Result<Prepared, ApiError> {
+        let forced = forced_args(req.forced_tool.as_ref());
         let args = (
             PyBytes::new(py, &req.body),
             req.response_id.as_str(),
@@ -247,9 +238,8 @@ impl Codec {
             req.include_usage,
             req.continuous_usage,
             req.protocol.code(),
-            // "" forces any tool, a name that one; None forces nothing.
-            req.forced_tool.as_ref().map(|f| f.name.clone().unwrap_or_default()),
-            req.forced_tool.as_ref().is_none_or(|f| f.parallel),
+            forced.0,
+            forced.1,
             req.has_images.then(|| fetched_to_py(py, &req.fetched)).transpose().map_err(|e| internal(py, e))?,
         );
         let out = self.codec.bind(py).call_method1("prepare", args).map_err(|e| internal(py, e))?;
@@ -325,6 +315,20 @@ impl Codec {
         }
         Ok(decoded)
     }
+}
+
+/// A forced tool choice as the codec takes it: ("" any tool, a name that one; None forces nothing, whether its
+/// calls may run in parallel).
+fn forced_args(forced: Option<&ForcedTool>) -> (Option<String>, bool) {
+    (forced.map(|f| f.name.clone().unwrap_or_default()), forced.is_none_or(|f| f.parallel))
+}
+
+/// A codec method's `(status, body)` answer: the body when 200, else the codec's refusal as the request's error.
+pub fn accepted((status, body): (u16, String)) -> Result<String, ApiError> {
+    if status == 200 {
+        return Ok(body);
+    }
+    Err(ApiError::Codec { status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST), body })
 }
 
 /// The fetched images as the codec takes them: `{url: bytes}`.

@@ -3,7 +3,7 @@
 //! in words. deepseek-recipe converts and validates the rest, as it does for chat (`request.rs`).
 
 use super::fields::{self, integer};
-use super::request::{GenerateRequest, body_and_model, images_of, may_constrain, opt_bool};
+use super::request::{GenerateRequest, body_and_model, images_of, opt_bool};
 use crate::error::ApiError;
 use crate::protocol::Protocol;
 use serde_json::{Map, Value};
@@ -16,7 +16,6 @@ fn generate(
     forced_tool: Option<fields::ForcedTool>,
 ) -> Result<GenerateRequest, ApiError> {
     let images = images_of(protocol, raw, &body);
-    let constrained = may_constrain(raw, forced_tool.is_some());
     let obj = body.as_object_mut().ok_or(ApiError::Internal)?;
     let priority = fields::take_priority(obj)?;
     Ok(GenerateRequest {
@@ -31,7 +30,6 @@ fn generate(
         forced_tool,
         priority,
         images,
-        constrained,
         body: serde_json::to_vec(&body).map_err(|_| ApiError::Internal)?,
     })
 }
@@ -276,7 +274,6 @@ pub fn completions(raw: &[u8], served: &[String]) -> Result<GenerateRequest, Api
         forced_tool: None,
         priority,
         images: Vec::new(), // a raw prompt has no image parts
-        constrained: false, // nor a grammar
         body: serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?,
     })
 }

@@ -13,7 +13,7 @@ use crate::codec::PrepareRequest;
 use crate::dispatch::{Job, RequestMeta};
 use crate::error::ApiError;
 use crate::protocol::Protocol;
-use crate::ring::records::Submit;
+use crate::ring::records::{ImageSet, Submit};
 use crate::stream::{Outlet, SseBody, StreamBuf};
 use axum::Extension;
 use axum::body::{Body, Bytes};
@@ -112,7 +112,7 @@ async fn handle(
         Ok(permit) => permit,
         Err(_) => {
             // No slot now: a grammar that cannot be enforced is refused before the wait, not after it.
-            if req.constrained {
+            if req.may_constrain() {
                 st.codec.check_constraint(req.body.clone(), protocol, req.forced_tool.clone()).await?;
             }
             st.admission.admit(req.priority).await?
@@ -172,12 +172,10 @@ async fn handle(
                 incremental: prepared.incremental,
             };
             let meta = RequestMeta { id, request_id, arrival, parsed, admitted };
-            let blob = job.submit.images.as_ref().map(|im| im.path.clone());
+            let images = job.submit.images.clone();
             let sent = dispatcher.submit(meta, job, prepared.decoder, outlet, permit);
-            if sent.is_err()
-                && let Some(path) = blob
-            {
-                let _ = std::fs::remove_file(path); // no rank will read it
+            if sent.is_err() {
+                images.iter().for_each(ImageSet::discard); // no rank will read them
             }
             sent
         })

@@ -23,22 +23,22 @@ pub struct GenerateRequest {
     pub priority: i64,
     /// The request's images (fetched, for URLs, after admission).
     pub images: Vec<crate::media::ImageRef>,
-    /// The output may be held to a grammar (a response format, a strict tool, a forced tool call): when it must
-    /// wait for a slot, its grammar is checked first.
-    pub constrained: bool,
     pub body: Vec<u8>,
 }
 
-/// Whether a request may carry a grammar: a forced tool call, or a body that names a structured format or a
-/// strict tool (an over-estimate is harmless: the check then finds none).
-pub fn may_constrain(raw: &[u8], forced_tool: bool) -> bool {
-    const MARKS: [&[u8]; 4] = [b"\"json_schema\"", b"\"json_object\"", b"\"regex\"", b"\"strict\""];
-    forced_tool || MARKS.iter().any(|m| raw.windows(m.len()).any(|w| w == *m))
+impl GenerateRequest {
+    /// Whether the output may be held to a grammar: a forced tool call, or a body that names a structured format
+    /// or a strict tool (an over-estimate is harmless: the check then finds none). Asked only of a request that
+    /// must wait for a slot, whose grammar is then checked before the wait.
+    pub fn may_constrain(&self) -> bool {
+        const MARKS: [&[u8]; 4] = [b"\"json_schema\"", b"\"json_object\"", b"\"regex\"", b"\"strict\""];
+        self.forced_tool.is_some() || MARKS.iter().any(|m| memchr::memmem::find(&self.body, m).is_some())
+    }
 }
 
 /// The images of a body; only one that spells "image" can have any (the cheap test keeps text requests free).
 pub fn images_of(protocol: crate::protocol::Protocol, raw: &[u8], body: &Value) -> Vec<crate::media::ImageRef> {
-    if raw.windows(5).any(|w| w == b"image") { crate::media::image_refs(protocol, body) } else { Vec::new() }
+    if memchr::memmem::find(raw, b"image").is_some() { crate::media::image_refs(protocol, body) } else { Vec::new() }
 }
 
 /// Upper bound deepseek-recipe accepts for max_tokens.
@@ -228,7 +228,6 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>
     }
 
     let images = images_of(crate::protocol::Protocol::Chat, raw, &v);
-    let constrained = may_constrain(raw, forced_tool.is_some());
     let body = serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?;
     Ok(GenerateRequest {
         model,
@@ -241,7 +240,6 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>
         forced_tool,
         priority,
         images,
-        constrained,
         body,
     })
 }
@@ -364,8 +362,8 @@ mod tests {
         let r = ok(with(img));
         assert_eq!(r.images.len(), 1);
         assert_eq!(r.images[0].url(), Some("http://x/y.png"));
-        assert!(!r.constrained);
-        assert!(ok(with(json!({"response_format": {"type": "json_object"}}))).constrained);
+        assert!(!r.may_constrain());
+        assert!(ok(with(json!({"response_format": {"type": "json_object"}}))).may_constrain());
     }
 
     #[test]

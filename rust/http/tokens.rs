@@ -5,10 +5,11 @@ use super::AppState;
 use super::doors;
 use super::generate::{RawBody, read_body};
 use super::request;
+use crate::codec::accepted;
 use crate::error::ApiError;
 use crate::protocol::Protocol;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
@@ -20,11 +21,7 @@ async fn count(st: &AppState, protocol: Protocol, body: RawBody) -> Result<Respo
     let body = read_body(st, body)?;
     let req = doors::messages(&body, &st.config.served_model_names)?;
     let images = fetch_images(st, &req.images).await?;
-    let (status, out) = st.codec.call("count_tokens", req.body, protocol, images).await?;
-    if status != 200 {
-        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
-        return Err(ApiError::Codec { status, body: out });
-    }
+    let out = accepted(st.codec.call("count_tokens", req.body, protocol, images).await?)?;
     Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
 }
 
@@ -68,10 +65,6 @@ async fn tokens_call(st: &AppState, method: &'static str, body: RawBody) -> Resu
         request::body_and_model(&raw, served)?;
         (raw, None)
     };
-    let (status, out) = st.codec.call(method, body, Protocol::Chat, images).await?;
-    if status != 200 {
-        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
-        return Err(ApiError::Codec { status, body: out });
-    }
+    let out = accepted(st.codec.call(method, body, Protocol::Chat, images).await?)?;
     Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
 }

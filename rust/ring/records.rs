@@ -156,6 +156,11 @@ pub struct ImageSet {
 }
 
 impl ImageSet {
+    /// Remove the images' file: for a request no rank will read it for (it went nowhere).
+    pub fn discard(&self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+
     fn encoded_len(&self) -> usize {
         12 + 12 * self.sizes.len() + self.path.len()
     }
