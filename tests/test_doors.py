@@ -176,13 +176,17 @@ def test_messages_errors_use_anthropic_envelope(server: Server, make_server: Any
 
 def test_responses_create_and_stream(server: Server) -> None:
     c = server.client()
-    r = c.responses.create(model=MODEL, input="Hello", instructions="Be brief", max_output_tokens=30)
+    r = c.responses.create(
+        model=MODEL, input="Hello", instructions="Be brief", max_output_tokens=30, extra_body={"ignore_eos": True}
+    )
     assert r.id.startswith("resp_") and r.status == "incomplete" and r.instructions == "Be brief"
     assert r.usage is not None and r.usage.output_tokens == 30 and r.usage.input_tokens > 0
     assert r.usage.output_tokens_details.reasoning_tokens > 0, "thinking is on by default and its tokens are counted"
     done = c.responses.create(model=MODEL, input="Hello", reasoning={"effort": "low"}, max_output_tokens=400)
     assert done.status == "completed" and done.output_text
-    with c.responses.stream(model=MODEL, input="Tell me about rivers", max_output_tokens=50) as stream:
+    # ignore_eos: the sim's unseeded answer may otherwise end before 50 tokens (then "completed", not "incomplete").
+    rivers = {"model": MODEL, "input": "Tell me about rivers", "max_output_tokens": 50}
+    with c.responses.stream(**rivers, extra_body={"ignore_eos": True}) as stream:  # type: ignore[arg-type]
         kinds = [ev.type for ev in stream]
     assert kinds[0] == "response.created" and kinds[-1] == "response.incomplete", kinds
     assert "response.reasoning_text.delta" in kinds
