@@ -366,10 +366,13 @@ def sigkill(nginx: Nginx, replicas: list[Replica], streams: int = 6, max_tokens:
             long.append(streamed_chat(c, nginx.url, max_tokens))
 
     threads = [threading.Thread(target=one) for _ in range(streams)]
+    for t in threads:
+        t.start()
+    # The long streams alone first: with the short load already running, its requests would count in the
+    # replicas' in-flight figures and take turns in nginx's round robin, so a replica could hold one long stream.
+    wait_for("long streams on both replicas", lambda: victim.in_flight() >= 2 and survivor.in_flight() >= 2)
     with Load(nginx.url, 2, 20) as short:
-        for t in threads:
-            t.start()
-        wait_for("long streams on both replicas", lambda: victim.in_flight() >= 2 and survivor.in_flight() >= 2)
+        wait_for("short requests going", lambda: len(short.results) >= 2)
         t_kill = time.monotonic()
         victim.signal_group(signal.SIGKILL)  # the server; its ranks die with it (PR_SET_PDEATHSIG)
         victim.wait(timeout=10)

@@ -113,7 +113,9 @@ class HealthPoller:
 
 def test_overload_burst_of_ten_times_capacity(make_server) -> None:
     srv: Server = make_server("--dp", "2", "--max-num-seqs", "4", "--sim-decode-step-ms", "20")
-    capacity, total, tokens = 8, 80, 40
+    # 150 tokens at 20 ms a step keep each admitted request busy for 3 s: far longer than the send spread of an
+    # 80-thread burst on a loaded 2-core machine (up to 1 s seen), so no slot is freed while the burst still arrives.
+    capacity, total, tokens = 8, 80, 150
     clients = [httpx.Client(base_url=srv.url, timeout=30) for _ in range(total)]
     for c in clients:  # connect before the burst, so the burst is only the requests
         assert c.get("/health").status_code == 200
@@ -171,6 +173,7 @@ def test_overload_burst_of_ten_times_capacity(make_server) -> None:
         f"wall {wall:.2f} s; "
         f"/health statuses {health.statuses}, slowest {health.slowest * 1000:.1f} ms"
     )
+    assert spread < min(r["elapsed"] for r in ok), "the burst took longer to send than a request takes to finish"
     assert len(ok) == capacity and len(rejected) == total - capacity, [r["status"] for r in results]
     assert {r["stream"] for r in rejected} == {True, False}
     for r in rejected:
