@@ -654,15 +654,17 @@ def scenario_replay(bench_dir: Path, quick: bool) -> dict:
     the peer side by side on the same cost model, at 16, 64 and 128 streams, in alternating rounds."""
     rounds = 1 if quick else REPLAY_ROUNDS
     loads = {16: 32, 64: 64, 128: 128} if quick else REPLAY_LOADS
-    # REPLAY_LOADS (e.g. "64:128,128:256": streams:requests), REPLAY_MODELS ("calibrated"), REPLAY_ROUNDS narrow it.
+    # REPLAY_LOADS (e.g. "64:128,128:256": streams:requests), REPLAY_MODELS ("calibrated"), REPLAY_ROUNDS set it.
     if os.environ.get("REPLAY_LOADS"):
         loads = {int(k): int(v) for k, v in (x.split(":") for x in os.environ["REPLAY_LOADS"].split(","))}
     models = [m for m in os.environ.get("REPLAY_MODELS", ",".join(REPLAY_MODELS)).split(",") if m in REPLAY_MODELS]
     if os.environ.get("REPLAY_ROUNDS"):
         rounds = int(os.environ["REPLAY_ROUNDS"])
+    # REPLAY_NAMES ("pp1,peer") runs only those servers (variants included).
+    names = [n for n in os.environ.get("REPLAY_NAMES", ",".join(REPLAY_SERVERS)).split(",") if n in REPLAY_SERVERS]
     runs: dict[str, dict[int, dict[str, list[dict[str, Any]]]]] = {}
     for i in range(rounds):
-        order = tuple(REPLAY_SERVERS) if i % 2 == 0 else tuple(reversed(REPLAY_SERVERS))
+        order = tuple(names) if i % 2 == 0 else tuple(reversed(names))
         for model in models:
             for streams, requests in loads.items():
                 for name in order:

@@ -3,12 +3,13 @@
 on the same load: one server on the zero-cost sim, wrk streaming the same 256-token answers (`ignore_eos`) at 64
 connections, the doors in turn, several alternating rounds. Prints each door's figure and its ratio to chat's.
 
-    python bench/doors.py [--rounds 3] [--seconds 8] [--conns 64] [--base OTHER_TREE/python]
+    python bench/doors.py [--rounds 3] [--seconds 8] [--conns 64] [--base OTHER_TREE/python] [--server-args ARGS]
 
 `--base` runs a second server from another build's `python/` directory beside this one and alternates them door
 by door (their order flips each round), for a before/after in one run.
 
-Needs `wrk` (Debian package). CPU is the server's and its ranks' (utime + stime from /proc) over the timed run.
+Needs `wrk` (Debian package). CPU is the server's and its ranks' (utime + stime from /proc) over the timed run, and
+the server process's alone (HTTP, codec and SSE: where the doors differ).
 """
 
 from __future__ import annotations
@@ -68,10 +69,10 @@ def wrk(url: str, door: str, seconds: int, conns: int, pids: list[int]) -> dict[
     try:
         target = f"{url}{path}"
         subprocess.run(["wrk", "-t1", f"-c{conns}", "-d2s", "-s", script, target], capture_output=True, check=True)
-        cpu0 = cpu_seconds(pids)
+        cpu0, own0 = cpu_seconds(pids), cpu_seconds(pids[:1])
         cmd = ["wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "-s", script, target]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-        cpu = cpu_seconds(pids) - cpu0
+        cpu, own = cpu_seconds(pids) - cpu0, cpu_seconds(pids[:1]) - own0
     finally:
         os.unlink(script)
     reqs = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
@@ -81,6 +82,8 @@ def wrk(url: str, door: str, seconds: int, conns: int, pids: list[int]) -> dict[
         "non_2xx": int(bad.group(1)) if bad else 0,
         "tokens_per_s": round(reqs * TOKENS / seconds),
         "cpu_us_per_token": round(1e6 * cpu / max(1, reqs * TOKENS), 3),
+        # the server process alone (HTTP, codec, SSE), without its ranks' engine loops
+        "server_us_per_token": round(1e6 * own / max(1, reqs * TOKENS), 3),
     }
 
 
@@ -96,9 +99,9 @@ def check_lengths(url: str) -> None:
             raise SystemExit(f"{door}: {n} output tokens, not {TOKENS}: {usage}")
 
 
-def start_server(port: int, pythonpath: str | None) -> tuple[subprocess.Popen[bytes], list[int], str]:
+def start_server(port: int, pythonpath: str | None, extra: list[str]) -> tuple[subprocess.Popen[bytes], list[int], str]:
     cmd = [sys.executable, "-m", "deepinfer_server", "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--served-model-name", MODEL, "--log-level", "warning", "--dp", "2", "--max-num-seqs", "128"]
+    cmd += ["--served-model-name", MODEL, "--log-level", "warning", "--dp", "2", "--max-num-seqs", "128", *extra]
     env = dict(os.environ)
     if pythonpath is not None:  # another build's package first on the path (its ranks inherit it)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH")) if p)
@@ -117,13 +120,17 @@ def start_server(port: int, pythonpath: str | None) -> tuple[subprocess.Popen[by
 
 def summarize(runs: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, Any]]:
     chat = [r["cpu_us_per_token"] for r in runs["chat"]]
+    chat_own = [r["server_us_per_token"] for r in runs["chat"]]
     summary = {}
     for door, rs in runs.items():
         cpu = [r["cpu_us_per_token"] for r in rs]
+        own = [r["server_us_per_token"] for r in rs]
         summary[door] = {
-            "cpu_us_per_token_median": statistics.median(cpu),
+            "cpu_us_per_token_median": round(statistics.median(cpu), 3),
             "cpu_us_per_token_rounds": cpu,
             "ratio_to_chat_rounds": [round(c / h, 3) for c, h in zip(cpu, chat, strict=True)],
+            "server_us_per_token_median": round(statistics.median(own), 3),
+            "server_ratio_to_chat_rounds": [round(c / h, 3) for c, h in zip(own, chat_own, strict=True)],
             "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in rs),
             "non_2xx": sum(r["non_2xx"] for r in rs),
         }
@@ -142,12 +149,18 @@ def main() -> int:
         help="also run a server from another build's python/ directory (put first on PYTHONPATH), "
         "alternating with this one door by door: before/after in one run",
     )
+    ap.add_argument(
+        "--server-args",
+        default="",
+        help="more server flags, e.g. '--sim-decode-step-ms 5': an engine-paced load, the same tokens/s on every "
+        "door, instead of the zero-cost engine's flat-out one",
+    )
     args = ap.parse_args()
     builds = {"this": None} if args.base is None else {"base": args.base, "this": None}
     servers: dict[str, tuple[subprocess.Popen[bytes], list[int], str]] = {}
     try:
         for k, (label, path) in enumerate(builds.items()):
-            servers[label] = start_server(args.port + k, path)
+            servers[label] = start_server(args.port + k, path, args.server_args.split())
             check_lengths(servers[label][2])
         runs: dict[str, dict[str, list[dict[str, float]]]] = {label: {door: [] for door in DOORS} for label in builds}
         for i in range(args.rounds):
@@ -165,11 +178,16 @@ def main() -> int:
     print(json.dumps(summaries if args.base else summaries["this"], indent=1))
     for label, summary in summaries.items():
         title = f"{label} ({args.base if label == 'base' else 'this tree'})\n" if args.base else ""
-        print(f"\n{title}| door | CPU µs/token (median) | / chat (rounds) | tok/s | non-2xx |\n|---|---|---|---|---|")
+        print(
+            f"\n{title}| door | CPU µs/token (median) | / chat (rounds) | server alone µs/token | / chat (rounds) "
+            "| tok/s | non-2xx |\n|---|---|---|---|---|---|---|"
+        )
         for door, s in summary.items():
             ratios = ", ".join(f"{r:.2f}" for r in s["ratio_to_chat_rounds"])
+            own = ", ".join(f"{r:.2f}" for r in s["server_ratio_to_chat_rounds"])
             print(
-                f"| {door} | {s['cpu_us_per_token_median']} | {ratios} | {s['tokens_per_s_median']} | {s['non_2xx']} |"
+                f"| {door} | {s['cpu_us_per_token_median']} | {ratios} | {s['server_us_per_token_median']} | {own} "
+                f"| {s['tokens_per_s_median']} | {s['non_2xx']} |"
             )
     if args.base:
         print("\nthis / base, CPU µs/token per round:")
