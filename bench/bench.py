@@ -782,13 +782,13 @@ def table(summary: dict) -> list[tuple[str, Any, Any, Any]]:
                 if n == "peer":
                     continue
                 for f in REPLAY_FIGURES:
-                    o, p = row[n][f], row["peer"][f]
+                    o, p = row[n][f], row.get("peer", {}).get(f)  # REPLAY_NAMES may leave the peer out
                     rows.append(
                         (
                             f"replay {label} {n}: {f} (median [min-max])",
                             f"{o['median']} [{o['min']}-{o['max']}]",
-                            f"{p['median']} [{p['min']}-{p['max']}]",
-                            ratio(o["median"], p["median"]),
+                            f"{p['median']} [{p['min']}-{p['max']}]" if p else "",
+                            ratio(o["median"], p["median"]) if p else None,
                         )
                     )
                 stages = row[n].get("ttft_stages_ms", {})

@@ -28,6 +28,9 @@ from typing import Any
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import cpu_seconds
+
 MODEL = "deepseek-v4.1-flash"
 TOKENS = 256
 PROMPT = " ".join(["the", "of", "and", "to", "in", "weather", "Paris"] * 36)
@@ -48,16 +51,6 @@ DOORS: dict[str, tuple[str, dict[str, Any]]] = {
 def body(door: str) -> dict[str, Any]:
     extra = DOORS[door][1]
     return {"model": MODEL, "stream": True, "ignore_eos": True, **extra}
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for pid in pids:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
 
 
 def wrk(url: str, door: str, seconds: int, conns: int, pids: list[int]) -> dict[str, float]:
