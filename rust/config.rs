@@ -25,6 +25,12 @@ pub struct ServerConfig {
     pub http_workers: usize,
     #[pyo3(default = 2)]
     pub codec_threads: usize,
+    /// How long a long prompt waits after it is encoded for others to go to the ranks with it (`gather`); 0: off.
+    #[pyo3(default = 0.0)]
+    pub dispatch_gather_ms: f64,
+    /// Prompts shorter than this (tokens) never wait.
+    #[pyo3(default = 4096)]
+    pub dispatch_gather_min_tokens: usize,
     #[pyo3(default)]
     pub api_key: Option<String>,
     #[pyo3(default = "text".to_string())]
@@ -98,6 +104,13 @@ impl ServerConfig {
         (self.request_timeout_s > 0.0).then(|| Duration::from_secs_f64(self.request_timeout_s))
     }
 
+    pub fn gather(&self) -> crate::gather::GatherPolicy {
+        crate::gather::GatherPolicy {
+            window: Duration::from_secs_f64(self.dispatch_gather_ms.max(0.0) / 1e3),
+            min_tokens: self.dispatch_gather_min_tokens,
+        }
+    }
+
     /// The longest a queued request waits for a slot: `--queue-timeout`, else the request timeout, else no limit.
     pub fn queue_timeout(&self) -> Option<Duration> {
         (self.queue_timeout_s > 0.0).then(|| Duration::from_secs_f64(self.queue_timeout_s)).or(self.request_timeout())
@@ -134,6 +147,8 @@ impl ServerConfig {
             drain_timeout_s: 5.0,
             http_workers: 1,
             codec_threads: 1,
+            dispatch_gather_ms: 0.0,
+            dispatch_gather_min_tokens: 4096,
             api_key: None,
             log_format: "text".into(),
             openapi: None,

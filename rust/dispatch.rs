@@ -5,6 +5,7 @@
 
 use crate::admission::Permit;
 use crate::error::ApiError;
+use crate::gather::{Gather, GatherPolicy, Waiting};
 use crate::metrics::Metrics;
 use crate::ring::records::{self, Abort, Submit};
 use crate::ring::status::{AUX_QUEUED_TOKENS, monotonic_ms};
@@ -276,6 +277,8 @@ pub struct Dispatcher {
     /// Requests the server ended itself before their rank finished them (a rank failure, a drain that timed
     /// out): the exit status reports them.
     lost: AtomicUsize,
+    /// Long prompts wait here a moment so that a burst's prefills share a step (`gather`).
+    pub gather: Arc<Gather>,
 }
 
 /// What the codec prepared, ready to go to a rank.
@@ -288,7 +291,17 @@ pub struct Job<'a> {
 
 impl Dispatcher {
     pub fn new(ranks: Vec<RankLink>, metrics: Arc<Metrics>) -> Arc<Self> {
-        Arc::new(Dispatcher { ranks, metrics, next_id: AtomicU64::new(1), lost: AtomicUsize::new(0) })
+        Self::with_gather(ranks, metrics, GatherPolicy::OFF)
+    }
+
+    pub fn with_gather(ranks: Vec<RankLink>, metrics: Arc<Metrics>, policy: GatherPolicy) -> Arc<Self> {
+        Arc::new_cyclic(|me| Dispatcher {
+            ranks,
+            metrics,
+            next_id: AtomicU64::new(1),
+            lost: AtomicUsize::new(0),
+            gather: Gather::start(policy, me.clone()),
+        })
     }
 
     pub fn count_lost(&self, n: usize) {
@@ -345,18 +358,68 @@ impl Dispatcher {
         }
         rank.count.fetch_add(1, Ordering::Release);
         let record = Submit { request_id: id, ..job.submit }.encode();
+        if self.gather.policy.holds(prompt_tokens) {
+            self.gather.hold(Waiting { entry, record });
+        } else if let Err(e) = self.send(rank, &entry, record) {
+            rank.take(id);
+            return Err(e);
+        }
+        Ok(Ticket { dispatcher: self.clone(), rank: rank.index, id, abort_reason: "client_disconnect" })
+    }
+
+    /// Put a registered request's SUBMIT in its rank's ring.
+    fn send(&self, rank: &RankLink, entry: &Inflight, record: Vec<u8>) -> Result<(), ApiError> {
+        self.send_then(rank, entry, record, true)
+    }
+
+    fn send_then(&self, rank: &RankLink, entry: &Inflight, record: Vec<u8>, notify: bool) -> Result<(), ApiError> {
         // Stamped before the send: once in the ring the rank may take the request before this thread runs again,
         // and its `taken` must not come before `written`.
         let written = Instant::now();
         entry.stamps.written(written);
-        if let Err(e) = rank.requests.send(records::SUBMIT, record) {
-            rank.take(id);
+        if let Err(e) = rank.requests.send_then(records::SUBMIT, record, notify) {
             tracing::error!(rank = rank.index, "cannot send request to rank: {e}");
             return Err(ApiError::Unavailable(format!("engine rank {} is not accepting requests", rank.index)));
         }
-        self.metrics.queue.observe((written - arrival).as_secs_f64());
-        self.metrics.prompt_tokens.inc_by(prompt_tokens as u64);
-        Ok(Ticket { dispatcher: self.clone(), rank: rank.index, id, abort_reason: "client_disconnect" })
+        self.metrics.queue.observe((written - entry.arrival).as_secs_f64());
+        self.metrics.prompt_tokens.inc_by(entry.prompt_tokens as u64);
+        Ok(())
+    }
+
+    /// Send the requests a gather window held, unless they ended meanwhile (the client left, the rank failed),
+    /// then wake their ranks once: a rank group woken by the first record would start its step without the rest.
+    /// The check and the send happen under the rank's map lock, so an abort from a dropped ticket always follows
+    /// its SUBMIT.
+    pub fn send_gathered(&self, batch: Vec<Waiting>) {
+        let mut woken = vec![false; self.ranks.len()];
+        for held in batch {
+            let rank = &self.ranks[held.entry.rank];
+            let map = rank.inflight.lock().unwrap();
+            if !map.contains_key(&held.entry.id) {
+                continue;
+            }
+            let sent = self.send_then(rank, &held.entry, held.record, false);
+            drop(map);
+            woken[rank.index] = true;
+            if sent.is_err() {
+                // The rank's ring is closed: it is failing.
+                if let Some(entry) = rank.take(held.entry.id) {
+                    entry.log_end(503, "unavailable");
+                    entry
+                        .outlet
+                        .fail(ApiError::Unavailable(format!("engine rank {} is not accepting requests", rank.index)));
+                }
+            }
+        }
+        for rank in self.ranks.iter().filter(|r| woken[r.index]) {
+            rank.requests.notify();
+        }
+    }
+}
+
+impl Drop for Dispatcher {
+    fn drop(&mut self) {
+        self.gather.stop();
     }
 }
 
@@ -396,5 +459,52 @@ impl Drop for Ticket {
                 link.send_abort(self.id);
             }
         }
+    }
+}
+
+/// A dispatcher over real rings in a temporary directory, and a request for it, for the tests of its users.
+#[cfg(test)]
+pub mod testing {
+    use super::*;
+    use crate::admission::Admission;
+    use crate::gather::GatherPolicy;
+
+    pub fn dispatcher(dir: &std::path::Path, ranks: usize) -> Arc<Dispatcher> {
+        gathering(dir, ranks, GatherPolicy::OFF)
+    }
+
+    pub fn gathering(dir: &std::path::Path, ranks: usize, policy: GatherPolicy) -> Arc<Dispatcher> {
+        let links = (0..ranks)
+            .map(|i| {
+                let req = Arc::new(Ring::create(dir.join(format!("q{i}")), 1 << 16).unwrap());
+                let out = Arc::new(Ring::create(dir.join(format!("o{i}")), 1 << 16).unwrap());
+                RankLink::new(i, req, out, None)
+            })
+            .collect();
+        Dispatcher::with_gather(links, Arc::new(Metrics::new("m")), policy)
+    }
+
+    /// Submit a three-token prompt.
+    pub fn submit(d: &Arc<Dispatcher>, admission: &Admission) -> Ticket {
+        let (outlet, _) = Outlet::unary();
+        let decoder = Python::attach(|py| py.None());
+        let prompt = [1u32, 2, 3];
+        let submit = Submit {
+            request_id: 0,
+            prompt: &prompt[..],
+            max_tokens: 4,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: -1,
+            seed: None,
+            ignore_eos: false,
+            logprobs: None,
+            constraint: None,
+            images: None,
+        };
+        let now = Instant::now();
+        let meta = RequestMeta { id: d.next_id(), request_id: "r".into(), arrival: now, parsed: now, admitted: now };
+        let permit = admission.try_admit().unwrap();
+        d.submit(meta, Job { submit, incremental: true }, decoder, outlet, permit).unwrap()
     }
 }

@@ -7,6 +7,7 @@ pub mod codec;
 pub mod config;
 pub mod dispatch;
 pub mod error;
+pub mod gather;
 pub mod http;
 pub mod listener;
 pub mod media;

@@ -47,7 +47,7 @@ pub fn serve(
         .collect();
     drop(rings);
     let metrics = Arc::new(Metrics::new(config.served_model_names.first().map_or("", String::as_str)));
-    let dispatcher = Dispatcher::new(links, metrics);
+    let dispatcher = Dispatcher::with_gather(links, metrics, config.gather());
     let codec = Codec::start(codec, decode_batch, config.codec_threads);
     let capacity = dispatcher.ranks.len() * config.max_num_seqs as usize;
     let media = crate::media::Fetcher::new(&config).map_err(pyo3::exceptions::PyValueError::new_err)?;

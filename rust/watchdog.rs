@@ -105,51 +105,10 @@ fn trip(dispatcher: &Dispatcher, stalls: &[Stall], pids: &[i32]) {
 mod tests {
     use super::*;
     use crate::admission::Admission;
-    use crate::dispatch::{Job, RankLink, RequestMeta, Ticket};
-    use crate::metrics::Metrics;
-    use crate::ring::Ring;
-    use crate::ring::records::Submit;
+    use crate::dispatch::testing::{dispatcher, submit};
     use crate::ring::status::PHASE_STEP;
-    use crate::stream::Outlet;
-    use pyo3::prelude::*;
-    use std::sync::Arc;
-    use std::time::Instant;
 
     const T: u64 = 2_000; // the timeout, ms
-
-    fn dispatcher(dir: &std::path::Path, ranks: usize) -> Arc<Dispatcher> {
-        let links = (0..ranks)
-            .map(|i| {
-                let req = Arc::new(Ring::create(dir.join(format!("q{i}")), 1 << 16).unwrap());
-                let out = Arc::new(Ring::create(dir.join(format!("o{i}")), 1 << 16).unwrap());
-                RankLink::new(i, req, out, None)
-            })
-            .collect();
-        Dispatcher::new(links, Arc::new(Metrics::new("m")))
-    }
-
-    fn submit(d: &Arc<Dispatcher>, admission: &Admission) -> Ticket {
-        let (outlet, _) = Outlet::unary();
-        let decoder = Python::attach(|py| py.None());
-        let prompt = [1u32, 2, 3];
-        let submit = Submit {
-            request_id: 0,
-            prompt: &prompt[..],
-            max_tokens: 4,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: -1,
-            seed: None,
-            ignore_eos: false,
-            logprobs: None,
-            constraint: None,
-            images: None,
-        };
-        let now = Instant::now();
-        let meta = RequestMeta { id: d.next_id(), request_id: "r".into(), arrival: now, parsed: now, admitted: now };
-        let permit = admission.try_admit().unwrap();
-        d.submit(meta, Job { submit, incremental: true }, decoder, outlet, permit).unwrap()
-    }
 
     #[test]
     fn only_a_rank_with_work_and_no_heartbeat_since_it_got_it_is_stalled() {

@@ -66,3 +66,40 @@ def test_without_it_prompts_that_arrive_together_prefill_together(make_server: A
     ttfts = burst_ttfts(make_server(*SIM))
     assert len(ttfts) == 4
     assert min(gaps(ttfts)) < 30, ttfts  # some first tokens came out of the same (longer) step
+
+
+LONG_ONLY = ("--max-long-partial-prefills", "1", "--long-prefill-token-threshold", "500")
+
+
+def test_the_long_prompt_limit_spaces_long_prompts(make_server: Any) -> None:
+    ttfts = burst_ttfts(make_server(*SIM, *LONG_ONLY))
+    assert len(ttfts) == 4
+    first_texts = burst_ttfts.first_texts  # type: ignore[attr-defined]
+    assert len(first_texts) == 4 and min(gaps(first_texts)) > 50, (first_texts, ttfts)
+
+
+def short_behind_a_burst(srv: Server) -> float:
+    """Seconds a short request takes when it arrives while six long prompts are in prefill or waiting."""
+    burst = threading.Thread(target=burst_ttfts, args=(srv, 6))
+    burst.start()
+    time.sleep(0.15)  # the first long prompt is in prefill (~100 ms each), the others wait in the gate
+    short = {
+        "model": MODEL,
+        "max_tokens": 2,
+        "thinking": {"type": "disabled"},
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    t0 = time.perf_counter()
+    r = httpx.post(f"{srv.url}/v1/chat/completions", json=short, timeout=30)
+    took = time.perf_counter() - t0
+    burst.join()
+    assert r.status_code == 200
+    return took
+
+
+def test_a_short_prompt_passes_the_long_ones_waiting(make_server: Any) -> None:
+    passing = short_behind_a_burst(make_server(*SIM, *LONG_ONLY))
+    queued = short_behind_a_burst(make_server(*SIM, "--max-num-partial-prefills", "1"))
+    # With every prompt limited it waits for the four or five long prefills ahead of it (~100 ms each); with only
+    # long prompts limited it joins the engine at once and waits for the step under way and the next one.
+    assert passing < queued - 0.15, (passing, queued)

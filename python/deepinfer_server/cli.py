@@ -11,6 +11,10 @@ from deepinfer_server import __version__, media_args
 from deepinfer_server.engine import sim_faults
 from deepinfer_server.prompt_encoder import CHOICES as PROMPT_ENCODERS
 
+# --dispatch-gather-ms when the ranks step together: a closed loop's burst of 8k-token prompts reaches the ranks
+# over 5-15 ms here; a 10 ms window split it in some runs (BENCHMARKS.md, the replay).
+DEFAULT_GATHER_MS = 20.0
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -110,6 +114,35 @@ def build_parser() -> argparse.ArgumentParser:
         "served, before the engine sees them (vLLM's flag). A burst of long prompts then gets its first tokens one "
         "after another instead of all at the end, and running streams keep short steps. 0: no limit, every "
         "admitted prompt is handed to the engine at once.",
+    )
+    p.add_argument(
+        "--max-long-partial-prefills",
+        type=int,
+        default=2,
+        help="Like --max-num-partial-prefills, for prompts of --long-prefill-token-threshold tokens or more only "
+        "(vLLM's flag): shorter prompts pass them and are never held. A burst of long prompts then gets its first "
+        "tokens two by two instead of all at the end of their prefills. 0: no limit.",
+    )
+    p.add_argument(
+        "--long-prefill-token-threshold",
+        type=int,
+        default=4096,
+        help="Prompt tokens from which --max-long-partial-prefills counts a prompt as long.",
+    )
+    p.add_argument(
+        "--dispatch-gather-ms",
+        type=float,
+        default=None,
+        help="How long a long prompt waits, once encoded, for other long prompts to go to the ranks with it, so "
+        "that a burst's prefills share one engine step instead of queueing behind each other's (ranks that step "
+        "together pause every rank's decode for each prefill step). Default: 20 when the ranks step together "
+        "(--engine deepinfer, --sim-lockstep), else 0 (off).",
+    )
+    p.add_argument(
+        "--dispatch-gather-min-tokens",
+        type=int,
+        default=4096,
+        help="Prompts shorter than this never wait for --dispatch-gather-ms: their prefill costs less than the wait.",
     )
     p.add_argument(
         "--max-queued-requests",
@@ -251,6 +284,8 @@ def check_args(args: argparse.Namespace) -> str | None:
     for flag in (
         "max_queued_requests",
         "max_num_partial_prefills",
+        "max_long_partial_prefills",
+        "long_prefill_token_threshold",
         "queue_timeout",
         "startup_timeout",
         "request_timeout",
@@ -275,6 +310,11 @@ def check_args(args: argparse.Namespace) -> str | None:
         return "--sse-keep-alive must be positive"
     if args.client_timeout <= 0:
         return "--client-timeout must be positive"
+    if args.dispatch_gather_ms is None:
+        together = args.engine == "deepinfer" or bool(getattr(args, "sim_lockstep", False))
+        args.dispatch_gather_ms = DEFAULT_GATHER_MS if together else 0.0
+    if args.dispatch_gather_ms < 0 or args.dispatch_gather_ms > 1000 or args.dispatch_gather_min_tokens < 0:
+        return "--dispatch-gather-ms must be within 0-1000 and --dispatch-gather-min-tokens at least 0"
     if args.codec_threads < 1 or args.http_workers < 1:
         return "--codec-threads and --http-workers must be at least 1"
     if args.max_request_body_bytes < 1024:

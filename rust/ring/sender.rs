@@ -67,6 +67,12 @@ impl Sender {
     /// Queues one record; never blocks on the ring. Errors: `Closed` once
     /// the ring is closed, `TooLarge` for a record that can never fit.
     pub fn send(&self, kind: u32, payload: Vec<u8>) -> Result<(), RingError> {
+        self.send_then(kind, payload, true)
+    }
+
+    /// `send`, but a record that lands in the ring at once wakes nobody unless `notify`: the caller wakes the
+    /// consumer itself (`notify`) after a batch, so that a rank woken by the batch's first record finds it whole.
+    pub fn send_then(&self, kind: u32, payload: Vec<u8>, notify: bool) -> Result<(), RingError> {
         let ring = &self.shared.ring;
         if payload.len() > ring.max_payload() {
             return Err(RingError::TooLarge { len: payload.len(), max: ring.max_payload() });
@@ -77,13 +83,20 @@ impl Sender {
         }
         if st.backlog.is_empty() && !st.in_flight && ring.try_push(kind, &[&payload])? {
             drop(st);
-            (self.shared.on_push)();
+            if notify {
+                (self.shared.on_push)();
+            }
             return Ok(());
         }
         st.backlog.push_back((kind, payload));
         drop(st);
         self.shared.wake.notify_one();
         Ok(())
+    }
+
+    /// Wake the consumer as a record's landing would (after `send_then(.., false)`).
+    pub fn notify(&self) {
+        (self.shared.on_push)();
     }
 
     /// Records queued in process and not yet in the ring.

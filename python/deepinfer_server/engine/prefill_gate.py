@@ -1,5 +1,7 @@
 """`--max-num-partial-prefills K`: at most K requests of a rank are in prefill at once, the rest wait here, in
-arrival order, before the engine sees them (vLLM's flag of the same name).
+arrival order, before the engine sees them (vLLM's flag of the same name). `--max-long-partial-prefills L` bounds
+only the prompts of `--long-prefill-token-threshold` tokens or more (vLLM's flags too): a short prompt passes the
+long ones waiting here, and a burst of short chat prompts is never held back.
 
 Why: an engine with chunked prefill runs every admitted prompt's chunks side by side, so a burst of long prompts
 on one rank all finish prefill together, at the end: every request gets the worst TTFT, and the decode steps of the
@@ -22,10 +24,12 @@ from deepinfer_server.engine.base import Engine, Output, Submit
 class PrefillGate:
     """An engine in front of an engine: the rank loop drives it as it drives the engine itself."""
 
-    def __init__(self, engine: Engine, limit: int) -> None:
+    def __init__(self, engine: Engine, limit: int, long_limit: int = 0, long_tokens: int = 0) -> None:
         self.engine, self.limit = engine, limit
+        self.long_limit, self.long_tokens = long_limit, long_tokens
         self.waiting: deque[Submit] = deque()
         self.prefilling: set[int] = set()
+        self.prefilling_long: set[int] = set()
         # When the rank took each request from its ring: the engine's own "taken" would start at its release
         # from the gate, and hide the wait here (the TTFT breakdown counts it in `engine_queue`).
         self.taken: dict[int, float] = {}
@@ -46,16 +50,25 @@ class PrefillGate:
     # -- requests ------------------------------------------------------------------------------------------------
     def add(self, req: Submit) -> list[Output]:
         self.taken[req.request_id] = time.perf_counter()
-        if len(self.prefilling) >= self.limit:
+        if not self._fits(req) or (self.waiting and self._is_long(req)):  # long ones keep their order
             self.waiting.append(req)
             return []
         return self._admit(req)
+
+    def _is_long(self, req: Submit) -> bool:
+        return self.long_limit > 0 and len(req.prompt) >= self.long_tokens
+
+    def _fits(self, req: Submit) -> bool:
+        if self.limit and len(self.prefilling) >= self.limit:
+            return False
+        return not (self._is_long(req) and len(self.prefilling_long) >= self.long_limit)
 
     def abort(self, request_ids: list[int]) -> None:
         gone = set(request_ids)
         if self.waiting:
             self.waiting = deque(r for r in self.waiting if r.request_id not in gone)
         self.prefilling -= gone
+        self.prefilling_long -= gone
         for rid in gone:
             self.taken.pop(rid, None)
         self.engine.abort(request_ids)
@@ -92,16 +105,27 @@ class PrefillGate:
             self.taken.pop(req.request_id, None)
         else:
             self.prefilling.add(req.request_id)
+            if self._is_long(req):
+                self.prefilling_long.add(req.request_id)
         return out
 
     def _after(self, out: list[Output]) -> list[Output]:
         firsts = self._times()  # first outputs, an engine error included (the engines report those too)
         for rid, taken, scheduled in firsts:
             self.prefilling.discard(rid)
+            self.prefilling_long.discard(rid)
             self._firsts.append((rid, self.taken.pop(rid, taken), scheduled))
         self._release(out)
         return out
 
     def _release(self, out: list[Output]) -> None:
-        while self.waiting and len(self.prefilling) < self.limit:
-            out += self._admit(self.waiting.popleft())
+        """Admit waiting requests in arrival order while they fit; a short one may pass a long one that does not."""
+        if not self.waiting:
+            return
+        kept: deque[Submit] = deque()
+        for req in self.waiting:
+            if self._fits(req) and not (kept and self._is_long(req)):
+                out += self._admit(req)
+            else:
+                kept.append(req)
+        self.waiting = kept

@@ -343,10 +343,11 @@ def main(argv: list[str] | None = None) -> int:
             lock.close()  # never leave the other ranks waiting on a party that is gone
         return 1
     partial = int(conf.get("max_num_partial_prefills") or 0)
-    if partial > 0 and callable(getattr(engine, "first_token_times", None)):
+    long_partial = int(conf.get("max_long_partial_prefills") or 0)
+    if (partial > 0 or long_partial > 0) and callable(getattr(engine, "first_token_times", None)):
         from deepinfer_server.engine.prefill_gate import PrefillGate
 
-        engine = PrefillGate(engine, partial)
+        engine = PrefillGate(engine, partial, long_partial, int(conf.get("long_prefill_token_threshold") or 0))
     outputs.set_aux(_native.AUX_HEARTBEAT_MS, int(time.monotonic() * 1000))
     outputs.set_aux(_native.AUX_STATE, _native.STATE_READY)
     log.info("rank %d ready (engine %s)", rank, conf["engine"])
