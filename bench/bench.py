@@ -792,8 +792,13 @@ def table(summary: dict) -> list[tuple[str, Any, Any, Any]]:
                         )
                     )
                 stages = row[n].get("ttft_stages_ms", {})
-                cell = " ".join(f"{s}={st['median']}" for s, st in stages.items() if (st["median"] or 0) >= 0.5)
-                rows.append((f"  {n} {label}: TTFT stages, median ms", cell, "", None))
+                # With each stage's range over the rounds: the stage whose range is wide is where the spread comes from.
+                cell = " ".join(
+                    f"{s}={st['median']} [{st['min']}-{st['max']}]"
+                    for s, st in stages.items()
+                    if (st["median"] or 0) >= 0.5
+                )
+                rows.append((f"  {n} {label}: TTFT stages, median [min-max] ms", cell, "", None))
     if "idle" in summary:
         i = summary["idle"]
         add("1,000 idle streams: server RSS MB", i["server_rss_mb"], None)
