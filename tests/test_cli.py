@@ -99,3 +99,26 @@ def test_bundled_tokenizer_rebuilds_identically(tmp_path: Path) -> None:
     bundled = ROOT / "python" / "deepinfer_server" / "tokenizer"
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (tmp_path / name).read_bytes() == (bundled / name).read_bytes(), name
+
+
+@pytest.mark.parametrize(
+    ("argv", "gather_ms"),
+    [
+        ([], 0.0),  # ranks that step on their own: nothing to gather for
+        (["--dp", "2", "--sim-lockstep"], 20.0),
+        (["--dp", "8", "--sim-profile", "8xb200"], 20.0),  # the profile steps the ranks together
+        (["--engine", "deepinfer", "/models/deepseek-v4.1-flash"], 20.0),
+        (["--dp", "2", "--sim-lockstep", "--dispatch-gather-ms", "0"], 0.0),
+        (["--dispatch-gather-ms", "5"], 5.0),
+    ],
+)
+def test_the_gather_is_on_by_default_only_where_ranks_step_together(argv: list[str], gather_ms: float) -> None:
+    args = build_parser().parse_args(argv)
+    assert check_args(args) is None
+    assert args.dispatch_gather_ms == gather_ms
+    assert (args.max_long_partial_prefills, args.long_prefill_token_threshold) == (2, 4096)
+
+
+@pytest.mark.parametrize("bad", [["--dispatch-gather-ms", "-1"], ["--dispatch-gather-ms", "5000"]])
+def test_gather_window_out_of_range(bad: list[str]) -> None:
+    assert check_args(build_parser().parse_args(bad)) is not None
