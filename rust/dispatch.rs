@@ -142,6 +142,13 @@ impl Inflight {
         self.permit.lock().unwrap().take();
     }
 
+    /// End it with `err` before its rank finished it: the log line, then the error to its client (a stream's error
+    /// event and `[DONE]`, else the door's envelope).
+    pub fn fail(&self, err: ApiError) {
+        self.log_end(err.status().as_u16(), err.code());
+        self.outlet.fail(err);
+    }
+
     /// One structured log line for the request's end.
     pub fn log_end(&self, status: u16, reason: &str) {
         let t = self.timing.lock().unwrap();
@@ -360,19 +367,15 @@ impl Dispatcher {
         let record = Submit { request_id: id, ..job.submit }.encode();
         if self.gather.policy.holds(prompt_tokens) {
             self.gather.hold(Waiting { entry, record });
-        } else if let Err(e) = self.send(rank, &entry, record) {
+        } else if let Err(e) = self.send(rank, &entry, record, true) {
             rank.take(id);
             return Err(e);
         }
         Ok(Ticket { dispatcher: self.clone(), rank: rank.index, id, abort_reason: "client_disconnect" })
     }
 
-    /// Put a registered request's SUBMIT in its rank's ring.
-    fn send(&self, rank: &RankLink, entry: &Inflight, record: Vec<u8>) -> Result<(), ApiError> {
-        self.send_then(rank, entry, record, true)
-    }
-
-    fn send_then(&self, rank: &RankLink, entry: &Inflight, record: Vec<u8>, notify: bool) -> Result<(), ApiError> {
+    /// Put a registered request's SUBMIT in its rank's ring; `notify: false` leaves waking the rank to the caller.
+    fn send(&self, rank: &RankLink, entry: &Inflight, record: Vec<u8>, notify: bool) -> Result<(), ApiError> {
         // Stamped before the send: once in the ring the rank may take the request before this thread runs again,
         // and its `taken` must not come before `written`.
         let written = Instant::now();
@@ -398,17 +401,14 @@ impl Dispatcher {
             if !map.contains_key(&held.entry.id) {
                 continue;
             }
-            let sent = self.send_then(rank, &held.entry, held.record, false);
+            let sent = self.send(rank, &held.entry, held.record, false);
             drop(map);
             woken[rank.index] = true;
-            if sent.is_err() {
-                // The rank's ring is closed: it is failing.
-                if let Some(entry) = rank.take(held.entry.id) {
-                    entry.log_end(503, "unavailable");
-                    entry
-                        .outlet
-                        .fail(ApiError::Unavailable(format!("engine rank {} is not accepting requests", rank.index)));
-                }
+            // Only a closed ring refuses it (the rank is failing): end it as the immediate path would.
+            if let Err(e) = sent
+                && let Some(entry) = rank.take(held.entry.id)
+            {
+                entry.fail(e);
             }
         }
         for rank in self.ranks.iter().filter(|r| woken[r.index]) {

@@ -126,8 +126,7 @@ pub fn fail_in_flight(dispatcher: &Dispatcher, rank: usize, why: &str, label: &s
         dispatcher.metrics.aborted.with_label_values(&[label]).inc_by(entries.len() as u64);
     }
     for entry in entries {
-        entry.log_end(503, "unavailable");
-        entry.outlet.fail(ApiError::Unavailable(why.to_string()));
+        entry.fail(ApiError::Unavailable(why.to_string()));
     }
 }
 

@@ -10,6 +10,7 @@ import threading
 import time
 from typing import Any
 
+import anthropic
 import httpx
 from conftest import MODEL, Server, sse_has_text, wait_for
 
@@ -100,3 +101,24 @@ def test_a_client_that_leaves_while_held_never_reaches_a_rank(make_server: Any) 
     with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json=body(LONG), timeout=30) as r:
         assert r.status_code == 200 and b"[DONE]" in r.read()
     assert metric(srv, "vllm:prompt_tokens_total") > 500
+
+
+def test_every_door_goes_through_the_gather(make_server: Any) -> None:
+    """The gather sits on the one request path after the codec: a long prompt on the openai SDK's Chat
+    Completions and Responses and on the anthropic SDK's Messages is held, then served."""
+    srv = make_server(*SIM, *GATHER)
+    oai = srv.client()
+    chat = oai.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": LONG}], max_tokens=4, extra_body={"ignore_eos": True}
+    )
+    assert chat.usage is not None and chat.usage.completion_tokens == 4 and chat.usage.prompt_tokens >= 500
+    resp = oai.responses.create(model=MODEL, input=LONG, max_output_tokens=4, extra_body={"ignore_eos": True})
+    assert resp.usage is not None and resp.usage.output_tokens == 4
+    claude = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0)
+    msg = claude.messages.create(
+        model=MODEL, max_tokens=4, messages=[{"role": "user", "content": LONG}], extra_body={"ignore_eos": True}
+    )
+    assert msg.usage.output_tokens == 4 and msg.usage.input_tokens >= 500
+    # One at a time, each waited for its whole 250 ms window.
+    held = metric(srv, 'deepinfer_ttft_stage_seconds_sum{stage="dispatch"}')
+    assert 0.7 < held < 1.5, held

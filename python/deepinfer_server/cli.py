@@ -311,7 +311,7 @@ def check_args(args: argparse.Namespace) -> str | None:
     if args.client_timeout <= 0:
         return "--client-timeout must be positive"
     if args.dispatch_gather_ms is None:
-        together = args.engine == "deepinfer" or bool(getattr(args, "sim_lockstep", False))
+        together = args.engine == "deepinfer" or args.sim_lockstep
         args.dispatch_gather_ms = DEFAULT_GATHER_MS if together else 0.0
     if args.dispatch_gather_ms < 0 or args.dispatch_gather_ms > 1000 or args.dispatch_gather_min_tokens < 0:
         return "--dispatch-gather-ms must be within 0-1000 and --dispatch-gather-min-tokens at least 0"
