@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 import httpx
-from conftest import MODEL, Server, sse_has_text
+from conftest import MODEL, Server, sse_has_text, wait_for
 
 SIM = ("--dp", "1", "--sim-decode-step-ms", "5", "--sim-prefill-ms-per-1k-tokens", "100")
 
@@ -45,7 +45,13 @@ def burst_ttfts(srv: Server, n: int = 4) -> list[float]:
     for t in threads:
         t.join()
     burst_ttfts.first_texts = sorted(firsts)  # type: ignore[attr-defined]
-    return sorted(float(x) for x in re.findall(r"request finished .* ttft_ms=([\d.]+)", srv.log()))
+
+    def logged() -> list[float]:
+        return sorted(float(x) for x in re.findall(r"request finished .* ttft_ms=([\d.]+)", srv.log()))
+
+    # The log line of a request may reach the log reader after its client has the last byte.
+    wait_for("the burst's log lines", lambda: len(logged()) >= n, timeout=10)
+    return logged()
 
 
 def gaps(ttfts: list[float]) -> list[float]:

@@ -69,9 +69,13 @@ def test_waiters_run_when_a_slot_frees_lowest_priority_first_then_oldest(make_se
     for t in threads:
         t.join(30)
     assert finished == [200] * 4
+
     # One slot: they ran one after another, in the order the server's request log records their ends.
-    ends = re.findall(r"request finished request_id=(\S+) .*status=200", srv.log())
-    assert ends == ["urgent", "first-0", "second-0", "low"]
+    def ends() -> list[str]:
+        return re.findall(r"request finished request_id=(\S+) .*status=200", srv.log())
+
+    wait_for("the last request's log line", lambda: len(ends()) >= 4, timeout=10)  # may trail its last byte
+    assert ends() == ["urgent", "first-0", "second-0", "low"]
     assert metric(srv, "vllm:num_requests_waiting") == 0
     # Queue time is part of the request's time: each waited at least the 0.3 s the slot stayed held.
     assert metric(srv, "vllm:request_queue_time_seconds_sum") > 4 * 0.3
