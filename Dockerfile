@@ -139,10 +139,16 @@ RUN allowed='^torch [^ ]+ has requirement nvidia-nccl-cu13==2\.29\.7( *;[^,]*)?,
     fi; \
     echo "pip check: only DeepInfer's intentional nvidia-nccl-cu13 2.32.3 override of torch's 2.29.7 pin"
 
-# /cache: JIT artifacts (/cache/jit) and Hugging Face downloads/remote code (/cache/huggingface).
-# World-writable so GPUStack's GPUSTACK_MODEL_RUNTIME_UID/GID can use it; mount a volume here to persist it.
-RUN mkdir -p /cache/jit /cache/huggingface \
-    && chmod -R 1777 /cache
+# The server runs as an unprivileged user (uid 1001, group 0 as OpenShift and GPUStack's runtime GID conventions
+# expect). /cache holds JIT artifacts (/cache/jit) and Hugging Face downloads, remote code included
+# (/cache/huggingface): what is there runs inside the server, so it belongs to that user and its group, and is not
+# world-writable (setgid: new files keep the group). A runtime UID of its own (GPUSTACK_MODEL_RUNTIME_UID, Kubernetes
+# runAsUser) needs group 0 or a volume it owns (docs/deploy.md).
+RUN useradd --system --uid 1001 --gid 0 --home-dir /cache --no-create-home --shell /usr/sbin/nologin deepinfer \
+    && mkdir -p /cache/jit /cache/huggingface \
+    && chown -R 1001:0 /cache \
+    && chmod -R u=rwX,g=rwX,o= /cache \
+    && find /cache -type d -exec chmod g+s {} +
 VOLUME ["/cache"]
 
 COPY docker/entrypoint.sh /usr/local/bin/deepinfer-entrypoint.sh
@@ -156,4 +162,7 @@ EXPOSE 8000
 # same way. Give the container longer than the drain to stop (`docker stop -t 35`, `docker run --stop-timeout 35`,
 # Kubernetes terminationGracePeriodSeconds: 35); Docker's default of 10 s SIGKILLs a longer drain.
 STOPSIGNAL SIGTERM
+# Unprivileged: RDMA needs the devices (--device=/dev/infiniband, readable by all with rdma-core's udev rules) and
+# an unlimited locked-memory limit given by the runtime (--ulimit memlock=-1), not root (docs/deploy.md).
+USER 1001:0
 ENTRYPOINT ["/usr/local/bin/deepinfer-entrypoint.sh"]

@@ -1,7 +1,8 @@
 //! The bridge to the Python codec (deepseek-recipe). Only these threads take the GIL:
 //! a small pool for `Codec.prepare`, a second one for requests with images (their preprocessing takes tens of
-//! milliseconds per image, and must not hold up text requests' encoding), and the rank_io threads for
-//! `decode_batch`. Tokio workers never do.
+//! milliseconds per image, and must not hold up text requests' encoding), a third that builds and checks grammars
+//! (a client's schema can cost up to `--grammar-cpu-seconds`, which must not hold up anyone else's encoding), and
+//! the rank_io threads for `decode_batch`. Tokio workers never do.
 
 use crate::error::ApiError;
 use crate::http::fields::ForcedTool;
@@ -81,11 +82,23 @@ pub type DecodeItem<'a> = (&'a Py<PyAny>, &'a [u32], u32, Option<Logprobs<'a>>);
 /// Work for a codec thread: run with the GIL, then (the closure's own business) hand on its result without it.
 type Job = Box<dyn FnOnce(&Codec) + Send>;
 
+/// Which threads run a codec job.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pool {
+    /// Converting and encoding text requests, counting and rendering: what every request waits for.
+    Text,
+    /// Requests with images.
+    Images,
+    /// Building and checking grammars.
+    Grammar,
+}
+
 pub struct Codec {
     codec: Py<PyAny>,
     decode_batch: Py<PyAny>,
     jobs: Mutex<mpsc::Sender<Job>>,
     image_jobs: Mutex<mpsc::Sender<Job>>,
+    grammar_jobs: Mutex<mpsc::Sender<Job>>,
     /// Requests waiting for or in `prepare`. Decoding yields the GIL to them: a new request's time to first
     /// token should not queue behind other requests' token batches.
     preparing: Mutex<usize>,
@@ -96,21 +109,26 @@ pub struct Codec {
 const PREPARE_PRIORITY_WAIT: Duration = Duration::from_millis(2);
 
 impl Codec {
-    /// Start `threads` prepare workers (and as many for requests with images) around the Python `Codec` object
-    /// and its `decode_batch` function.
+    /// Start `threads` prepare workers (and as many for requests with images, and one for grammars) around the
+    /// Python `Codec` object and its `decode_batch` function.
     pub fn start(codec: Py<PyAny>, decode_batch: Py<PyAny>, threads: usize) -> Arc<Self> {
         let (tx, rx) = mpsc::channel::<Job>();
         let (image_tx, image_rx) = mpsc::channel::<Job>();
+        let (grammar_tx, grammar_rx) = mpsc::channel::<Job>();
         let this = Arc::new(Codec {
             codec,
             decode_batch,
             jobs: Mutex::new(tx),
             image_jobs: Mutex::new(image_tx),
+            grammar_jobs: Mutex::new(grammar_tx),
             preparing: Mutex::new(0),
             prepared: Condvar::new(),
         });
         this.spawn_pool("codec", rx, threads);
         this.spawn_pool("codec-images", image_rx, threads);
+        // One thread: grammar work runs one request at a time, so it takes at most one core from the rest. The
+        // requests it serves are bounded by admission (it runs with the slot held, or just before a wait).
+        this.spawn_pool("codec-grammar", grammar_rx, 1);
         this
     }
 
@@ -141,17 +159,17 @@ impl Codec {
         req: PrepareRequest,
         then: impl FnOnce(Prepared) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<T, ApiError> {
-        let images = req.has_images;
+        let pool = if req.has_images { Pool::Images } else { Pool::Text };
         let job = move |codec: &Codec| {
             let prepared = Python::attach(|py| codec.prepare_blocking(py, &req));
             // If the client left meanwhile the result is dropped by the caller, and a ticket in it aborts the request.
             prepared.and_then(then)
         };
-        self.run(images, job).await
+        self.run(pool, job).await
     }
 
-    /// Check a request's grammar (compiled and cached by the codec) before it waits for a slot: a 400 now for one
-    /// that cannot be enforced, instead of after the wait.
+    /// Build and check a request's grammar (the codec caches it for its `prepare`) on the grammar thread: a 400
+    /// for one that cannot be enforced or costs too much, without taking a text thread's time.
     pub async fn check_constraint(
         &self,
         body: Vec<u8>,
@@ -159,7 +177,7 @@ impl Codec {
         forced_tool: Option<ForcedTool>,
     ) -> Result<(), ApiError> {
         let answer = self
-            .run(false, move |codec| {
+            .run(Pool::Grammar, move |codec| {
                 Python::attach(|py| {
                     let (forced, parallel) = forced_args(forced_tool.as_ref());
                     let args = (PyBytes::new(py, &body), protocol.code(), forced, parallel);
@@ -181,7 +199,7 @@ impl Codec {
         protocol: Protocol,
         fetched: Option<Vec<(String, bytes::Bytes)>>,
     ) -> Result<(u16, String), ApiError> {
-        let images = fetched.is_some();
+        let pool = if fetched.is_some() { Pool::Images } else { Pool::Text };
         let job = move |codec: &Codec| {
             Python::attach(|py| {
                 let body = PyBytes::new(py, &body);
@@ -194,33 +212,38 @@ impl Codec {
                 out.extract::<(u16, String)>().map_err(|e| internal(py, e))
             })
         };
-        self.run(images, job).await
+        self.run(pool, job).await
     }
 
     /// Run `f` on a codec thread (it takes the GIL itself) and await its result. On the text pool, new requests'
-    /// preparations go before token batches while they wait for it (`yield_to_prepares`); on the image pool they do
-    /// not: an image request's preprocessing releases the GIL for most of its time, and a decode batch waiting on
-    /// it would stall streams.
+    /// preparations go before token batches while they wait for it (`yield_to_prepares`); on the other pools they
+    /// do not: image preprocessing and grammar checks release the GIL for most of their time, and a decode batch
+    /// waiting on them would stall streams.
     async fn run<T: Send + 'static>(
         &self,
-        images: bool,
+        pool: Pool,
         f: impl FnOnce(&Codec) -> Result<T, ApiError> + Send + 'static,
     ) -> Result<T, ApiError> {
+        let text = pool == Pool::Text;
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move |codec| {
             let result = f(codec);
-            if !images {
+            if text {
                 *codec.preparing.lock().unwrap() -= 1;
                 codec.prepared.notify_all();
             }
             let _ = tx.send(result);
         });
-        let pool = if images { &self.image_jobs } else { &self.jobs };
-        if !images {
+        let queue = match pool {
+            Pool::Text => &self.jobs,
+            Pool::Images => &self.image_jobs,
+            Pool::Grammar => &self.grammar_jobs,
+        };
+        if text {
             *self.preparing.lock().unwrap() += 1;
         }
-        if pool.lock().unwrap().send(job).is_err() {
-            if !images {
+        if queue.lock().unwrap().send(job).is_err() {
+            if text {
                 *self.preparing.lock().unwrap() -= 1;
             }
             return Err(ApiError::Unavailable("codec stopped".into()));
@@ -350,7 +373,18 @@ pub fn with_thread_state<R: pyo3::marker::Ungil>(f: impl FnOnce() -> R + pyo3::m
 
 /// A Python failure is our bug, not the client's: log it with its traceback, answer a bare 500.
 fn internal(py: Python<'_>, err: PyErr) -> ApiError {
-    err.print(py);
-    tracing::error!("codec raised: {err}");
+    log_python_error(py, &err, "codec raised");
     ApiError::Internal
+}
+
+/// Log a Python exception with its traceback as a field of the one log line (so `--log-format json` keeps every
+/// line one object), never as raw lines on stderr.
+pub fn log_python_error(py: Python<'_>, err: &PyErr, what: &str) {
+    let traceback = py
+        .import("traceback")
+        .and_then(|tb| tb.call_method1("format_exception", (err.value(py),)))
+        .and_then(|lines| lines.extract::<Vec<String>>())
+        .map(|lines| lines.concat())
+        .unwrap_or_default();
+    tracing::error!(traceback = traceback.trim_end(), "{what}: {err}");
 }

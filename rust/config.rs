@@ -42,14 +42,33 @@ pub struct ServerConfig {
     /// Below an engine's step time it never delays a token; it bounds a fast engine's event rate per stream.
     #[pyo3(default = 0.0)]
     pub stream_interval_ms: f64,
-    /// Longest a client may take to send a request head (or leave a keep-alive connection idle), and longest
-    /// it may pause while sending a body.
+    /// Browser origins allowed to call the API (CORS); empty: CORS is off. `*`: any origin.
+    #[pyo3(default)]
+    pub allowed_origins: Vec<String>,
+    #[pyo3(default)]
+    pub allowed_methods: Vec<String>,
+    #[pyo3(default)]
+    pub allowed_headers: Vec<String>,
+    #[pyo3(default)]
+    pub allow_credentials: bool,
+    /// Longest a client may take to send a request head (or leave a keep-alive connection idle), to send a body
+    /// (in all), and to take a share of a response it is sent (`listener::WRITE_PROGRESS` bytes).
     #[pyo3(default = 30.0)]
     pub client_timeout_s: f64,
+    /// Client connections open at once (`--max-connections`); 0: no limit.
+    #[pyo3(default = 0)]
+    pub max_connections: usize,
+    /// Bytes of one response held for a client that reads slower than they are made (`--max-stream-buffer-bytes`).
+    #[pyo3(default = 1 << 20)]
+    pub max_stream_buffer_bytes: usize,
     /// Seconds a rank with requests in flight may go without a heartbeat before the server declares it hung,
     /// kills every rank and exits non-zero; 0 disables the watchdog.
     #[pyo3(default = 300.0)]
     pub watchdog_timeout_s: f64,
+    /// Whether the wait queue honours a request's `priority` (`--scheduling-policy priority`); else first come,
+    /// first served, whatever a client asks.
+    #[pyo3(default)]
+    pub priority_scheduling: bool,
     /// Requests that may wait for a slot when all are taken; 0 refuses them with 429 at once.
     #[pyo3(default = 0)]
     pub max_queued_requests: usize,
@@ -140,6 +159,7 @@ impl ServerConfig {
             max_num_seqs: 4,
             request_timeout_s: 0.0,
             max_queued_requests: 0,
+            priority_scheduling: false,
             queue_timeout_s: 0.0,
             max_body_bytes: 1 << 20,
             log_level: "info".into(),
@@ -155,6 +175,12 @@ impl ServerConfig {
             sse_keep_alive_s: 15.0,
             stream_interval_ms: 0.0,
             client_timeout_s: 30.0,
+            max_connections: 0,
+            allowed_origins: Vec::new(),
+            allowed_methods: Vec::new(),
+            allowed_headers: Vec::new(),
+            allow_credentials: false,
+            max_stream_buffer_bytes: 1 << 20,
             model_path: None,
             model_type: None,
             engine: "sim".into(),

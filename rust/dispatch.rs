@@ -7,9 +7,9 @@ use crate::admission::Permit;
 use crate::error::ApiError;
 use crate::gather::{Gather, GatherPolicy, Waiting};
 use crate::metrics::Metrics;
-use crate::ring::records::{self, Abort, Submit};
+use crate::ring::records::{self, Abort, ImageSet, Submit};
 use crate::ring::status::{AUX_QUEUED_TOKENS, monotonic_ms};
-use crate::ring::{Doorbell, Ring, Sender};
+use crate::ring::{Doorbell, Ring, RingError, Sender};
 use crate::stream::Outlet;
 use crate::ttft::{RankClock, Stamps};
 use pyo3::prelude::*;
@@ -364,9 +364,10 @@ impl Dispatcher {
             rank.busy_since_ms.store(monotonic_ms(), Ordering::Relaxed);
         }
         rank.count.fetch_add(1, Ordering::Release);
+        let held_images = job.submit.images.clone();
         let record = Submit { request_id: id, ..job.submit }.encode();
         if self.gather.policy.holds(prompt_tokens) {
-            self.gather.hold(Waiting { entry, record });
+            self.gather.hold(Waiting { entry, record, images: held_images });
         } else if let Err(e) = self.send(rank, &entry, record, true) {
             rank.take(id);
             return Err(e);
@@ -380,9 +381,19 @@ impl Dispatcher {
         // and its `taken` must not come before `written`.
         let written = Instant::now();
         entry.stamps.written(written);
-        if let Err(e) = rank.requests.send_then(records::SUBMIT, record, notify) {
-            tracing::error!(rank = rank.index, "cannot send request to rank: {e}");
-            return Err(ApiError::Unavailable(format!("engine rank {} is not accepting requests", rank.index)));
+        match rank.requests.send_then(records::SUBMIT, record, notify) {
+            Ok(()) => {}
+            // The launcher sizes the rings for the largest request the limits allow, so this is a limit missed: the
+            // request is too large for this server (a 413), never a sign the replica is failing (a 503 would take it
+            // out of a gateway's rotation).
+            Err(RingError::TooLarge { len, max }) => {
+                tracing::error!(rank = rank.index, len, max, "a request's record does not fit its ring");
+                return Err(ApiError::RecordTooLarge(max));
+            }
+            Err(e) => {
+                tracing::error!(rank = rank.index, "cannot send request to rank: {e}");
+                return Err(ApiError::Unavailable(format!("Engine rank {} is not accepting requests.", rank.index)));
+            }
         }
         self.metrics.queue.observe((written - entry.arrival).as_secs_f64());
         self.metrics.prompt_tokens.inc_by(entry.prompt_tokens as u64);
@@ -399,16 +410,18 @@ impl Dispatcher {
             let rank = &self.ranks[held.entry.rank];
             let map = rank.inflight.lock().unwrap();
             if !map.contains_key(&held.entry.id) {
+                held.images.iter().for_each(ImageSet::discard); // it ended while held: no rank will read them
                 continue;
             }
             let sent = self.send(rank, &held.entry, held.record, false);
             drop(map);
             woken[rank.index] = true;
             // Only a closed ring refuses it (the rank is failing): end it as the immediate path would.
-            if let Err(e) = sent
-                && let Some(entry) = rank.take(held.entry.id)
-            {
-                entry.fail(e);
+            if let Err(e) = sent {
+                held.images.iter().for_each(ImageSet::discard);
+                if let Some(entry) = rank.take(held.entry.id) {
+                    entry.fail(e);
+                }
             }
         }
         for rank in self.ranks.iter().filter(|r| woken[r.index]) {

@@ -14,7 +14,7 @@ pub enum ApiError {
     /// A 4xx decided by deepseek-recipe: status and a ready-made envelope.
     #[error("codec rejected the request ({status})")]
     Codec { status: StatusCode, body: String },
-    #[error("The model `{0}` does not exist.")]
+    #[error("The model `{}` does not exist.", clip(.0, ECHO_MAX))]
     ModelNotFound(String),
     #[error("The request body is larger than the limit of {0} bytes.")]
     PayloadTooLarge(usize),
@@ -25,8 +25,13 @@ pub enum ApiError {
         max_bytes = crate::http::head_limits::MAX_HEAD_BYTES
     )]
     HeadersTooLarge { headers: usize, bytes: usize },
-    #[error("The request body stopped arriving: nothing came for {0:.0} s.")]
+    #[error("The request body did not arrive within {0:.0} s.")]
     BodyTimeout(f64),
+    #[error("The request body must be JSON: send 'Content-Type: application/json'.")]
+    NotJson,
+    /// A request whose prompt and grammar together are larger than this server can hand its engine.
+    #[error("The request is too large for this server: its prompt and grammar take over {0} bytes.")]
+    RecordTooLarge(usize),
     #[error("The server is at capacity: {0} requests are in flight. Retry later.")]
     Overloaded(usize),
     #[error("The server is at capacity and its wait queue is full ({0} requests). Retry later.")]
@@ -50,7 +55,7 @@ pub enum ApiError {
     /// `retryable` when a retry may succeed (timeout, connection error, upstream 5xx or 429).
     #[error("{message}")]
     Media { message: String, code: &'static str, param: String, retryable: bool },
-    #[error("Not found: {0}")]
+    #[error("Not found: {}", clip(.0, ECHO_MAX))]
     RouteNotFound(String),
     #[error("Method not allowed.")]
     MethodNotAllowed,
@@ -58,6 +63,29 @@ pub enum ApiError {
     Unauthorized,
     #[error("Internal server error.")]
     Internal,
+}
+
+/// Longest client string echoed in an error message or a log line (a model name, a path).
+pub const ECHO_MAX: usize = 256;
+/// Longest message of an error envelope (the codec's may quote a request at length).
+const MESSAGE_MAX: usize = 1024;
+
+/// `text` cut to at most `max` bytes at a character boundary, with `…` when cut.
+pub fn clip(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return text.into();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end]).into()
+}
+
+/// Whether an engine's finish reason may be shown to the client: a short phrase of plain words, as the engines'
+/// own reasons are. Anything else (an exception's text, a path) stays in the server log.
+fn presentable(reason: &str) -> bool {
+    reason.len() <= 80 && reason.bytes().all(|b| b.is_ascii_alphanumeric() || b" _-'".contains(&b))
 }
 
 impl ApiError {
@@ -85,7 +113,10 @@ impl ApiError {
             // The engine's scheduler gave up on a running request (DeepInfer's "abort"): a server error, counted
             // apart from the other engine errors so that dashboards can tell the two.
             "abort" => (ApiError::Engine(format!("The engine aborted the request ({reason}).")), "engine_abort"),
-            _ => (ApiError::Engine(format!("The engine could not complete the request: {reason}")), "engine_error"),
+            r if presentable(r) => {
+                (ApiError::Engine(format!("The engine could not complete the request: {reason}")), "engine_error")
+            }
+            _ => (ApiError::Engine("The engine could not complete the request.".into()), "engine_error"),
         }
     }
 
@@ -104,7 +135,10 @@ impl ApiError {
             BadRequest { .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_request_error"),
             Codec { status, .. } => (*status, "invalid_request_error", "invalid_request_error"),
             ModelNotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", "model_not_found"),
-            PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "payload_too_large"),
+            NotJson => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "invalid_request_error", "unsupported_media_type"),
+            PayloadTooLarge(_) | RecordTooLarge(_) => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "payload_too_large")
+            }
             HeadersTooLarge { .. } => (
                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
                 "invalid_request_error",
@@ -141,7 +175,7 @@ impl ApiError {
     /// The envelope `{"error": {"message", "type", "param", "code"}}` as JSON text.
     pub fn envelope(&self) -> String {
         if let ApiError::Codec { body, .. } = self {
-            return body.clone();
+            return clip_message(body);
         }
         let (_, kind, code) = self.parts();
         let param = match self {
@@ -152,6 +186,20 @@ impl ApiError {
         };
         json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}}).to_string()
     }
+}
+
+/// A ready-made envelope with its message cut to `MESSAGE_MAX` (the codec's messages may quote the request).
+fn clip_message(body: &str) -> String {
+    if body.len() <= MESSAGE_MAX {
+        return body.to_string();
+    }
+    let Ok(mut v) = serde_json::from_str::<serde_json::Value>(body) else { return body.to_string() };
+    if let Some(m) = v.pointer_mut("/error/message")
+        && let Some(text) = m.as_str()
+    {
+        *m = clip(text, MESSAGE_MAX).into_owned().into();
+    }
+    v.to_string()
 }
 
 impl ApiError {
@@ -247,6 +295,21 @@ mod tests {
             let v: serde_json::Value = serde_json::from_str(&Protocol::Messages.envelope(&e())).unwrap();
             assert_eq!(v["error"]["type"], "invalid_request_error");
         }
+    }
+
+    #[test]
+    fn client_strings_and_engine_internals_are_not_echoed_at_length() {
+        let long = "m".repeat(4 << 20);
+        let e = ApiError::ModelNotFound(long.clone());
+        assert!(e.to_string().len() < ECHO_MAX + 64 && e.envelope().len() < ECHO_MAX + 256);
+        assert_eq!(clip("añb", 2), "a…"); // never inside a character
+        let body = serde_json::json!({"error": {"message": long, "type": "invalid_request_error"}}).to_string();
+        let codec = ApiError::Codec { status: StatusCode::BAD_REQUEST, body };
+        assert!(codec.envelope().len() < MESSAGE_MAX + 256);
+        let (leaky, _) = ApiError::from_engine("image file: [Errno 2] No such file: '/dev/shm/deepinfer-1-x/0'");
+        assert!(!leaky.to_string().contains("/dev/shm"), "{leaky}");
+        let (plain, _) = ApiError::from_engine("prompt contains a token id outside the vocabulary");
+        assert!(plain.to_string().contains("outside the vocabulary"));
     }
 
     #[test]

@@ -39,6 +39,8 @@ impl GatherPolicy {
 pub struct Waiting {
     pub entry: Arc<Inflight>,
     pub record: Vec<u8>,
+    /// The request's image file, removed if the request ends before it is sent (no rank would read it).
+    pub images: Option<crate::ring::records::ImageSet>,
 }
 
 #[derive(Default)]

@@ -1,10 +1,12 @@
-//! The accept loop: one hyper HTTP/1.1 connection per socket, as `axum::serve` runs them, plus the client
-//! deadlines it cannot set. Each is `client_timeout`, so no client pins a connection (a file descriptor, buffered
-//! output) or a running request by going quiet:
-//! - a request head that trickles in (slowloris), or a keep-alive connection left idle: closed;
-//! - a body that stops arriving: its read fails and the handler answers 408;
-//! - a response the client stops reading (the socket stays full): closed, which aborts its request if it runs.
+//! The accept loop: one hyper HTTP/1.1 connection per socket, as `axum::serve` runs them, at most
+//! `--max-connections` at once (past it, new ones wait in the listen backlog), plus the client deadlines it cannot
+//! set. Each is `client_timeout`, so no client pins a connection (a file descriptor, buffered output) or a running
+//! request by going quiet or slow:
+//! - a request head that does not arrive whole in time (slowloris), or a keep-alive connection left idle: closed;
+//! - a body that does not arrive whole in time: its read fails and the handler answers 408 (`client_io`);
+//! - a response the client stops taking, or takes a trickle of: closed, which aborts its request if it runs.
 
+use crate::client_io::{ClientIo, DeadlineBody};
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -12,11 +14,10 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio_io_timeout::TimeoutStream;
-use tower::Layer;
-use tower_http::timeout::RequestBodyTimeoutLayer;
+use tokio::sync::Semaphore;
 
 /// hyper's own bounds on a request head, well above `head_limits`' (hyper's defaults: 100 headers, ~400 KiB).
 const HYPER_MAX_HEADERS: usize = 4 * crate::http::head_limits::MAX_HEADERS;
@@ -25,20 +26,35 @@ const HYPER_MAX_BUF: usize = 400 << 10;
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Serve `app` on `listener` until `shutdown` completes; then stop accepting, let every connection finish its
-/// response (idle ones close at once) and return when all are closed.
-pub async fn serve(listener: TcpListener, app: Router, client_timeout: Duration, shutdown: impl Future<Output = ()>) {
+/// response (idle ones close at once) and return when all are closed. `max_connections` 0: no limit.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    client_timeout: Duration,
+    max_connections: usize,
+    shutdown: impl Future<Output = ()>,
+) {
     let mut http = http1::Builder::new();
-    // hyper's head timer also runs while a keep-alive connection waits for its next request.
+    // hyper's head timer runs from the first byte of a head to its end (a total, not reset per chunk), and while
+    // a keep-alive connection waits for its next request.
     http.timer(TokioTimer::new()).header_read_timeout(client_timeout);
     // Past these hyper answers a bare 431 itself; below them `head_limits` answers in the OpenAI envelope.
     http.max_headers(HYPER_MAX_HEADERS).max_buf_size(HYPER_MAX_BUF);
-    let app = RequestBodyTimeoutLayer::new(client_timeout).layer(app);
+    let app = tower::util::MapRequest::new(app, move |req: axum::http::Request<hyper::body::Incoming>| {
+        req.map(|body| axum::body::Body::new(DeadlineBody::new(body, client_timeout)))
+    });
+    let slots = Arc::new(Semaphore::new(if max_connections == 0 { Semaphore::MAX_PERMITS } else { max_connections }));
     let connections = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let tcp = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => tcp,
+        // A connection slot first: past the limit, clients wait in the kernel's backlog, costing us nothing.
+        let accepted = async {
+            let slot = slots.clone().acquire_owned().await.expect("the semaphore is never closed");
+            (slot, listener.accept().await)
+        };
+        let (slot, tcp) = tokio::select! {
+            (slot, accepted) = accepted => match accepted {
+                Ok((tcp, _)) => (slot, tcp),
                 Err(e) => {
                     on_accept_error(e).await;
                     continue;
@@ -50,14 +66,14 @@ pub async fn serve(listener: TcpListener, app: Router, client_timeout: Duration,
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::warn!("cannot set TCP_NODELAY: {e}");
         }
-        let mut io = TimeoutStream::new(tcp);
-        io.set_write_timeout(Some(client_timeout));
-        let conn = http.serve_connection(TokioIo::new(Box::pin(io)), TowerToHyperService::new(app.clone()));
+        let io = ClientIo::new(tcp, client_timeout);
+        let conn = http.serve_connection(TokioIo::new(io), TowerToHyperService::new(app.clone()));
         let conn = connections.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!("connection ended: {e}");
             }
+            drop(slot);
         });
     }
     drop(listener);

@@ -197,11 +197,13 @@ impl Metrics {
             "rate_limit_exceeded",
             "queue_full",
             "queue_timeout",
+            "unsupported_media_type",
         ] {
             m.rejected.with_label_values(&[reason]);
         }
         for reason in [
             "client_disconnect",
+            "slow_reader",
             "timeout",
             "engine_error",
             "engine_abort",

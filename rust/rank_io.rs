@@ -244,7 +244,7 @@ fn decode_and_send(link: &RankLink, metrics: &Metrics, codec: &Codec, work: Vec<
                         }
                         entry.mark_sent(now); // the stream interval counts from events the client can see
                     }
-                    if finish_one(link, entry, d.state, d.bytes.freeze()) {
+                    if finish_one(link, metrics, entry, d.state, d.bytes.freeze()) {
                         metrics.e2e.observe(entry.arrival.elapsed().as_secs_f64());
                         let reason = if b.finish == FINISH_LENGTH { "length" } else { "stop" };
                         metrics.success.with_label_values(&[reason]).inc();
@@ -253,8 +253,7 @@ fn decode_and_send(link: &RankLink, metrics: &Metrics, codec: &Codec, work: Vec<
                 }
             }
             Err(err) => {
-                err.print(py);
-                tracing::error!(rank = link.index, "decode_batch raised: {err}");
+                crate::codec::log_python_error(py, &err, &format!("rank {}: decode_batch raised", link.index));
                 for (entry, _) in &work {
                     if let Some(e) = link.take(entry.id) {
                         link.send_abort(e.id); // the rank would otherwise keep generating for nobody
@@ -268,14 +267,20 @@ fn decode_and_send(link: &RankLink, metrics: &Metrics, codec: &Codec, work: Vec<
     });
 }
 
-/// Hand decoded bytes to the request; true if this ended it.
-fn finish_one(link: &RankLink, entry: &Inflight, state: DecodeState, bytes: Bytes) -> bool {
+/// Hand decoded bytes to the request; true if this ended it as a success.
+fn finish_one(link: &RankLink, metrics: &Metrics, entry: &Inflight, state: DecodeState, bytes: Bytes) -> bool {
     match state {
         DecodeState::Running => {
             if let Outlet::Stream(s) = &entry.outlet
                 && !bytes.is_empty()
+                && !s.push(&bytes, false)
+                && let Some(e) = link.take(entry.id)
             {
-                s.push(&bytes, false);
+                // The client is more than --max-stream-buffer-bytes behind: the stream was cut, which closes its
+                // connection; stop generating for it now rather than when the write timeout notices.
+                link.send_abort(e.id);
+                metrics.aborted.with_label_values(&["slow_reader"]).inc();
+                e.log_end(499, "slow_reader");
             }
             false
         }

@@ -136,7 +136,8 @@ async fn run(state: Arc<AppState>, pids: Vec<i32>) -> std::io::Result<i32> {
         stop_signal.notify_one();
     };
     let app = http::app(state.clone());
-    let server = listener::serve(listener, app, state.config.client_timeout(), shutdown);
+    let max_connections = state.config.max_connections;
+    let server = listener::serve(listener, app, state.config.client_timeout(), max_connections, shutdown);
     // Graceful shutdown waits for every connection to close; bound that so idle keep-alive clients cannot hold
     // the process (the streams have all been ended above).
     tokio::select! {
@@ -194,6 +195,10 @@ fn init_logging(level: &str, json: bool) {
     let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     // JSON escapes every value itself; text lines get the control characters in values escaped, so that no
     // client-supplied value (a model name, a request id, a message quoting input) can break or forge a line.
+    if json {
+        // A panic's message would be raw lines on stderr: make it one JSON log line like the rest.
+        std::panic::set_hook(Box::new(|info| tracing::error!(target: "panic", "{info}")));
+    }
     let _ = if json {
         fmt.json().with_current_span(false).try_init()
     } else {

@@ -1,7 +1,9 @@
 //! Per-request output: where rank_io puts framed SSE bytes (or the final JSON) and where the HTTP body takes them.
 //!
 //! A stream's pending bytes sit in one buffer; each time hyper polls the body it takes everything pending as one
-//! frame, so events that arrive while a client is behind leave in one write.
+//! frame, so events that arrive while a client is behind leave in one write. The buffer has a cap
+//! (`--max-stream-buffer-bytes`): a client further behind than that is cut (its request aborted, its connection
+//! closed), so what a slow reader holds is bounded whatever its `max_tokens` and `top_logprobs`.
 
 use crate::dispatch::Ticket;
 use crate::error::ApiError;
@@ -9,7 +11,7 @@ use crate::protocol::Protocol;
 use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
 use futures_util::task::AtomicWaker;
-use std::convert::Infallible;
+use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -22,6 +24,8 @@ use tokio::time::{Instant, Sleep};
 struct Pending {
     buf: BytesMut,
     done: bool,
+    /// The client fell more than the cap behind: its pending bytes were dropped and the body ends in an error.
+    cut: bool,
     /// Called when the body takes bytes past this offset of `buf` (see `on_written`).
     probe: Option<(usize, Probe)>,
 }
@@ -35,11 +39,13 @@ pub struct StreamBuf {
     waker: AtomicWaker,
     /// How the stream ends, keeps alive and fails.
     pub protocol: Protocol,
+    /// Most bytes held for a client that reads slower than they come.
+    cap: usize,
 }
 
 impl StreamBuf {
-    pub fn new(protocol: Protocol) -> Arc<Self> {
-        Arc::new(StreamBuf { pending: Mutex::default(), waker: AtomicWaker::new(), protocol })
+    pub fn new(protocol: Protocol, cap: usize) -> Arc<Self> {
+        Arc::new(StreamBuf { pending: Mutex::default(), waker: AtomicWaker::new(), protocol, cap })
     }
 
     /// End the stream with an error (this protocol's error event).
@@ -47,17 +53,27 @@ impl StreamBuf {
         self.push(&self.protocol.error_tail(err), true);
     }
 
-    /// Append bytes (already framed) and, with `done`, close the stream after them.
-    pub fn push(&self, bytes: &[u8], done: bool) {
-        {
+    /// Append bytes (already framed) and, with `done`, close the stream after them. False when the client is
+    /// now more than the cap behind: the stream is cut (the caller ends its request).
+    pub fn push(&self, bytes: &[u8], done: bool) -> bool {
+        let kept = {
             let mut p = self.pending.lock().unwrap();
             if p.done {
-                return;
+                return !p.cut;
             }
-            p.buf.extend_from_slice(bytes);
-            p.done = done;
-        }
+            if p.buf.len() + bytes.len() > self.cap {
+                p.buf = BytesMut::new(); // freed now, not when the connection closes
+                p.done = true;
+                p.cut = true;
+                false
+            } else {
+                p.buf.extend_from_slice(bytes);
+                p.done = done;
+                true
+            }
+        };
         self.waker.wake();
+        kept
     }
 
     /// Run `f` on the pending buffer (to frame straight into it), then wake the body.
@@ -85,9 +101,12 @@ impl StreamBuf {
         self.pending.lock().unwrap().done
     }
 
-    fn poll_take(&self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+    fn poll_take(&self, cx: &mut Context<'_>) -> Poll<Option<io::Result<Bytes>>> {
         self.waker.register(cx.waker());
         let mut p = self.pending.lock().unwrap();
+        if p.cut {
+            return Poll::Ready(Some(Err(io::Error::other("the client fell too far behind the stream"))));
+        }
         if !p.buf.is_empty() {
             let len = p.buf.len();
             let fire = match &mut p.probe {
@@ -103,7 +122,7 @@ impl StreamBuf {
             if let Some(f) = fire {
                 f(std::time::Instant::now());
             }
-            return Poll::Ready(Some(bytes));
+            return Poll::Ready(Some(Ok(bytes)));
         }
         if p.done { Poll::Ready(None) } else { Poll::Pending }
     }
@@ -193,7 +212,8 @@ impl Drop for SseBody {
 }
 
 impl Stream for SseBody {
-    type Item = Result<Bytes, Infallible>;
+    /// An error closes the connection: the client was cut for falling behind.
+    type Item = io::Result<Bytes>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
@@ -201,9 +221,13 @@ impl Stream for SseBody {
             return Poll::Ready(None);
         }
         match this.buf.poll_take(cx) {
-            Poll::Ready(Some(bytes)) => {
+            Poll::Ready(Some(Ok(bytes))) => {
                 this.keep_alive.as_mut().reset(Instant::now() + this.keep_alive_every);
                 return Poll::Ready(Some(Ok(bytes)));
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.finished = true;
+                return Poll::Ready(Some(Err(e)));
             }
             Poll::Ready(None) => {
                 this.finished = true;
@@ -226,13 +250,13 @@ mod tests {
 
     #[test]
     fn pending_bytes_coalesce_until_taken() {
-        let s = StreamBuf::new(Protocol::Chat);
+        let s = StreamBuf::new(Protocol::Chat, 1 << 20);
         s.push(b"data: 1\n\n", false);
         s.push(b"data: 2\n\n", false);
         let waker = futures_util::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
         match s.poll_take(&mut cx) {
-            Poll::Ready(Some(b)) => assert_eq!(&b[..], b"data: 1\n\ndata: 2\n\n"),
+            Poll::Ready(Some(Ok(b))) => assert_eq!(&b[..], b"data: 1\n\ndata: 2\n\n"),
             _ => panic!("expected bytes"),
         }
         assert!(s.poll_take(&mut cx).is_pending());
@@ -244,7 +268,7 @@ mod tests {
 
     #[test]
     fn a_probe_fires_when_the_bytes_pushed_after_it_are_taken_not_older_ones() {
-        let s = StreamBuf::new(Protocol::Chat);
+        let s = StreamBuf::new(Protocol::Chat, 1 << 20);
         let waker = futures_util::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
         let fired = Arc::new(Mutex::new(0));
@@ -254,10 +278,10 @@ mod tests {
         };
         s.push(b"data: role\n\n", false);
         s.on_written(probe(&fired));
-        assert!(matches!(s.poll_take(&mut cx), Poll::Ready(Some(_)))); // the role chunk only: not yet
+        assert!(matches!(s.poll_take(&mut cx), Poll::Ready(Some(Ok(_))))); // the role chunk only: not yet
         assert_eq!(*fired.lock().unwrap(), 0);
         s.push(b"data: token\n\n", false);
-        assert!(matches!(s.poll_take(&mut cx), Poll::Ready(Some(_))));
+        assert!(matches!(s.poll_take(&mut cx), Poll::Ready(Some(Ok(_)))));
         assert_eq!(*fired.lock().unwrap(), 1);
         s.push(b"data: more\n\n", false);
         let _ = s.poll_take(&mut cx);
@@ -268,5 +292,19 @@ mod tests {
         s.push(b"data: new\n\n", false);
         let _ = s.poll_take(&mut cx);
         assert_eq!(*fired.lock().unwrap(), 2);
+    }
+
+    #[test]
+    fn a_client_further_behind_than_the_cap_is_cut_and_its_bytes_freed() {
+        let s = StreamBuf::new(Protocol::Chat, 64);
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(s.push(&[b'x'; 40], false));
+        assert!(matches!(s.poll_take(&mut cx), Poll::Ready(Some(Ok(_)))), "taken: nothing pending");
+        assert!(s.push(&[b'x'; 40], false));
+        assert!(!s.push(&[b'x'; 40], false), "80 bytes pending is over the cap of 64");
+        assert_eq!(s.pending.lock().unwrap().buf.capacity(), 0);
+        assert!(!s.push(b"late", false));
+        assert!(matches!(s.poll_take(&mut cx), Poll::Ready(Some(Err(_)))));
     }
 }

@@ -7,9 +7,11 @@ import os
 import sys
 from collections.abc import Sequence
 
-from deepinfer_server import __version__, media_args
+from deepinfer_server import __version__, edge_args, limits_args, media_args
 from deepinfer_server.engine import sim_faults
 from deepinfer_server.prompt_encoder import CHOICES as PROMPT_ENCODERS
+
+API_KEY_ENV = "DEEPINFER_SERVER_API_KEY"
 
 # --dispatch-gather-ms when the ranks step together: a closed loop's burst of 8k-token prompts reaches the ranks
 # over 5-15 ms here; a 10 ms window split it in some runs (BENCHMARKS.md, the replay).
@@ -81,13 +83,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=3.0,
         help="Seconds between a rank failure (health turns 503 at once) and exiting with status 1.",
-    )
-    p.add_argument(
-        "--client-timeout",
-        type=float,
-        default=30.0,
-        help="Seconds a client may take to send a request's headers or leave a keep-alive connection idle (then "
-        "the connection is closed), and may pause while sending a body (then 408).",
     )
     p.add_argument(
         "--sse-keep-alive", type=float, default=15.0, help="Seconds of silence before an SSE keep-alive comment."
@@ -181,7 +176,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("DEEPINFER_SERVER_ENGINE", "sim"),
         help="Engine behind the ranks (default from DEEPINFER_SERVER_ENGINE; the container image sets deepinfer).",
     )
-    p.add_argument("--max-request-body-bytes", type=int, default=16 << 20)
     p.add_argument(
         "--codec-threads", type=int, default=2, help="Threads converting and encoding requests (deepseek-recipe)."
     )
@@ -198,10 +192,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-format", default="text", choices=("text", "json"), help="json: one JSON object per line.")
     p.add_argument(
         "--api-key",
-        default=os.environ.get("DEEPINFER_SERVER_API_KEY"),
-        help="Require 'Authorization: Bearer KEY' on /v1/* (default from DEEPINFER_SERVER_API_KEY); "
-        "/health and /metrics stay open.",
+        default=os.environ.get(API_KEY_ENV),
+        help="Require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on /v1/* and the worker metadata; "
+        f"/health and /metrics stay open. Default from {API_KEY_ENV}. Given here, the key is moved to that "
+        "variable at once (the process re-executes itself), so that ps does not show it; --api-key-file avoids "
+        "the command line altogether. An empty key is refused.",
     )
+    p.add_argument(
+        "--api-key-file",
+        default=None,
+        metavar="PATH",
+        help="Read the API key from this file (its first line; a Kubernetes Secret mounted as a file).",
+    )
+    p.add_argument(
+        "--scheduling-policy",
+        choices=("fcfs", "priority"),
+        default="fcfs",
+        help="Order of the wait queue (--max-queued-requests): fcfs, first come first served, or priority, lower "
+        "'priority' values first as in vLLM. With fcfs a request's 'priority' is ignored: any client could "
+        "otherwise send itself to the head of the queue.",
+    )
+    limits_args.add_arguments(p.add_argument_group("limits on what one client may cost"))
+    edge_args.add_arguments(p.add_argument_group("browsers (CORS)"))
     media_args.add_arguments(p.add_argument_group("image input"))
     sim = p.add_argument_group("simulated engine (--engine sim)")
     # The cost flags default to the --sim-profile's values (sim_faults.resolve fills them in).
@@ -264,7 +276,16 @@ def resolve_parallelism(args: argparse.Namespace) -> str | None:
 
 def check_args(args: argparse.Namespace) -> str | None:
     """Every cross-field rule in one place; the message names the flags involved."""
-    err = resolve_parallelism(args) or sim_faults.resolve(args) or media_args.resolve(args)
+    err = (
+        resolve_parallelism(args)
+        or sim_faults.resolve(args)
+        or media_args.resolve(args)
+        or limits_args.resolve(args)
+        or edge_args.resolve(args)
+    )
+    if err:
+        return err
+    err = resolve_api_key(args)
     if err:
         return err
     if args.engine == "deepinfer" and not args.model:
@@ -308,8 +329,6 @@ def check_args(args: argparse.Namespace) -> str | None:
             return f"--{flag.replace('_', '-')} must be at least 1"
     if args.sse_keep_alive <= 0:
         return "--sse-keep-alive must be positive"
-    if args.client_timeout <= 0:
-        return "--client-timeout must be positive"
     if args.dispatch_gather_ms is None:
         together = args.engine == "deepinfer" or args.sim_lockstep
         args.dispatch_gather_ms = DEFAULT_GATHER_MS if together else 0.0
@@ -317,9 +336,40 @@ def check_args(args: argparse.Namespace) -> str | None:
         return "--dispatch-gather-ms must be within 0-1000 and --dispatch-gather-min-tokens at least 0"
     if args.codec_threads < 1 or args.http_workers < 1:
         return "--codec-threads and --http-workers must be at least 1"
-    if args.max_request_body_bytes < 1024:
-        return "--max-request-body-bytes must be at least 1024"
     return None
+
+
+def resolve_api_key(args: argparse.Namespace) -> str | None:
+    """The key from --api-key-file when given; an empty key is an error, never authentication silently off."""
+    if args.api_key_file is not None:
+        if args.api_key is not None and os.environ.get(API_KEY_ENV) != args.api_key:
+            return "--api-key and --api-key-file are exclusive"
+        try:
+            with open(args.api_key_file, encoding="utf-8") as f:
+                args.api_key = f.readline().strip()
+        except OSError as e:
+            return f"--api-key-file: {e.strerror}: {args.api_key_file}"
+    if args.api_key is not None and not args.api_key.strip():
+        return (
+            f"the API key (--api-key, --api-key-file or {API_KEY_ENV}) is empty: give a key, or none to serve without"
+        )
+    return None
+
+
+def argv_without_api_key(argv: Sequence[str]) -> list[str] | None:
+    """`argv` with `--api-key KEY` / `--api-key=KEY` taken out, or None when it has neither."""
+    out: list[str] = []
+    skip = found = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--api-key":
+            skip = found = True
+        elif arg.startswith("--api-key="):
+            found = True
+        else:
+            out.append(arg)
+    return out if found else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -331,7 +381,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:  # run as the program, not called in-process
         from deepinfer_server.malloc import reexec_on_mimalloc
 
-        reexec_on_mimalloc(args.malloc)
+        # A key on the command line is readable by every user of the host (ps, /proc/PID/cmdline); the process's
+        # environment only by its own user. Move it there now, in the same re-execution as the allocator switch.
+        hidden = argv_without_api_key(sys.orig_argv[1:])
+        reexec_on_mimalloc(args.malloc, hidden, {API_KEY_ENV: args.api_key} if hidden is not None else None)
     from deepinfer_server.launcher import run
 
     return run(args)

@@ -59,6 +59,8 @@ from deepinfer_server.grammar import (
     Constraint,
     GrammarCache,
     GrammarError,
+    GrammarLimits,
+    GrammarTooCostly,
     tool_calls_ebnf,
 )
 from deepinfer_server.images import Images, ResolvedImages, sources_of
@@ -98,6 +100,7 @@ _PARAM_IN_MESSAGE = (
     (re.compile(r"^Invalid json schema"), "response_format"),
     (re.compile(r"^Prompt must contain the word 'json'"), "response_format"),
     (re.compile(r"^Invalid schema for function '[^']*'"), "tools"),
+    (re.compile(r"^Invalid tool parameters schema"), "tools"),
     (re.compile(r"^Currently custom tools are not allowed inside a namespace\..* in ([\w.\[\]]+?)\.?$", re.S), None),
     (re.compile(r"^(Cannot use strict tool|response_format should not be used with tools)"), "tools"),
 )
@@ -191,6 +194,7 @@ class Codec:
         fingerprint: str | None = None,
         default_thinking: bool = True,
         images: Images | None = None,
+        grammar_limits: GrammarLimits | None = None,
     ) -> None:
         # deepseek-recipe's tokenizer (~50 MB for DeepSeek's vocabulary) stays alive only if deepseek-recipe encodes
         # the prompts; with fastokens it is needed at start-up alone, to check fastokens against it.
@@ -227,7 +231,8 @@ class Codec:
         self.fim = fim_tokens(added)
         self.think_end_id = tokenizer.encode(SpecialToken.ThinkingEnd.default_str())[0]
         self.dsml_id = tokenizer.encode(DSML)[0]
-        self.grammars = GrammarCache()
+        self.grammar_limits = grammar_limits or GrammarLimits()
+        self.grammars = GrammarCache(self.grammar_limits)
         self.images = images  # None: image input is refused
         # Requests with logprobs feed deepseek-recipe's processor token IDs, which needs its tokenizer (about 50 MB
         # for DeepSeek's 128k vocabulary). The deepseek-recipe prompt encoder holds one anyway: share it. Otherwise
@@ -296,7 +301,7 @@ class Codec:
         pictures, blob = encoded.images, None
         if pictures is not None and self.images is not None:
             sizes = [(w, h, len(d)) for (w, h), d in zip(pictures.sizes, pictures.data, strict=True)]
-            blob = (self.images.write_blob(response_id, pictures), pictures.extra_tokens, sizes)
+            blob = (self.images.write_blob(pictures), pictures.extra_tokens, sizes)
         return Prepared(
             prompt_ids=ids,
             max_tokens=max_tokens,
@@ -331,9 +336,8 @@ class Codec:
             param = "tool_choice" if forced_tool is not None else _SCHEMA_PARAM.get(protocol, "response_format")
             if forced_tool is None and (oc := conv.inference_options.output_constraint) and oc.kind != "json":
                 param = "tools" if oc.kind.startswith("tool_call") else param
-            return 400, error_body(
-                f"Invalid '{param}': the grammar cannot be enforced: {e}", code="invalid_grammar", param=param
-            )
+            code = "grammar_too_complex" if isinstance(e, GrammarTooCostly) else "invalid_grammar"
+            return 400, error_body(f"Invalid '{param}': the grammar cannot be enforced: {e}", code=code, param=param)
 
     def constraint(
         self,
@@ -358,7 +362,7 @@ class Codec:
             # deepseek-recipe's own forced call (thinking off) opens the block in the prompt; otherwise the grammar
             # opens it, after the reasoning.
             opened = kind == "tool_call_required" and conv.parsing_options.starts_in_tool_calls
-            grammar = tool_calls_ebnf(tools, "" if opened else CALLS_OPEN, parallel_tools)
+            grammar = tool_calls_ebnf(tools, "" if opened else CALLS_OPEN, parallel_tools, self.grammar_limits)
             return self._checked(SCHEMA_EBNF, grammar, () if opened else after_think)
         if oc is None:
             return None
@@ -372,7 +376,7 @@ class Codec:
             tools = json.loads(oc.schema)
             if not any((t.get("function") or t).get("strict") for t in tools):
                 return None
-            grammar = tool_calls_ebnf(tools, CALLS_OPEN.split(DSML, 1)[1], parallel_tools)
+            grammar = tool_calls_ebnf(tools, CALLS_OPEN.split(DSML, 1)[1], parallel_tools, self.grammar_limits)
             return self._checked(SCHEMA_EBNF, grammar, (self.dsml_id,))
         return None
 

@@ -13,21 +13,29 @@ engine compiles with xgrammar (`compile_json_schema(schema, strict_mode=True)`, 
 With thinking on, the grammar starts after `</think>` (the trigger), so the reasoning stays free. Before admission
 the grammar is compiled with llguidance, with xgrammar's strict-mode semantics applied to the schema
 (`strict_schema`): a malformed or unsupported grammar is a 400 naming the field, never a late engine failure.
-Results are cached by grammar text in a bounded LRU. The simulated engine compiles the same so_args with the same
-functions (`compile_so_args`), so what it honours is what DeepInfer is sent.
+Results are cached by grammar text in an LRU bounded in bytes. The simulated engine compiles the same so_args with
+the same functions (`llguidance_grammar`), so what it honours is what DeepInfer is sent.
+
+A client writes the schema, so grammar work is bounded (`GrammarLimits`): the text handed to the engine has a size
+limit, checked while the tool-call grammar is built (it stops at the limit, not after it); building and checking
+have a limit in CPU seconds; numeric bounds cost a constant whatever their digits (`_int_range`); and the EBNF goes
+to llguidance through `ebnf_to_lark`, a linear rewrite of the dialect this module writes, not llguidance's general
+GBNF parser (pure Python, about 2.5 µs per byte, with the GIL held).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 import llguidance
-from llguidance import LLMatcher
+from llguidance import LLMatcher, LLParserLimits
 
 # so_args' schema_type names, as the ring codes them (rust/ring/records.rs SCHEMA_*).
 SCHEMA_JSON, SCHEMA_REGEX, SCHEMA_EBNF = 1, 2, 3
@@ -47,6 +55,53 @@ _JSON_OPTIONS: Any = {"lenient": True}
 
 class GrammarError(ValueError):
     """A grammar that cannot be compiled or is not supported; the message says why."""
+
+
+class GrammarTooCostly(GrammarError):
+    """A grammar over a limit (its size, or the CPU time to build and check it): the client's to simplify."""
+
+
+@dataclass(frozen=True)
+class GrammarLimits:
+    """What one request's grammar may cost (`--max-grammar-bytes`, `--grammar-cpu-seconds`,
+    `--grammar-cache-bytes`). The defaults fit OpenAI's own structured-output limits and 128 tools of ten
+    parameters each (about 200 KB of EBNF, 0.1 s to build and check)."""
+
+    max_bytes: int = 256 << 10
+    cpu_seconds: float = 0.5
+    cache_bytes: int = 32 << 20
+
+    def parser_limits(self) -> LLParserLimits:
+        # llguidance counts grammar symbols, not bytes: a byte of text is at most a symbol or so.
+        return LLParserLimits(max_grammar_size=max(4096, 2 * self.max_bytes))
+
+
+class _Budget:
+    """The size and CPU-time budget of one grammar being built: charged as rules are written."""
+
+    __slots__ = ("deadline", "limits", "used")
+
+    def __init__(self, limits: GrammarLimits) -> None:
+        self.limits = limits
+        self.used = 0
+        self.deadline = time.thread_time() + limits.cpu_seconds
+
+    def charge(self, n: int) -> None:
+        self.used += n
+        if self.used > self.limits.max_bytes:
+            raise GrammarTooCostly(
+                f"the grammar is over {self.limits.max_bytes} bytes (the server's --max-grammar-bytes); "
+                "use fewer or simpler tools or schemas"
+            )
+        if time.thread_time() > self.deadline:
+            raise GrammarTooCostly(cpu_message(self.limits))
+
+
+def cpu_message(limits: GrammarLimits) -> str:
+    return (
+        f"building and checking the grammar took over {limits.cpu_seconds:g} s of CPU (the server's "
+        "--grammar-cpu-seconds); use fewer or simpler tools or schemas"
+    )
 
 
 @dataclass(frozen=True)
@@ -119,16 +174,19 @@ rawtext ::= [^<｜]*
 class _JsonEbnf:
     """JSON values constrained by a JSON schema, as EBNF rules (the subset tool parameters use; see `unsupported`)."""
 
-    def __init__(self, root: dict[str, Any], prefix: str) -> None:
+    def __init__(self, root: dict[str, Any], prefix: str, budget: _Budget) -> None:
         self.root = root
         self.prefix = prefix  # rule names of one tool's parameters
+        self.budget = budget
         self.rules: dict[str, str] = {}
         self.names: dict[str, str] = {}
+        self.refs: dict[str, str] = {}  # $ref -> its rule (numbered: a path may hold any character)
 
     def rule(self, body: str) -> str:
         name = self.names.get(body)
         if name is None:
             name = self.names[body] = f"{self.prefix}r{len(self.names)}"
+            self.budget.charge(len(name) + len(body) + 6)
             self.rules[name] = body
         return name
 
@@ -203,8 +261,9 @@ class _JsonEbnf:
     def _ref(self, ref: str) -> str:
         if not ref.startswith("#/"):
             raise GrammarError(f"$ref {ref!r}: only references inside the schema (#/...) are supported")
-        name = f"{self.prefix}ref_" + "".join(c if c.isalnum() else "_" for c in ref[2:])
-        if name not in self.rules:
+        name = self.refs.get(ref)
+        if name is None:
+            name = self.refs[ref] = f"{self.prefix}ref{len(self.refs)}"
             node: Any = self.root
             for part in ref[2:].split("/"):
                 part = part.replace("~1", "/").replace("~0", "~")
@@ -212,7 +271,8 @@ class _JsonEbnf:
                     raise GrammarError(f"$ref {ref!r} does not exist")
                 node = node[part]
             self.rules[name] = ""  # placeholder: a recursive reference names the rule before it is written
-            self.rules[name] = self.value(node)
+            self.rules[name] = body = self.value(node)
+            self.budget.charge(len(name) + len(body) + 6)
         return name
 
     def _array(self, s: dict[str, Any]) -> str:
@@ -287,20 +347,40 @@ def _digits(x: str, y: str) -> list[str]:
 
 
 def _nonneg(a: int, b: int | None) -> list[str]:
-    """The numbers from a (>= 0) to b (None: no bound), without leading zeros."""
-    top = b if b is not None else 10 ** len(str(a)) - 1
-    out = []
-    for n in range(len(str(a)), len(str(top)) + 1):
-        lo, hi = max(a, 10 ** (n - 1) if n > 1 else 0), min(top, 10**n - 1)
-        if lo <= hi:
-            out += _digits(str(lo), str(hi))
+    """The numbers from a (>= 0) to b (None: no bound), without leading zeros: the partial lengths exactly, the
+    whole lengths between them as one repetition (so the size does not grow with the digits)."""
+    la = len(str(a))
+    if b is not None and len(str(b)) == la:
+        return _digits(str(a), str(b))
+    out = _digits(str(a), "9" * la)
     if b is None:
-        out.append(f"[1-9] [0-9]{{{len(str(a))},}}")
-    return out
+        return [*out, f"[1-9] [0-9]{{{la},}}"]
+    lb = len(str(b))
+    if lb - la >= 2:
+        out.append(f"[1-9] [0-9]{{{la},{lb - 2}}}")
+    return out + _digits("1" + "0" * (lb - 1), str(b))
+
+
+# Integer bounds with more digits than this are rounded outward to a whole number of digits (a bound of 1.2e300
+# becomes "at most 301 digits"): the grammar then costs the same whatever the digits.
+EXACT_DIGITS = 9
+
+
+def _outward(bound: int | None, upper: bool) -> int | None:
+    """`bound`, or for one with more than EXACT_DIGITS digits, the nearest whole-digit bound that contains it."""
+    if bound is None or abs(bound) < 10**EXACT_DIGITS:
+        return bound
+    d = len(str(abs(bound)))
+    widest, narrowest = int(10**d - 1), int(10 ** (d - 1))
+    if bound > 0:
+        return widest if upper else narrowest
+    return -narrowest if upper else -widest
 
 
 def _int_range(lo: int | None, hi: int | None) -> list[str]:
-    """EBNF alternatives for the integers in [lo, hi] (a None bound is open)."""
+    """EBNF alternatives for the integers in [lo, hi] (a None bound is open), bounds of many digits rounded
+    outward (`_outward`)."""
+    lo, hi = _outward(lo, upper=False), _outward(hi, upper=True)
     out = []
     if lo is None or lo < 0:  # the negative ones: "-" and their magnitude
         if hi is not None and hi < 0:
@@ -322,13 +402,17 @@ def _is_string_schema(s: Any) -> bool:
     return isinstance(values, list) and bool(values) and all(isinstance(v, str) for v in values) and "type" not in s
 
 
-def tool_calls_ebnf(tools: list[dict[str, Any]], prefix: str, parallel: bool = True) -> str:
+def tool_calls_ebnf(
+    tools: list[dict[str, Any]], prefix: str, parallel: bool = True, limits: GrammarLimits | None = None
+) -> str:
     """EBNF for deepseek-recipe's DSML tool-call block: `prefix` (what the grammar still has to write of the
     block's opening), one or more `invoke`s of the given tools (one if not `parallel`), then the closing tag.
 
     A parameter whose schema is a string is raw text (`string="true"`, without `<` or `｜`); any other is JSON
     constrained by its schema (`string="false"`). Required parameters come in schema order, optional ones may be
-    left out."""
+    left out. Raises GrammarTooCostly as soon as the text passes `limits.max_bytes` or its CPU time."""
+    budget = _Budget(limits or GrammarLimits())
+    budget.charge(len(_JSON_BASE))
     invokes: list[str] = []
     lines = []
     for tool in tools:
@@ -338,7 +422,7 @@ def tool_calls_ebnf(tools: list[dict[str, Any]], prefix: str, parallel: bool = T
         if not isinstance(params, dict):
             raise GrammarError(f"the parameters of tool {name!r} are not a schema object")
         rule = f"invoke{len(invokes)}"
-        conv = _JsonEbnf(params, f"{rule}_")
+        conv = _JsonEbnf(params, f"{rule}_", budget)
         props = params.get("properties") or {}
         required = set(params.get("required") or [])
         parts = []
@@ -351,8 +435,10 @@ def tool_calls_ebnf(tools: list[dict[str, Any]], prefix: str, parallel: bool = T
                 value, flag = conv.value(sub), "false"
             open_tag = f'<{DSML} parameter name="{key}" string="{flag}">'
             part = f"{_lit(open_tag)} ( {value} ) {_lit(f'</{DSML} parameter>' + chr(10))}"
+            budget.charge(len(part) + 6)
             parts.append(part if key in required else f"( {part} )?")
         head = _lit(f'<{DSML} invoke name="{name}">\n')
+        budget.charge(len(head) + 40)
         lines.append(f"{rule} ::= {head} {' '.join(parts)} {_lit(f'</{DSML} invoke>' + chr(10))}")
         body = conv.text()
         if body:
@@ -363,7 +449,69 @@ def tool_calls_ebnf(tools: list[dict[str, Any]], prefix: str, parallel: bool = T
     one = " | ".join(invokes)
     calls = f"( {one} )+" if parallel else f"( {one} )"
     root = f"root ::= {_lit(prefix) + ' ' if prefix else ''}{calls} {_lit(CALLS_CLOSE)}"
+    budget.charge(len(root))
     return "\n".join([root, *lines, _JSON_BASE.strip()])
+
+
+# -- from this module's EBNF to llguidance's Lark ----------------------------------------------------------------
+
+# One rule per line, `name ::= body`, as `tool_calls_ebnf` writes them (and `#` comment lines).
+_EBNF_RULE = re.compile(r"([a-z][a-z0-9_]*) ::= (.*)")
+# A body's pieces: a string literal, a character class, a rule name, or anything else (operators, parentheses,
+# repetition counts, spaces).
+_EBNF_PIECE = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|[a-z][a-z0-9_]*|[^"\[a-z]+')
+
+
+def ebnf_to_lark(ebnf: str) -> str:
+    """The Lark grammar (llguidance's syntax) of an EBNF grammar, in one linear pass for the dialect
+    `tool_calls_ebnf` writes, else through llguidance's general GBNF converter. As that converter does, `root`
+    becomes `start`, a character class a regex, and a rule built only of literals, classes and such rules a
+    terminal (upper case: one lexeme)."""
+    rules: dict[str, list[str]] = {}
+    for line in ebnf.split("\n"):
+        if not line.strip() or line.startswith("#"):
+            continue
+        m = _EBNF_RULE.fullmatch(line)
+        if m is None or m.group(1) in rules:
+            return str(llguidance.grammar_from("ebnf", ebnf))
+        pieces = _EBNF_PIECE.findall(m.group(2))
+        if "".join(pieces) != m.group(2):
+            return str(llguidance.grammar_from("ebnf", ebnf))
+        rules[m.group(1)] = pieces
+    if "root" not in rules:
+        return str(llguidance.grammar_from("ebnf", ebnf))
+    refs = {name: {p for p in pieces if p[0].isalpha()} for name, pieces in rules.items()}
+    if any(not r <= rules.keys() for r in refs.values()):
+        return str(llguidance.grammar_from("ebnf", ebnf))
+    terminal: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, r in refs.items():
+            if name != "root" and name not in terminal and r <= terminal:
+                terminal.add(name)
+                changed = True
+    rename = {name: "start" if name == "root" else name.upper() if name in terminal else name for name in rules}
+    out = ["%llguidance {}", ""]
+    for name, pieces in rules.items():
+        body = "".join(rename[p] if p[0].isalpha() else _lark_class(p) if p[0] == "[" else p for p in pieces)
+        out.append(f"{rename[name]}: {body}")
+    return "\n".join(out) + "\n"
+
+
+def _lark_class(cls: str) -> str:
+    """An EBNF character class as a Lark regex: `/` and an inner `[` escaped, escapes kept."""
+    out, i = ["/["], 1
+    while i < len(cls) - 1:
+        c = cls[i]
+        if c == "\\":
+            out.append(cls[i : i + 2])
+            i += 2
+            continue
+        out.append("\\" + c if c in "/[" else c)
+        i += 1
+    out.append("]/")
+    return "".join(out)
 
 
 # -- compiling, with a bounded cache -----------------------------------------------------------------------------
@@ -383,23 +531,31 @@ def llguidance_grammar(schema_type: str, schema: str) -> str:
         return LLMatcher.grammar_from_regex(schema)
     if schema_type == "ebnf":
         try:
-            return llguidance.grammar_from("ebnf", schema)
+            return ebnf_to_lark(schema)
         except ValueError as e:
             raise GrammarError(str(e)) from None
     raise GrammarError(f"unsupported schema_type {schema_type!r}")
 
 
 class GrammarCache:
-    """Checked grammars by (schema_type, schema): the llguidance grammar, or why it failed. Bounded (LRU)."""
+    """Checked grammars by (schema_type, schema): the llguidance grammar, or why it failed. An LRU bounded in
+    bytes (`limits.cache_bytes`); a grammar over `limits.max_bytes` is refused before any work."""
 
-    def __init__(self, capacity: int = 512) -> None:
-        self.capacity = capacity
+    def __init__(self, limits: GrammarLimits | None = None) -> None:
+        self.limits = limits or GrammarLimits()
+        self.parser_limits = self.limits.parser_limits()
         self.entries: OrderedDict[tuple[str, str], tuple[str | None, str | None]] = OrderedDict()
+        self.bytes = 0
         self.lock = threading.Lock()
         self.hits = self.misses = 0
 
     def check(self, schema_type: str, schema: str) -> str:
         """The compiled grammar; raises GrammarError (cached too) for one that fails."""
+        size = len(schema.encode())
+        if size > self.limits.max_bytes:
+            raise GrammarTooCostly(
+                f"the grammar is {size} bytes; this server takes at most {self.limits.max_bytes} (--max-grammar-bytes)"
+            )
         key = (schema_type, schema)
         with self.lock:
             hit = self.entries.get(key)
@@ -408,29 +564,45 @@ class GrammarCache:
                 self.hits += 1
         if hit is None:
             self.misses += 1
-            hit = _compile(schema_type, schema)
-            with self.lock:
-                self.entries[key] = hit
-                while len(self.entries) > self.capacity:
-                    self.entries.popitem(last=False)
+            hit = self._compile(schema_type, schema)
+            self._store(key, hit)
         grammar, error = hit
         if error is not None:
             raise GrammarError(error)
         assert grammar is not None
         return grammar
 
+    def _compile(self, schema_type: str, schema: str) -> tuple[str | None, str | None]:
+        """(grammar, None) or (None, why), within the CPU-time limit (a grammar past it is refused)."""
+        started = time.thread_time()
+        try:
+            grammar = llguidance_grammar(schema_type, schema)
+            is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, limits=self.parser_limits)
+        except ValueError as e:  # GrammarError included
+            return None, str(e)
+        if is_error:
+            return None, _first_line(messages[0] if messages else "invalid grammar")
+        if time.thread_time() - started > self.limits.cpu_seconds:
+            return None, cpu_message(self.limits)
+        return grammar, None
 
-def _compile(schema_type: str, schema: str) -> tuple[str | None, str | None]:
-    try:
-        grammar = llguidance_grammar(schema_type, schema)
-    except GrammarError as e:
-        return None, str(e)
-    except ValueError as e:
-        return None, str(e)
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
-    if is_error:
-        return None, _first_line(messages[0] if messages else "invalid grammar")
-    return grammar, None
+    def _store(self, key: tuple[str, str], hit: tuple[str | None, str | None]) -> None:
+        cost = _entry_bytes(key, hit)
+        if cost > self.limits.cache_bytes:
+            return
+        with self.lock:
+            if key in self.entries:
+                return
+            self.entries[key] = hit
+            self.bytes += cost
+            while self.bytes > self.limits.cache_bytes:
+                old_key, old = self.entries.popitem(last=False)
+                self.bytes -= _entry_bytes(old_key, old)
+
+
+def _entry_bytes(key: tuple[str, str], hit: tuple[str | None, str | None]) -> int:
+    """What an entry holds: its key's text and its grammar or error (Python strings, about a byte a character)."""
+    return 128 + len(key[1]) + len(hit[0] or "") + len(hit[1] or "")
 
 
 def _first_line(message: str) -> str:

@@ -13,9 +13,11 @@ once and unlinks it (`engine/rank.py`).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +81,7 @@ class Images:
         self.max_image_bytes = max_image_bytes
         self.max_total_bytes = max_total_bytes
         self.media_dir = Path(media_dir) if media_dir else None
+        self._names = itertools.count()  # file names are the server's own, never a client's id
         fetcher = ReqwestImageFetcher.with_max_bytes(max(1, max_image_bytes)).with_destination_filter(_refuse)
         self.resolver = ImageResolver(fetcher, OpenCvImagePreprocessor())
 
@@ -119,11 +122,12 @@ class Images:
             return 400, error("invalid_image", f"An image's token count could not be computed: {e}", None)
         return ResolvedImages([i.data for i in mm.images], [(i.width, i.height) for i in mm.images], extra)
 
-    def write_blob(self, name: str, images: ResolvedImages) -> str:
-        """The images in one file for the rank (which unlinks it); returns its path."""
+    def write_blob(self, images: ResolvedImages) -> str:
+        """The images in one file for the rank (which unlinks it); returns its path. The name is a counter and a
+        random part: nothing a client sends names a file."""
         if self.media_dir is None:
             raise RuntimeError("no media directory: images cannot reach the ranks")
-        path = self.media_dir / name
+        path = self.media_dir / f"{next(self._names)}-{secrets.token_hex(6)}"
         # "x": never over another request's file; 0o600: the directory is the server's, and so are its files.
         with open(path, "xb", opener=lambda p, flags: os.open(p, flags, 0o600)) as f:
             for data in images.data:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ from typing import Any
 
 from deepseek_recipe import SpecialToken
 
-from deepinfer_server import _native, logs, media_args
+from deepinfer_server import _native, edge_args, limits_args, logs, media_args
 from deepinfer_server.codec import Codec, decode_batch, system_fingerprint
 from deepinfer_server.images import Images
 from deepinfer_server.malloc import PRELOADED, returning_freed_memory, without_preload
@@ -58,6 +59,16 @@ class StartupError(Exception):
 
 def _pow2_at_least(n: int) -> int:
     return 1 << max(12, (n - 1).bit_length())
+
+
+# A SUBMIT's fields beside the prompt and the grammar: sampling, the grammar's triggers, the image file's name and
+# each image's size (rust/ring/records.rs), with room to spare.
+SUBMIT_OVERHEAD = 64 << 10
+
+
+def largest_submit(args: argparse.Namespace) -> int:
+    """The largest SUBMIT record a request within the limits makes: 4 bytes per prompt token, the grammar, the rest."""
+    return 4 * int(args.max_model_len) + int(args.max_grammar_bytes) + SUBMIT_OVERHEAD
 
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -108,32 +119,70 @@ def resolve_model(args: argparse.Namespace) -> tuple[Path, str]:
     return tokenizer, version
 
 
+def claim_instance() -> tuple[str, int]:
+    """A name prefix for this server's shared-memory files, unique on the host, and an open file descriptor holding
+    the prefix's lock file (`<prefix>-lock`, flock'ed until the process ends, however it ends).
+
+    The lock, not the pid, says whether a prefix's owner lives: with host IPC (`docker run --ipc=host`, GPUStack)
+    servers in several containers share /dev/shm, and each may be PID 1 in its own. The lock file is locked under a
+    hidden name, then renamed into place, so no sweep ever sees it unlocked."""
+    prefix = f"{SHM_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+    hidden = SHM_DIR / f".{prefix}-lock"
+    fd = os.open(hidden, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.rename(hidden, SHM_DIR / f"{prefix}-lock")
+    return prefix, fd
+
+
+def _owner_alive(prefix: str) -> bool:
+    """Whether the server that made the files of `prefix` (deepinfer-PID-HEX) still runs: its lock file is held, or,
+    for files of a server without one (an older version), its pid lives."""
+    try:
+        fd = os.open(SHM_DIR / f"{prefix}-lock", os.O_RDWR)
+    except FileNotFoundError:
+        pid = int(prefix.split("-")[1])
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    except OSError:
+        return True  # not ours to judge (another user's, say)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 def clean_stale_segments() -> None:
-    """Unlink ring files left by a server that was killed before it could unlink them (dead owner pid)."""
+    """Unlink the shared-memory files of servers that died before they could (see `claim_instance`)."""
     try:
         entries = list(SHM_DIR.glob(SHM_PREFIX + "*"))
     except OSError:
         return
+    owners: dict[str, list[Path]] = {}
     for path in entries:
         parts = path.name.split("-")
-        if len(parts) < 2 or not parts[1].isdigit():
+        if len(parts) >= 3 and parts[1].isdigit():
+            owners.setdefault("-".join(parts[:3]), []).append(path)
+    for prefix, paths in owners.items():
+        if _owner_alive(prefix):
             continue
-        pid = int(parts[1])
-        try:
-            os.kill(pid, 0)
-            continue  # owner alive
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        try:
-            if path.is_dir():
-                shutil.rmtree(path)  # a media directory
-            else:
-                path.unlink()
-            log.info("removed stale shared-memory segment %s", path)
-        except OSError:
-            pass
+        # The lock file goes last: until then a sweep running beside this one still sees the owner as dead.
+        for path in sorted(paths, key=lambda p: p.name.endswith("-lock")):
+            try:
+                if path.is_dir():
+                    shutil.rmtree(path)  # a media directory
+                else:
+                    path.unlink()
+                log.info("removed stale shared-memory segment %s", path)
+            except OSError:
+                pass
 
 
 class Ranks:
@@ -142,8 +191,9 @@ class Ranks:
     def __init__(self, args: argparse.Namespace, tokenizer: Path) -> None:
         self.args = args
         self.tokenizer = tokenizer
-        self.prefix = f"{SHM_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
-        self.paths: list[Path] = []
+        self.prefix, self.lock_fd = claim_instance()
+        self.paths: list[list[Path]] = []  # each rank's ring files, until it has mapped them
+        self.shared: list[Path] = []  # files every rank maps (the lockstep, the doorbell)
         self.rings: list[tuple[Any, Any]] = []
         self.procs: list[subprocess.Popen[bytes]] = []
         self.lockstep: Any = None
@@ -187,7 +237,7 @@ class Ranks:
         r, w = os.pipe()  # not inheritable: no rank holds the write end open
         try:
             self.reaper = subprocess.Popen(
-                [sys.executable, "-m", "deepinfer_server.reaper", self.prefix],
+                [sys.executable, "-m", "deepinfer_server.reaper", self.prefix, self.args.log_format],
                 stdin=r,
                 start_new_session=True,  # no terminal or process-group signal ends it before the server
             )
@@ -198,8 +248,10 @@ class Ranks:
     def start(self) -> None:
         a = self.args
         self.start_reaper()
-        # Room for four longest prompts at once; the server's sender queues anything beyond that in process.
-        request_bytes = _pow2_at_least(max(1 << 20, 4 * 2 * (4 * a.max_model_len + 64)))
+        # Room for four of the largest records the limits allow at once (the longest prompt and the largest
+        # grammar), so that no request that passed the checks is too large for its ring; the server's sender
+        # queues anything beyond four in process.
+        request_bytes = _pow2_at_least(max(1 << 20, 4 * 2 * largest_submit(a)))
         dist_envs: list[dict[str, str]] = []
         if a.engine == "deepinfer":
             from deepinfer_server.engine.deepinfer import ConfigError, check_output_pool, dist_env_for_ranks
@@ -213,18 +265,17 @@ class Ranks:
         if a.engine == "sim" and a.sim_lockstep and a.data_parallel_size > 1:
             lockstep_path = SHM_DIR / f"{self.prefix}-lockstep"
             self.lockstep = _native.Lockstep.create(str(lockstep_path), a.data_parallel_size)
-            self.paths.append(lockstep_path)
+            self.shared.append(lockstep_path)
         if a.engine == "deepinfer" or lockstep_path:  # ranks that step together sleep on one doorbell
             bell_path = SHM_DIR / f"{self.prefix}-bell"
             self.bell = _native.Doorbell.create(str(bell_path))
-            self.paths.append(bell_path)
+            self.shared.append(bell_path)
         for rank in range(a.data_parallel_size):
             req_path = SHM_DIR / f"{self.prefix}-r{rank}-req"
             out_path = SHM_DIR / f"{self.prefix}-r{rank}-out"
             req = _native.Ring.create(str(req_path), request_bytes)
-            self.paths.append(req_path)
             out = _native.Ring.create(str(out_path), OUTPUT_RING_BYTES)
-            self.paths.append(out_path)
+            self.paths.append([req_path, out_path])
             self.rings.append((req, out))
             conf = {
                 "rank": rank,
@@ -275,6 +326,7 @@ class Ranks:
         deadline = time.monotonic() + timeout if timeout > 0 else float("inf")
         pending = set(range(len(self.procs)))
         while pending:
+            self.unlink_mapped()
             for rank in sorted(pending):
                 state = self.rings[rank][1].aux(_native.AUX_STATE)
                 code = self.procs[rank].poll()
@@ -294,12 +346,30 @@ class Ranks:
         path.mkdir(mode=0o700, exist_ok=True)
         return path
 
+    def unlink_mapped(self) -> None:
+        """Unlink each rank's ring files as soon as it has mapped them (it maps everything before it reports
+        LOADING, long before a checkpoint has loaded), and the files every rank maps once all have: with host IPC
+        /dev/shm is the host's, and a name left there is a door into this server's rings."""
+        states = [out.aux(_native.AUX_STATE) for _, out in self.rings]
+        mapped = [state in (_native.STATE_LOADING, _native.STATE_READY) for state in states]
+        for rank, done in enumerate(mapped):
+            if done:
+                self._unlink(self.paths[rank])
+        if mapped and all(mapped):
+            self._unlink(self.shared)
+
     def unlink(self) -> None:
-        """Every party has mapped the rings: remove the names so nothing outlives the processes."""
-        for path in self.paths:
+        """Remove every name left: nothing outlives the processes."""
+        for paths in self.paths:
+            self._unlink(paths)
+        self._unlink(self.shared)
+
+    @staticmethod
+    def _unlink(paths: list[Path]) -> None:
+        for path in paths:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-        self.paths.clear()
+        paths.clear()
 
     def stop(self, grace: float = 30.0) -> None:
         """Ask every rank to stop, give them `grace` seconds to close their engine, then SIGKILL each rank's
@@ -324,6 +394,8 @@ class Ranks:
             p.wait()
         self.unlink()
         shutil.rmtree(SHM_DIR / f"{self.prefix}-media", ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            (SHM_DIR / f"{self.prefix}-lock").unlink()  # last: until now a sweep sees this server alive
         if self.reaper_pipe >= 0:
             os.close(self.reaper_pipe)  # nothing is left for the reaper to find: it exits
             self.reaper_pipe = -1
@@ -396,6 +468,7 @@ def run(args: argparse.Namespace) -> int:
     # pool (the tokenizers default) costs more under load than it saves on short prompts.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logs.configure(args.log_level, args.log_format, "%(asctime)s %(levelname)s %(name)s: %(message)s")
+    open_files = limits_args.raise_open_file_limit()
     preloaded = os.environ.get(PRELOADED)
     log.info("memory allocator: %s", f"mimalloc ({preloaded})" if preloaded else "system (glibc)")
     try:
@@ -425,6 +498,7 @@ def run(args: argparse.Namespace) -> int:
             fingerprint,
             default_thinking=args.default_thinking == "on",
             images=image_input(args, ranks.media_dir()),
+            grammar_limits=limits_args.grammar_limits(args),
         )
     code = 1  # until the server returns its own
     # SIGTERM during start-up: stop cleanly instead of leaving ranks and segments behind.
@@ -443,12 +517,12 @@ def run(args: argparse.Namespace) -> int:
             "request_timeout_s": args.request_timeout,
             "max_queued_requests": args.max_queued_requests,
             "queue_timeout_s": args.queue_timeout,
-            "max_body_bytes": args.max_request_body_bytes,
             "log_level": args.log_level,
             "exit_on_rank_failure_s": args.exit_on_rank_failure,
             "drain_timeout_s": args.drain_timeout,
             "watchdog_timeout_s": args.watchdog_timeout,
-            "api_key": args.api_key or None,
+            "api_key": args.api_key,
+            "priority_scheduling": args.scheduling_policy == "priority",
             "openapi": OPENAPI.read_text(encoding="utf-8") if OPENAPI.is_file() else None,
             "log_format": args.log_format,
             "codec_threads": args.codec_threads,
@@ -456,7 +530,6 @@ def run(args: argparse.Namespace) -> int:
             "dispatch_gather_min_tokens": args.dispatch_gather_min_tokens,
             "http_workers": args.http_workers,
             "sse_keep_alive_s": args.sse_keep_alive,
-            "client_timeout_s": args.client_timeout,
             "stream_interval_ms": args.stream_interval_ms,
             "model_path": args.model or None,
             "model_type": args.model_type,
@@ -464,6 +537,8 @@ def run(args: argparse.Namespace) -> int:
             "expert_parallel_size": args.expert_parallel_size,
             "context_parallel_size": args.context_parallel_size,
             **media_args.server_config(args),
+            **limits_args.server_config(args, open_files),
+            **edge_args.server_config(args),
         }
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the Rust server handles SIGTERM/SIGINT from here on
         # The codec threads (request conversion) and the rank output threads (decoding) share the GIL. Python's

@@ -35,22 +35,21 @@ def find_mimalloc() -> str | None:
     return name or None
 
 
-def reexec_on_mimalloc(choice: str) -> None:
+def reexec_on_mimalloc(choice: str, argv: list[str] | None = None, extra_env: dict[str, str] | None = None) -> None:
     """`choice`: auto (mimalloc if installed), mimalloc (required), system (glibc). Returns only if no switch
-    is needed; otherwise replaces the process (same pid, same arguments)."""
-    if choice == "system" or os.environ.get(PRELOADED):
+    is needed and no `argv` replaces the arguments; otherwise replaces the process (same pid), with `extra_env`."""
+    env = {**os.environ, **(extra_env or {})}
+    lib = None if choice == "system" or os.environ.get(PRELOADED) else find_mimalloc()
+    if lib is None and choice == "mimalloc" and not os.environ.get(PRELOADED):
+        raise SystemExit("--malloc mimalloc: libmimalloc not found (Debian/Ubuntu: apt-get install libmimalloc2.0)")
+    if lib is None and argv is None:
         return
-    lib = find_mimalloc()
-    if lib is None:
-        if choice == "mimalloc":
-            raise SystemExit("--malloc mimalloc: libmimalloc not found (Debian/Ubuntu: apt-get install libmimalloc2.0)")
-        return
-    env = dict(os.environ)
-    env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
-    env[PRELOADED] = lib
+    if lib is not None:
+        env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
+        env[PRELOADED] = lib
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    os.execve(sys.executable, [sys.executable, *(sys.orig_argv[1:] if argv is None else argv)], env)
 
 
 def without_preload(env: dict[str, str]) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""Kills what a dead server leaves behind: `python -m deepinfer_server.reaper SHM_PREFIX`, stdin a pipe.
+"""Kills what a dead server leaves behind: `python -m deepinfer_server.reaper SHM_PREFIX [LOG_FORMAT]`, stdin a
+pipe.
 
 The launcher starts it before the ranks and writes each rank's pid (its process group: every rank leads one) to
 the pipe. Only the server holds the pipe's write end, so end-of-file means the server is gone, however it ended
@@ -11,11 +12,16 @@ exits. After a normal shutdown the launcher has already done both, and this find
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
 import sys
 from pathlib import Path
+
+from deepinfer_server import logs
+
+log = logging.getLogger("deepinfer_server.reaper")
 
 SHM_DIR = Path("/dev/shm")
 
@@ -60,6 +66,7 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # only the end of the server ends this process
     prefix = argv[0] if argv else ""
+    logs.configure("INFO", argv[1] if len(argv) > 1 else "text", "deepinfer-server reaper: %(message)s")
     data = b""
     while chunk := os.read(0, 4096):
         data += chunk
@@ -76,7 +83,7 @@ def main(argv: list[str]) -> int:
                     path.unlink()
                 removed += 1
     if killed or removed:
-        sys.stderr.write(f"deepinfer-server reaper: killed {killed} leftover process(es), removed {removed} file(s)\n")
+        log.warning("killed %d leftover process(es), removed %d file(s)", killed, removed)
     return 0
 
 

@@ -14,7 +14,7 @@ use std::sync::Arc;
 pub async fn require_api_key(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let Some(key) = st.config.api_key.as_deref() else { return next.run(req).await };
     let headers = req.headers();
-    let bearer = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    let bearer = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer_token);
     let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
     if [bearer, x_api_key].into_iter().flatten().any(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
         return next.run(req).await;
@@ -22,6 +22,12 @@ pub async fn require_api_key(State(st): State<Arc<AppState>>, req: Request, next
     st.dispatcher.metrics.rejected.with_label_values(&["invalid_api_key"]).inc();
     let protocol = if req.uri().path().starts_with("/v1/messages") { Protocol::Messages } else { Protocol::Chat };
     refuse(req.into_body(), st.config.max_body_bytes, ApiError::Unauthorized, protocol).await
+}
+
+/// The token of `Bearer <token>`, the scheme matched case-insensitively as RFC 9110 says (`bearer KEY` too).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim_start())
 }
 
 /// Equality whose time depends only on the lengths, not on where the bytes differ.
@@ -35,7 +41,17 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::constant_time_eq;
+    use super::{bearer_token, constant_time_eq};
+
+    #[test]
+    fn the_scheme_is_matched_without_case() {
+        for ok in ["Bearer k", "bearer k", "BEARER k", "Bearer  k"] {
+            assert_eq!(bearer_token(ok), Some("k"), "{ok}");
+        }
+        for bad in ["k", "Basic k", "Bearerk"] {
+            assert_eq!(bearer_token(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn compares_whole_keys() {

@@ -6,6 +6,7 @@
 //! real HTTP status, never a 200 followed by an error event.
 
 use super::AppState;
+use super::body::RawBody;
 use super::doors;
 use super::request::{self, GenerateRequest};
 use super::request_id::RequestId;
@@ -18,8 +19,7 @@ use crate::stream::{Outlet, SseBody, StreamBuf};
 use axum::Extension;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -41,9 +41,6 @@ pub async fn messages(st: State<Arc<AppState>>, id: Extension<RequestId>, body: 
 pub async fn responses(st: State<Arc<AppState>>, id: Extension<RequestId>, body: RawBody) -> Response {
     generate(Protocol::Responses, st, id, body).await
 }
-
-/// A request body, or why axum could not read it.
-pub type RawBody = Result<Bytes, BytesRejection>;
 
 async fn generate(
     protocol: Protocol,
@@ -68,19 +65,6 @@ async fn generate(
     }
 }
 
-/// The body of a request, or why it could not be read (too large, stalled).
-pub fn read_body(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge(st.config.max_body_bytes)
-        } else if timed_out(&e) {
-            ApiError::BodyTimeout(st.config.client_timeout_s)
-        } else {
-            ApiError::bad_request(format!("Could not read the request body: {e}"))
-        }
-    })
-}
-
 fn parse(protocol: Protocol, body: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
     match protocol {
         Protocol::Chat => request::parse(body, served),
@@ -93,11 +77,11 @@ fn parse(protocol: Protocol, body: &[u8], served: &[String]) -> Result<GenerateR
 async fn handle(
     st: &Arc<AppState>,
     protocol: Protocol,
-    body: Result<Bytes, BytesRejection>,
+    RawBody(body): RawBody,
     arrival: Instant,
     request_id: String,
 ) -> Result<Response, ApiError> {
-    let body = read_body(st, body)?;
+    let body = body?;
     let mut req = parse(protocol, &body, &st.config.served_model_names)?;
     if let Some(&on) = st.config.thinking_pins.get(&req.model) {
         req.body = pin_thinking(&req.body, protocol, on)?;
@@ -108,19 +92,26 @@ async fn handle(
     }
     // Past capacity the request may wait here (the wait queue); its response has not started, so a refusal is
     // still a real status. A queued request whose client goes away is dropped, and leaves the queue with it.
+    // A grammar is built and checked on the codec's grammar thread, before the request's prepare (which then
+    // finds it cached): a client's costly schema takes that thread's time, not a text thread's. With no slot free
+    // it is checked before the wait, so one that cannot be enforced is refused at once, not after the wait.
+    let mut grammar_checked = false;
     let permit = match st.admission.try_admit() {
         Ok(permit) => permit,
         Err(_) => {
-            // No slot now: a grammar that cannot be enforced is refused before the wait, not after it.
             if req.may_constrain() {
                 st.codec.check_constraint(req.body.clone(), protocol, req.forced_tool.clone()).await?;
+                grammar_checked = true;
             }
-            st.admission.admit(req.priority).await?
+            st.admission.admit(if st.config.priority_scheduling { req.priority } else { 0 }).await?
         }
     };
     let admitted = Instant::now();
     if let Some(err) = st.unavailable() {
         return Err(err); // the server began to drain, or a rank failed, while the request waited
+    }
+    if !grammar_checked && req.may_constrain() {
+        st.codec.check_constraint(req.body.clone(), protocol, req.forced_tool.clone()).await?;
     }
     // Image URLs are fetched now, with the slot held (it bounds how many fetches run), by the request's deadline.
     let deadline = st.config.request_timeout().map(|t| tokio::time::Instant::from_std(arrival + t));
@@ -140,7 +131,7 @@ async fn handle(
         fetched: fetched.into_iter().collect(),
     };
     let (outlet, reply) = if req.stream {
-        let buf = StreamBuf::new(protocol);
+        let buf = StreamBuf::new(protocol, st.config.max_stream_buffer_bytes);
         (Outlet::Stream(buf.clone()), Reply::Stream(buf))
     } else {
         let (outlet, rx) = Outlet::unary();
@@ -153,7 +144,7 @@ async fn handle(
         .codec
         .prepare_then(prepare, move |prepared| {
             if let Outlet::Stream(buf) = &outlet {
-                buf.push(&prepared.first, false);
+                buf.push(&prepared.first, false); // the opening events: well under the cap
             }
             let job = Job {
                 submit: Submit {
@@ -264,16 +255,4 @@ fn rand_u32() -> u32 {
     let mut h = RandomState::new().build_hasher();
     h.write_u64(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
     h.finish() as u32
-}
-
-/// Whether reading the body failed because the client stopped sending it (`listener`'s body deadline).
-fn timed_out(e: &BytesRejection) -> bool {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = cause {
-        if err.is::<tower_http::timeout::TimeoutError>() {
-            return true;
-        }
-        cause = err.source();
-    }
-    false
 }

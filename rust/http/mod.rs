@@ -1,6 +1,8 @@
 //! HTTP routes. `app(state)` builds the router; binding and serving live in `server.rs`.
 
 mod auth;
+mod body;
+mod cors;
 mod doors;
 mod drain;
 pub mod fields;
@@ -80,7 +82,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
     // Open, like /health and /metrics: vllm-router polls /get_load without a key, and neither says more than
     // /metrics does.
-    Router::new()
+    let app = Router::new()
         .merge(keyed)
         .route("/health", get(info::health))
         .route("/metrics", get(info::metrics))
@@ -91,8 +93,11 @@ pub fn app(state: Arc<AppState>) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(state.clone(), head_limits::head_limits))
-        .layer(middleware::from_fn(request_id::request_id))
-        .with_state(state)
+        .layer(middleware::from_fn(request_id::request_id));
+    match cors::layer(&state.config) {
+        Some(cors) => app.layer(cors).with_state(state),
+        None => app.with_state(state),
+    }
 }
 
 async fn not_found(State(st): State<Arc<AppState>>, req: Request) -> Response {

@@ -1,9 +1,12 @@
 //! Token counting, from the encoder that serves requests, so a count equals the prompt tokens the same request
 //! reports: `POST /v1/messages/count_tokens` (Anthropic's shape), and vLLM's `POST /tokenize` and `/detokenize`.
+//!
+//! Each takes an admission slot as a generation request does (429 when none is free, or a place in the wait
+//! queue): it costs a codec thread and may fetch images, so it counts against the same capacity.
 
 use super::AppState;
+use super::body::RawBody;
 use super::doors;
-use super::generate::{RawBody, read_body};
 use super::request;
 use crate::codec::accepted;
 use crate::error::ApiError;
@@ -17,9 +20,10 @@ pub async fn count_messages_tokens(State(st): State<Arc<AppState>>, body: RawBod
     count(&st, Protocol::Messages, body).await.unwrap_or_else(|e| e.response_for(Protocol::Messages))
 }
 
-async fn count(st: &AppState, protocol: Protocol, body: RawBody) -> Result<Response, ApiError> {
-    let body = read_body(st, body)?;
+async fn count(st: &AppState, protocol: Protocol, RawBody(body): RawBody) -> Result<Response, ApiError> {
+    let body = body?;
     let req = doors::messages(&body, &st.config.served_model_names)?;
+    let _slot = st.admission.admit(0).await?;
     let images = fetch_images(st, &req.images).await?;
     let out = accepted(st.codec.call("count_tokens", req.body, protocol, images).await?)?;
     Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
@@ -47,8 +51,8 @@ async fn fetch_images(
     Ok(Some(st.media.fetch(refs, deadline).await?.into_iter().collect()))
 }
 
-async fn tokens_call(st: &AppState, method: &'static str, body: RawBody) -> Result<Response, ApiError> {
-    let body = read_body(st, body)?;
+async fn tokens_call(st: &AppState, method: &'static str, RawBody(body): RawBody) -> Result<Response, ApiError> {
+    let body = body?;
     let mut v: serde_json::Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("The request body is not valid JSON: {e}")))?;
     let obj = v.as_object_mut().ok_or_else(|| ApiError::bad_request("The request body must be a JSON object."))?;
@@ -57,6 +61,7 @@ async fn tokens_call(st: &AppState, method: &'static str, body: RawBody) -> Resu
         obj.insert("model".into(), served.first().cloned().unwrap_or_default().into());
     }
     let raw = serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?;
+    let _slot = st.admission.admit(0).await?;
     // A chat body goes through chat's own checks and normalizations, so its count is the request's prompt_tokens.
     let (body, images) = if method == "tokenize" && v.get("messages").is_some() {
         let req = request::parse(&raw, served)?;

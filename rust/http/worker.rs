@@ -7,15 +7,14 @@
 //! rank round trip, so a gateway polling every replica every second costs next to nothing.
 
 use super::AppState;
-use super::generate::read_body;
+use super::body::RawBody;
 use super::request;
 use super::request_id::RequestId;
 use crate::codec::PrepareRequest;
 use crate::error::ApiError;
 use crate::protocol::Protocol;
 use crate::ring::status::{AUX_KV_CAPACITY_TOKENS, AUX_KV_USAGE_PPM, AUX_QUEUED_TOKENS};
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -132,26 +131,31 @@ fn kv_capacity(st: &AppState) -> u64 {
 }
 
 /// `POST /v1/chat/completions/render` in vLLM's shape (a `GenerateRequest`): the body goes through the same checks
-/// and the same codec conversion and encoding as a chat request, and nothing is sent to a rank. It takes no
-/// admission slot (no rank capacity is used) but does take a codec thread, as a request does.
+/// and the same codec conversion and encoding as a chat request, and nothing is sent to a rank. It takes an
+/// admission slot as a request does: it costs a codec thread and may fetch images.
 pub async fn render_chat(
     State(st): State<Arc<AppState>>,
     Extension(RequestId(request_id)): Extension<RequestId>,
-    body: Result<Bytes, BytesRejection>,
+    RawBody(body): RawBody,
 ) -> Result<Response, ApiError> {
-    let body = read_body(&st, body)?;
+    let body = body?;
     let req = request::parse(&body, &st.config.served_model_names)?;
+    let _slot = st.admission.admit(0).await?;
+    let deadline = st.config.request_timeout().map(|t| tokio::time::Instant::now() + t);
+    if req.may_constrain() {
+        st.codec.check_constraint(req.body.clone(), Protocol::Chat, req.forced_tool.clone()).await?;
+    }
     let prepare = PrepareRequest {
         protocol: Protocol::Chat,
         body: req.body,
-        response_id: format!("render-{request_id}"),
+        response_id: format!("render-{:x}", st.dispatcher.next_id()),
         model: req.model.clone(),
         ignore_eos: req.ignore_eos,
         include_usage: false,
         continuous_usage: false,
         forced_tool: req.forced_tool.clone(),
         has_images: !req.images.is_empty(),
-        fetched: st.media.fetch(&req.images, None).await?.into_iter().collect(),
+        fetched: st.media.fetch(&req.images, deadline).await?.into_iter().collect(),
     };
     // Only plain values leave the codec thread; the request's decoder is dropped there (its images too: no rank
     // will read them).

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from dataclasses import dataclass
 from typing import Protocol
+
+log = logging.getLogger("deepinfer_server.engine")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +64,8 @@ def load_images(record: tuple[str, int, list[tuple[int, int, int]]] | None) -> I
         with open(path, "rb") as f:
             blob = f.read()
     except OSError as e:
-        return f"the request's image file could not be read: {e}"
+        log.warning("cannot read a request's image file: %s", e)
+        return "the request's image file could not be read"
     finally:
         with contextlib.suppress(OSError):
             os.unlink(path)

@@ -388,7 +388,8 @@ class DeepInferEngine:
             # it got half-way in, so nothing runs unseen; if even that fails, the engine's state is at fault.
             log.warning("request %d: add_request failed: %r", rid, e)
             self.engine.abort_request([str(rid)])
-            return [(rid, [], _native.FINISH_ERROR, f"the engine refused the request: {type(e).__name__}: {e}")]
+            # The client is told the exception's type only: its text may name the engine's files (logged above).
+            return [(rid, [], _native.FINISH_ERROR, f"the engine refused the request with {type(e).__name__}")]
         if seq is None:  # dropped by the engine: token ids outside [0, vocab_size)
             return [(rid, [], _native.FINISH_ERROR, "prompt contains a token id outside the vocabulary")]
         self.live.add(rid)

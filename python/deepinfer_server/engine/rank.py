@@ -336,9 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = build_engine(conf["engine"], conf["engine_config"], conf.get("sim_faults"))
     except Exception as e:
-        log.exception("rank %d: engine failed to start", rank)
+        log.exception("rank %d: engine failed to start: %s", rank, e)
         outputs.set_aux(_native.AUX_STATE, _native.STATE_FAILED)
-        print(f"rank {rank}: engine failed to start: {e}", file=sys.stderr, flush=True)
         if lock is not None:
             lock.close()  # never leave the other ranks waiting on a party that is gone
         return 1

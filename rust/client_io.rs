@@ -1,0 +1,236 @@
+//! Deadlines on what a client sends and takes, so that no client holds a connection (a file descriptor, buffers,
+//! a running request) by going slow:
+//! - `ClientIo`: a response the client stops taking, or takes a few bytes at a time, closes the connection once
+//!   it has taken less than `WRITE_PROGRESS` bytes in `client_timeout` while the socket stayed full. Any progress
+//!   would reset a plain write timeout (tokio-io-timeout's), so a reader that takes a byte every 25 s was never cut.
+//! - `DeadlineBody`: a request body must arrive whole within `client_timeout` of its head. A per-chunk timeout
+//!   (tower-http's) restarts with every chunk, so a body trickled a byte at a time was never cut either.
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+
+/// Bytes a client must take within `client_timeout` while the server has output waiting for it.
+pub const WRITE_PROGRESS: usize = 16 << 10;
+
+/// A client connection whose writes have a progress deadline.
+pub struct ClientIo<T> {
+    inner: T,
+    timeout: Duration,
+    /// Since the socket stopped taking everything it was offered: the deadline, and the bytes taken since.
+    stalled: Option<(Pin<Box<Sleep>>, usize)>,
+}
+
+impl<T> ClientIo<T> {
+    pub fn new(inner: T, timeout: Duration) -> Self {
+        ClientIo { inner, timeout, stalled: None }
+    }
+
+    /// Account for a write that took `written` of `offered` bytes (`None`: the socket took nothing yet), and fail
+    /// it once the client has been too slow for too long.
+    fn progress(&mut self, cx: &mut Context<'_>, written: Option<usize>, offered: usize) -> io::Result<()> {
+        match written {
+            // The socket had room for all of it: the client keeps up.
+            Some(n) if n == offered => self.stalled = None,
+            Some(n) => match &mut self.stalled {
+                Some((_, taken)) => {
+                    *taken += n;
+                    if *taken >= WRITE_PROGRESS {
+                        self.stalled = None;
+                    }
+                }
+                None => self.stall(),
+            },
+            None => {
+                if self.stalled.is_none() {
+                    self.stall();
+                }
+            }
+        }
+        if let Some((deadline, _)) = &mut self.stalled
+            && deadline.as_mut().poll(cx).is_ready()
+        {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "the client stopped taking the response"));
+        }
+        Ok(())
+    }
+
+    fn stall(&mut self) {
+        self.stalled = Some((Box::pin(tokio::time::sleep(self.timeout)), 0));
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for ClientIo<T> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for ClientIo<T> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        let written = match &polled {
+            Poll::Ready(Ok(n)) => Some(*n),
+            Poll::Ready(Err(_)) => return polled,
+            Poll::Pending => None,
+        };
+        self.progress(cx, written, buf.len())?;
+        polled
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        let written = match &polled {
+            Poll::Ready(Ok(n)) => Some(*n),
+            Poll::Ready(Err(_)) => return polled,
+            Poll::Pending => None,
+        };
+        self.progress(cx, written, bufs.iter().map(|b| b.len()).sum())?;
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// The body did not arrive whole by its deadline.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive within the client timeout")]
+pub struct BodyDeadline;
+
+/// A request body that fails once its deadline passes, however its bytes trickle in.
+pub struct DeadlineBody<B> {
+    inner: B,
+    deadline: Pin<Box<Sleep>>,
+}
+
+impl<B> DeadlineBody<B> {
+    pub fn new(inner: B, timeout: Duration) -> Self {
+        DeadlineBody { inner, deadline: Box::pin(tokio::time::sleep_until(Instant::now() + timeout)) }
+    }
+}
+
+impl<B> Body for DeadlineBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<axum::BoxError>,
+{
+    type Data = Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        ready!(self.deadline.as_mut().poll(cx));
+        Poll::Ready(Some(Err(Box::new(BodyDeadline))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_trickled_body_fails_at_its_deadline_not_at_a_pause() {
+        let (mut tx, body) = http_body_util::channel::Channel::<Bytes, io::Error>::new(4);
+        let body = DeadlineBody::new(body, Duration::from_secs(2));
+        let sender = tokio::spawn(async move {
+            for _ in 0..10 {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                if tx.send_data(Bytes::from_static(b"x")).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let started = Instant::now();
+        let err = body.collect().await.expect_err("cut at the deadline");
+        assert!(err.is::<BodyDeadline>(), "{err}");
+        assert_eq!(started.elapsed(), Duration::from_secs(2));
+        sender.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_arrives_in_time_is_whole() {
+        let (mut tx, body) = http_body_util::channel::Channel::<Bytes, io::Error>::new(4);
+        tokio::spawn(async move {
+            for _ in 0..3 {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                tx.send_data(Bytes::from_static(b"ab")).await.unwrap();
+            }
+        });
+        let got = DeadlineBody::new(body, Duration::from_secs(2)).collect().await.unwrap().to_bytes();
+        assert_eq!(&got[..], b"ababab");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reader_that_takes_a_little_at_a_time_is_cut_and_one_that_keeps_up_is_not() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let timeout = Duration::from_secs(5);
+        // A socket pair with a small buffer: the writer fills it, the reader drains it at its own pace.
+        let (server, mut client) = tokio::io::duplex(4096);
+        let mut io = ClientIo::new(server, timeout);
+        let reader = tokio::spawn(async move {
+            let mut buf = [0u8; 64];
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                match client.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        });
+        let started = Instant::now();
+        let chunk = vec![7u8; 8192];
+        let err = loop {
+            if let Err(e) = io.write_all(&chunk).await {
+                break e;
+            }
+        };
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() <= timeout + Duration::from_secs(1), "{:?}", started.elapsed());
+        reader.abort();
+
+        let (server, mut client) = tokio::io::duplex(4096);
+        let mut io = ClientIo::new(server, timeout);
+        let reader = tokio::spawn(async move {
+            let mut buf = vec![0u8; 1 << 16];
+            let mut total = 0;
+            while total < 24 * 8192 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                total += client.read(&mut buf).await.unwrap();
+            }
+        });
+        for _ in 0..24 {
+            io.write_all(&chunk).await.expect("a reader taking 4 KiB every 100 ms keeps up");
+        }
+        reader.await.unwrap();
+    }
+}
