@@ -77,6 +77,20 @@ def test_dockerfile_wheel_stage_and_runtime(dockerfile: str) -> None:
     assert re.search(r'^ENTRYPOINT \["/usr/local/bin/deepinfer-entrypoint.sh"\]$', dockerfile, re.M)
 
 
+def test_the_image_runs_unprivileged_with_a_cache_others_cannot_write(dockerfile: str) -> None:
+    """Remote code (--trust-remote-code) and JIT artifacts in /cache run inside the server: the server is not root
+    and no other user may write there."""
+    final = dockerfile.split("AS final", 1)[1]
+    users = re.findall(r"^USER (\S+)$", final, re.M)
+    assert users, "the final stage sets no USER: it runs as root"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) not in (0, 1000), users  # 1000 is the base image's own `ubuntu` user
+    assert final.rindex("USER ") > final.rindex("\nRUN "), "a RUN after USER would build as the server's user"
+    assert re.search(rf"useradd [^\n]*--uid {uid}\b", final), "the uid has no account"
+    assert not re.search(r"chmod [^\n]*(1777|0?777|o\+w|a\+w)", final), "something is made world-writable"
+    assert re.search(rf"chown -R {uid}:0 /cache", final)
+
+
 def _pip_check_gate(dockerfile: str) -> str:
     m = re.search(r"^RUN (allowed=.*?)\n\n", dockerfile, re.S | re.M)
     assert m, "pip check RUN step not found"

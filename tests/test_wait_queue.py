@@ -51,7 +51,7 @@ def chat(srv: Server, request_id: str = "", **extra: Any) -> httpx.Response:
 
 
 def test_waiters_run_when_a_slot_frees_lowest_priority_first_then_oldest(make_server: Any) -> None:
-    srv = make_server(*SLOW, "--max-queued-requests", "4")
+    srv = make_server(*SLOW, "--max-queued-requests", "4", "--scheduling-policy", "priority")
     finished: list[int] = []
     threads = []
     with held_slot(srv):
@@ -80,6 +80,28 @@ def test_waiters_run_when_a_slot_frees_lowest_priority_first_then_oldest(make_se
     # Queue time is part of the request's time: each waited at least the 0.3 s the slot stayed held.
     assert metric(srv, "vllm:request_queue_time_seconds_sum") > 4 * 0.3
     assert metric(srv, "vllm:time_to_first_token_seconds_sum") > 4 * 0.3
+
+
+def test_without_the_priority_policy_a_clients_priority_does_not_jump_the_queue(make_server: Any) -> None:
+    """By default (--scheduling-policy fcfs) the queue is first come, first served: any client could otherwise send
+    itself to the head of it."""
+    srv = make_server(*SLOW, "--max-queued-requests", "4")
+    threads = []
+    with held_slot(srv):
+        for name, prio in [("early", 5), ("pushy", -1000)]:
+            t = threading.Thread(target=lambda n=name, p=prio: chat(srv, n, priority=p))
+            t.start()
+            threads.append(t)
+            queued = len(threads)
+            wait_for(f"{name} queued", lambda k=queued: metric(srv, "vllm:num_requests_waiting") == k)
+    for t in threads:
+        t.join(30)
+
+    def ends() -> list[str]:
+        return re.findall(r"request finished request_id=(\S+) .*status=200", srv.log())
+
+    wait_for("the last request's log line", lambda: len(ends()) >= 2, timeout=10)
+    assert ends() == ["early", "pushy"]
 
 
 def test_a_full_queue_and_a_wait_past_the_timeout_get_429_with_retry_after(make_server: Any) -> None:
