@@ -182,12 +182,14 @@ def attack_ring(srv: Server, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def attack_render(srv: Server, args: argparse.Namespace) -> dict[str, Any]:
-    png = bytes.fromhex(
-        "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
-        "1f15c4890000000d4944415478da63f8ffff3f0005fe02fea7d6a5b40000000049454e44ae426082"
-    )
     import base64
+    import io
 
+    from PIL import Image  # the test extras have Pillow
+
+    out = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 40, 40)).save(out, "PNG")
+    png = out.getvalue()
     url = "data:image/png;base64," + base64.b64encode(png).decode()
     before = len(srv.lines)
     parts = [{"type": "image_url", "image_url": {"url": url}}]
@@ -198,6 +200,8 @@ def attack_render(srv: Server, args: argparse.Namespace) -> dict[str, Any]:
         statuses.append(r.status_code)
     time.sleep(0.5)
     raw = [ln for ln in srv.lines[before:] if not ln.lstrip().startswith("{")]
+    for ln in raw[:5]:
+        print("  not JSON:", ln.rstrip()[:160])
     return {"attacker": "2 requests", "statuses": statuses, "non_json_log_lines": len(raw)}
 
 
@@ -285,6 +289,9 @@ def attack_readers(srv: Server, args: argparse.Namespace) -> dict[str, Any]:
         "logprobs": True, "top_logprobs": 20,
     }  # fmt: skip
     body = json.dumps(request).encode()
+    # The first request with logprobs loads deepseek-recipe's tokenizer (tens of MB, once): not the attack's cost.
+    warm = {**request, "max_tokens": 20, "stream": False}
+    httpx.post(f"{srv.url}/v1/chat/completions", json=warm, timeout=120).raise_for_status()
     rss0 = srv.rss_mib()
     socks = []
     with Prober(srv) as p:
@@ -312,7 +319,8 @@ ATTACKS: dict[str, tuple[Callable[[Server, argparse.Namespace], dict[str, Any]],
     "echo": (attack_echo, ()),
     "browser": (attack_browser, ()),
     "trickle": (attack_trickle, ()),
-    "readers": (attack_readers, ("--stream-interval-ms", "0", "--sim-decode-step-ms", "1")),
+    # Capacity beyond the 16 readers, so the plain client measures their cost, not a full server's 429s.
+    "readers": (attack_readers, ("--stream-interval-ms", "0", "--sim-decode-step-ms", "1", "--max-num-seqs", "32")),
 }
 
 

@@ -8,10 +8,11 @@
 
 use super::AppState;
 use crate::error::ApiError;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{FromRequest, Request};
-use axum::http::{StatusCode, header};
+use axum::http::header;
+use bytes::BytesMut;
+use futures_util::StreamExt;
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -24,17 +25,38 @@ impl FromRequest<Arc<AppState>> for RawBody {
     async fn from_request(req: Request, st: &Arc<AppState>) -> Result<Self, Infallible> {
         let json = req.headers().get(header::CONTENT_TYPE).is_none_or(|v| is_json(v.as_bytes()));
         // Read even a body that will be refused: a keep-alive connection stays usable.
-        let read = Bytes::from_request(req, st).await.map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge(st.config.max_body_bytes)
-            } else if timed_out(&e) {
-                ApiError::BodyTimeout(st.config.client_timeout_s)
-            } else {
-                ApiError::bad_request("Could not read the request body.")
-            }
+        let read = collect(req.into_body(), st.config.max_body_bytes).await.map_err(|e| match e {
+            Collect::TooLarge => ApiError::PayloadTooLarge(st.config.max_body_bytes),
+            Collect::Failed(e) if timed_out(e.as_ref()) => ApiError::BodyTimeout(st.config.client_timeout_s),
+            Collect::Failed(_) => ApiError::bad_request("Could not read the request body."),
         });
         Ok(RawBody(read.and_then(|b| if json { Ok(b) } else { Err(ApiError::NotJson) })))
     }
+}
+
+enum Collect {
+    TooLarge,
+    Failed(axum::BoxError),
+}
+
+/// The body's bytes, copied out of each frame as it comes. A frame's `Bytes` is a slice of hyper's read buffer and
+/// keeps that whole buffer alive: holding a trickled body's one-byte frames (as `BodyExt::collect` does) pinned a
+/// read buffer of kilobytes per byte, about 100 KiB per connection over a 30 s trickle.
+async fn collect(body: Body, limit: usize) -> Result<Bytes, Collect> {
+    let hint = usize::try_from(body.size_hint().lower()).unwrap_or(usize::MAX);
+    if hint > limit {
+        return Err(Collect::TooLarge);
+    }
+    let mut out = BytesMut::with_capacity(hint.min(64 << 10));
+    let mut frames = body.into_data_stream();
+    while let Some(frame) = frames.next().await {
+        let data = frame.map_err(|e| Collect::Failed(e.into_inner()))?;
+        if out.len() + data.len() > limit {
+            return Err(Collect::TooLarge);
+        }
+        out.extend_from_slice(&data);
+    }
+    Ok(out.freeze())
 }
 
 /// `application/json` or a `+json` type (`application/vnd.api+json`), parameters (`; charset=utf-8`) aside.
@@ -45,7 +67,7 @@ fn is_json(value: &[u8]) -> bool {
 }
 
 /// Whether reading the body failed because it did not arrive in time (`client_io::DeadlineBody`).
-fn timed_out(e: &BytesRejection) -> bool {
+fn timed_out(e: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cause {
         if err.is::<crate::client_io::BodyDeadline>() {

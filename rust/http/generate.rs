@@ -46,10 +46,17 @@ async fn generate(
     protocol: Protocol,
     State(st): State<Arc<AppState>>,
     Extension(RequestId(request_id)): Extension<RequestId>,
-    body: RawBody,
+    RawBody(body): RawBody,
 ) -> Response {
     let arrival = Instant::now();
-    match handle(&st, protocol, body, arrival, request_id.clone()).await {
+    // Boxed, and only for a body that arrived: a request's whole state machine is allocated once its body is in,
+    // not while a slow client is still sending it (axum allocates a handler's future, the largest of its states
+    // included, before the body), nor for the 408s of a thousand trickled bodies that time out together.
+    let handled = match body {
+        Ok(body) => Box::pin(handle(&st, protocol, body, arrival, request_id.clone())).await,
+        Err(e) => Err(e),
+    };
+    match handled {
         Ok(resp) => resp,
         Err(e) => {
             st.dispatcher.metrics.rejected.with_label_values(&[e.code()]).inc();
@@ -77,11 +84,10 @@ fn parse(protocol: Protocol, body: &[u8], served: &[String]) -> Result<GenerateR
 async fn handle(
     st: &Arc<AppState>,
     protocol: Protocol,
-    RawBody(body): RawBody,
+    body: Bytes,
     arrival: Instant,
     request_id: String,
 ) -> Result<Response, ApiError> {
-    let body = body?;
     let mut req = parse(protocol, &body, &st.config.served_model_names)?;
     if let Some(&on) = st.config.thinking_pins.get(&req.model) {
         req.body = pin_thinking(&req.body, protocol, on)?;
