@@ -7,7 +7,7 @@
 use crate::error::ApiError;
 use crate::http::fields::ForcedTool;
 use crate::protocol::{Protocol, frame_into};
-use crate::ring::py::logprobs_to_py;
+use crate::ring::py::{logprobs_to_py, prompt_logprobs_to_py};
 use crate::ring::records::{Constraint, ImageSet, Logprobs};
 use axum::http::StatusCode;
 use bytes::BytesMut;
@@ -43,6 +43,8 @@ pub struct Prepared {
     pub top_p: f32,
     /// Logprobs asked for: alternatives per token.
     pub logprobs: Option<u32>,
+    /// The prompt tokens' logprobs asked for (Completions' `echo` with `logprobs`, vLLM's `prompt_logprobs`).
+    pub prompt_logprobs: bool,
     pub constraint: Option<Constraint>,
     pub decoder: Py<PyAny>,
     /// Whether output must be decoded as it arrives (streams, stop sequences) or may wait for the end.
@@ -77,7 +79,16 @@ pub struct Decoded {
 }
 
 /// One request's part of a decode batch.
-pub type DecodeItem<'a> = (&'a Py<PyAny>, &'a [u32], u32, Option<Logprobs<'a>>);
+/// One request's part of a decode batch.
+pub struct DecodeItem<'a> {
+    pub decoder: &'a Py<PyAny>,
+    pub tokens: &'a [u32],
+    pub finish: u32,
+    /// The tokens' logprobs, if asked for.
+    pub logprobs: Option<Logprobs<'a>>,
+    /// The prompt's logprobs (f32 little-endian), once, with the first tokens of a request that asked for them.
+    pub prompt_logprobs: Option<&'a [u8]>,
+}
 
 /// Work for a codec thread: run with the GIL, then (the closure's own business) hand on its result without it.
 type Job = Box<dyn FnOnce(&Codec) + Send>;
@@ -283,6 +294,7 @@ impl Codec {
             temperature: get("temperature")?.extract().map_err(|e| internal(py, e))?,
             top_p: get("top_p")?.extract().map_err(|e| internal(py, e))?,
             logprobs: get("logprobs")?.extract().map_err(|e| internal(py, e))?,
+            prompt_logprobs: get("prompt_logprobs")?.extract().map_err(|e| internal(py, e))?,
             constraint: get("constraint")?
                 .extract::<Option<(u32, String, Vec<u32>, Option<u32>)>>()
                 .map_err(|e| internal(py, e))?
@@ -309,11 +321,14 @@ impl Codec {
     /// Python call in all.
     pub fn decode(&self, py: Python<'_>, items: &[DecodeItem<'_>]) -> PyResult<Vec<Decoded>> {
         let list = PyList::empty(py);
-        for (decoder, tokens, finish, logprobs) in items {
-            let tokens = PyList::new(py, tokens.iter())?;
-            match logprobs {
-                None => list.append((decoder.bind(py), tokens, *finish))?,
-                Some(lp) => list.append((decoder.bind(py), tokens, *finish, logprobs_to_py(py, lp)?))?,
+        for item in items {
+            let (decoder, finish) = (item.decoder.bind(py), item.finish);
+            let tokens = PyList::new(py, item.tokens.iter())?;
+            let logprobs = item.logprobs.as_ref().map(|lp| logprobs_to_py(py, lp)).transpose()?;
+            match (logprobs, item.prompt_logprobs) {
+                (None, None) => list.append((decoder, tokens, finish))?,
+                (lp, None) => list.append((decoder, tokens, finish, lp))?,
+                (lp, Some(p)) => list.append((decoder, tokens, finish, lp, prompt_logprobs_to_py(py, p)?))?,
             }
         }
         let out = self.decode_batch.bind(py).call1((list,))?;

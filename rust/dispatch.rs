@@ -47,6 +47,8 @@ pub struct Inflight {
 struct Held {
     tokens: Vec<u32>,
     logprobs: Option<TokenLogprobs>,
+    /// The prompt's logprobs, until the first decode hands them to the decoder.
+    prompt_logprobs: Option<Vec<u8>>,
 }
 
 /// The logprobs of a run of tokens, in the output record's byte layout (`ring::records::Logprobs`), owned.
@@ -123,9 +125,24 @@ impl Inflight {
         }
     }
 
+    /// Keep the prompt's logprobs (they come with the first token) for the next decode.
+    pub fn keep_prompt_logprobs(&self, values: Vec<u8>) {
+        self.held.lock().unwrap().prompt_logprobs = Some(values);
+    }
+
+    pub fn take_prompt_logprobs(&self) -> Option<Vec<u8>> {
+        self.held.lock().unwrap().prompt_logprobs.take()
+    }
+
     /// Everything held so far followed by `tokens` (and their logprobs).
     pub fn held_then(&self, tokens: Vec<u32>, logprobs: Option<TokenLogprobs>) -> (Vec<u32>, Option<TokenLogprobs>) {
-        let mut held = std::mem::take(&mut *self.held.lock().unwrap());
+        let mut held = {
+            let mut guard = self.held.lock().unwrap();
+            let prompt_logprobs = guard.prompt_logprobs.take();
+            let held = std::mem::take(&mut *guard);
+            guard.prompt_logprobs = prompt_logprobs; // taken by the decode, not here
+            held
+        };
         if held.tokens.is_empty() {
             return (tokens, logprobs);
         }
@@ -512,6 +529,7 @@ pub mod testing {
             seed: None,
             ignore_eos: false,
             logprobs: None,
+            prompt_logprobs: false,
             constraint: None,
             images: None,
         };

@@ -110,6 +110,11 @@ impl ApiError {
             r if r.starts_with("xgrammar") => (rejected("invalid_grammar", "its grammar failed"), "grammar_error"),
             "ve_error" => (rejected("invalid_image", "an image could not be processed"), "ve_error"),
             "images_unsupported" => (rejected("images_disabled", "this model takes no images"), "ve_error"),
+            // DeepInfer computes no prompt logprobs under YoCo prefill truncation (the adapter refuses them).
+            "prompt_logprobs_unavailable" => (
+                rejected("prompt_logprobs_unavailable", "the engine computes no prompt logprobs in its configuration"),
+                "prompt_logprobs_unavailable",
+            ),
             // The engine's scheduler gave up on a running request (DeepInfer's "abort"): a server error, counted
             // apart from the other engine errors so that dashboards can tell the two.
             "abort" => (ApiError::Engine(format!("The engine aborted the request ({reason}).")), "engine_abort"),
@@ -252,6 +257,7 @@ mod tests {
             ("insufficient_system_resource", 503, "insufficient_system_resource", true),
             ("xgrammar runtime errors or timeout", 400, "invalid_grammar", false),
             ("ve_error", 400, "invalid_image", false),
+            ("prompt_logprobs_unavailable", 400, "prompt_logprobs_unavailable", false),
             ("something new", 500, "engine_error", false),
             ("abort", 500, "engine_error", false),
         ];

@@ -211,6 +211,7 @@ impl Metrics {
             "insufficient_system_resource",
             "grammar_error",
             "ve_error",
+            "prompt_logprobs_unavailable",
             "rank_failure",
             "rank_hung",
             "shutdown",

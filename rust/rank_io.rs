@@ -7,7 +7,7 @@
 //! that sent an event less than `stream_interval_ms` ago holds its tokens until its next event is due, so an
 //! engine faster than that interval cannot make every token an event of its own.
 
-use crate::codec::{Codec, DecodeState};
+use crate::codec::{Codec, DecodeItem, DecodeState};
 use crate::dispatch::{Dispatcher, Inflight, RankLink, TokenLogprobs};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -36,11 +36,13 @@ struct Batch {
     reason: Option<String>,
     /// Only for a request that asked for them.
     logprobs: Option<TokenLogprobs>,
+    /// The prompt's logprobs (f32 little-endian), with the first token of a request that asked for them.
+    prompt_logprobs: Option<Vec<u8>>,
 }
 
 impl Batch {
     fn new(id: u64) -> Self {
-        Batch { id, tokens: Vec::new(), finish: FINISH_NONE, reason: None, logprobs: None }
+        Batch { id, tokens: Vec::new(), finish: FINISH_NONE, reason: None, logprobs: None, prompt_logprobs: None }
     }
 }
 
@@ -149,6 +151,9 @@ fn drain(link: &RankLink) -> (Vec<Batch>, Vec<RankStamps>) {
                 if let Some(lp) = &e.logprobs {
                     b.logprobs.get_or_insert_with(|| TokenLogprobs::new(lp.top)).extend_from_record(lp);
                 }
+                if let Some(p) = e.prompt_logprobs {
+                    b.prompt_logprobs = Some(p.to_vec());
+                }
             }
         }
     });
@@ -175,6 +180,9 @@ fn deliver(
     let mut bulk: Vec<Work> = Vec::with_capacity(batches.len());
     for (entry, mut b) in found.into_iter().zip(batches) {
         let Some(entry) = entry else { continue }; // aborted or timed out: drop late tokens
+        if let Some(p) = b.prompt_logprobs.take() {
+            entry.keep_prompt_logprobs(p); // decoded with the first tokens that go out, held or not
+        }
         if b.finish == FINISH_ERROR || b.finish == FINISH_ABORT {
             if let Some(e) = link.take(b.id) {
                 let reason = b.reason.clone().unwrap_or_else(|| "abort".into());
@@ -227,9 +235,17 @@ type Work = (Arc<Inflight>, Batch);
 /// One Python call for the whole batch, then each request's bytes to its outlet.
 fn decode_and_send(link: &RankLink, metrics: &Metrics, codec: &Codec, work: Vec<Work>) {
     Python::attach(|py| {
+        let prompts: Vec<_> = work.iter().map(|(e, _)| e.take_prompt_logprobs()).collect();
         let items: Vec<_> = work
             .iter()
-            .map(|(e, b)| (&e.decoder, b.tokens.as_slice(), b.finish, b.logprobs.as_ref().map(TokenLogprobs::view)))
+            .zip(&prompts)
+            .map(|((e, b), p)| DecodeItem {
+                decoder: &e.decoder,
+                tokens: b.tokens.as_slice(),
+                finish: b.finish,
+                logprobs: b.logprobs.as_ref().map(TokenLogprobs::view),
+                prompt_logprobs: p.as_deref(),
+            })
             .collect();
         match codec.decode(py, &items) {
             Ok(decoded) => {

@@ -79,7 +79,7 @@ def real() -> Reader:
     files: dict[str, str] = {}
     with tarfile.open(fileobj=io.BytesIO(fetch_sdist()), mode="r:gz") as tar:
         for m in tar.getmembers():
-            if m.isfile() and m.name.endswith((".py", ".pyi")):
+            if m.isfile() and m.name.endswith((".py", ".pyi", ".hpp", ".cpp")):
                 f = tar.extractfile(m)
                 if f is not None:
                     files[m.name.removeprefix(top)] = f.read().decode("utf-8")
@@ -391,6 +391,31 @@ def test_so_args_are_what_the_real_engine_reads(real: Reader) -> None:
     # A bound needs a non-empty trigger list; an empty list is the builder's default (no trigger).
     assert "bound_token_id requires non-empty trigger_token_ids" in matcher
     assert 'trigger_tokens = so_args.get("trigger_token_ids")' in builder and "trigger_tokens = []" in builder
+
+
+def test_prompt_logprobs_are_what_the_real_engine_returns(real: Reader) -> None:
+    """The prompt's logprobs: asked with `SamplingParams(prompt_logprobs=True)`, read with the static accessor
+    `get_prompt_logprobs` (floats), one per prompt token after the first, gathered over every prefill chunk and set
+    on the request's first output. They follow the request's temperature, top-p and top-k (why the server runs a
+    scoring request at temperature 1, both off), and YoCo prefill truncation turns them off: the adapter refuses
+    such requests, reading the same variable with the same default."""
+    assert "prompt_logprobs" in USED.sampling_kw and "get_prompt_logprobs" in USED.output_accessors
+    pyi, proc, prep = (
+        real("deepinfer/_C/engine.pyi"),
+        real("csrc/engine/process_output.hpp"),
+        real("csrc/engine/prepare_sample.cpp"),
+    )
+    engine, environ = real("deepinfer/engine/llm_engine.py"), real("deepinfer/environ.py")
+    utils = real("deepinfer/model_executor/layers/sampler_utils.py")
+    assert pyi and proc and prep and engine and environ and utils
+    assert re.search(r"def get_prompt_logprobs\(ptr[^)]*\) -> list\[float\]", pyi)
+    assert "only prompt_len - 1 logprobs in prompt_logprobs" in proc and "is_last_prompt_chunk()" in proc
+    assert "return seq_metadata.seqlen_q - int(seq_metadata.is_last_prompt_chunk());" in prep
+    assert "inputs.logits.temperatures[start:end], inputs.logits.top_ps[start:end], inputs.logits.top_ks" in utils
+    assert 'DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE = EnvVar.choice(default="off"' in environ
+    assert 'if self.yoco_prefill_truncation_mode != "off" and sampling_params.prompt_logprobs:' in engine
+    assert "sampling_params.prompt_logprobs = False" in engine
+    assert 'str(envs.DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE) == "off"' in ADAPTER.read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("which", ["real", "fake"])

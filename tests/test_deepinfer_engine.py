@@ -405,6 +405,42 @@ def test_adapter_maps_logprobs_and_so_args(fake_modules, checkpoint) -> None:
     e.close()
 
 
+def test_adapter_returns_the_prompt_logprobs_once(fake_modules, checkpoint) -> None:
+    """SamplingParams(prompt_logprobs=True) for the request that asks only; the engine's values (one per prompt token
+    after the first, on the request's first output) ride on its first row alone. Under YoCo prefill truncation,
+    where the engine would silently drop them, such a request is refused and others run."""
+    from deepinfer_server import _native
+    from deepinfer_server.engine.base import Submit
+
+    e = build_engine(checkpoint)
+    made: list[object] = []
+    real_sp = e._sp
+    e._sp = lambda **kw: made.append(real_sp(**kw)) or made[-1]
+    prompt = [0, 5, 6, 9, 13]
+    assert e.add(Submit(1, prompt, 3, 1.0, 1.0, -1, 1, True, None, None, None, True)) == []
+    assert e.add(Submit(2, prompt, 3, 1.0, 1.0, -1, 1, True)) == []
+    assert [sp.prompt_logprobs for sp in made] == [True, False]
+    seen: list[tuple[int, list[float]]] = []
+    for _ in range(50):
+        busy, _ = e.sync(e.has_work(), False)
+        for row in e.step() if busy else e.flush():
+            if len(row) == 6:
+                seen.append((row[0], row[5]))
+        if not busy and not e.has_work():
+            break
+    assert seen == [(1, [-0.25 * (1 + t % 7) for t in prompt[1:]])]
+    e.close()
+    try:
+        e = build_engine(checkpoint, DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE="mask")
+        refused = e.add(Submit(3, prompt, 3, 1.0, 1.0, -1, 1, True, None, None, None, True))
+        assert refused == [(3, [], _native.FINISH_ERROR, "prompt_logprobs_unavailable")]
+        assert e.add(sub(4, prompt, max_tokens=3, ignore_eos=True)) == []
+        assert len(run_until_idle(e)[4][0]) == 3
+        e.close()
+    finally:
+        os.environ.pop("DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE", None)
+
+
 def test_adapter_drops_and_re_aborts_lost_aborts(fake_modules, checkpoint) -> None:
     e = build_engine(checkpoint, FAKE_DEEPINFER_ADMISSION_STEPS="3", DEEPINFER_USE_NEXTN_DECODE="2")
     e.add(sub(1, [0, 5, 6], max_tokens=100, ignore_eos=True))

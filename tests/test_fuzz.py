@@ -256,7 +256,7 @@ def test_request_records_round_trip(ring_path: Any, ops: list[tuple[Any, ...]]) 
                         top_k,
                         seed,
                         ignore_eos,
-                        None,
+                        (None, False),
                         None,
                         None,
                     )

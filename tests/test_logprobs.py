@@ -160,7 +160,8 @@ def test_responses_top_logprobs(http: httpx.Client) -> None:
         ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
         ("/v1/chat/completions", {"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
         ("/v1/completions", {"logprobs": 21}, "logprobs"),
-        ("/v1/completions", {"logprobs": 2, "echo": True}, "echo"),
+        # Scoring the prompt (echo with logprobs) at temperature 0 while generating 5 tokens.
+        ("/v1/completions", {"logprobs": 2, "echo": True, "temperature": 0}, "temperature"),
         ("/v1/responses", {"top_logprobs": 21}, "top_logprobs"),
     ],
 )

@@ -85,6 +85,10 @@ BY_DESIGN: list[tuple[str, Callable[[Body, Error], bool]]] = [
         _param(r"(input\[\d+\]\.)?tools\[\d+\](\.tools\[\d+\])+"),
     ),
     ("custom (non-function) tools: not served", _param(r"tools\[\d+\]\.type|messages\[\d+\]\.tool_calls\[\d+\]\.type")),
+    (
+        "Responses: custom tools other than deepseek-recipe's apply_patch",
+        lambda body, err: err.get("param") == "tools" and "custom tool" in str(err.get("message")),
+    ),
     ("logit_bias: keys must be token IDs and biases in [-100, 100], as OpenAI's API checks", _param("logit_bias")),
     ("stop: deepseek-recipe takes at most 16 strings, none empty", _param(r"stop(\[\d+\])?")),
     ("the prompt leaves no room in --max-model-len", lambda body, err: err.get("code") == "context_length_exceeded"),

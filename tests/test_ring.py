@@ -45,15 +45,17 @@ def test_request_round_trip(ring_path) -> None:
     prod.push_submit(7, [1, 2, 3, 2**32 - 1], 128, 0.7, 0.95, 40, 1234, True)
     prod.push_submit(8, (5).to_bytes(4, "little") + (6).to_bytes(4, "little"), 16, 0.0, 1.0, -1, None, False)
     prod.push_submit(9, [], 1)
+    prod.push_submit(11, [4, 5], 1, logprobs=2, prompt_logprobs=True)
     prod.push_abort(7)
     prod.push_shutdown()
     assert prod.used_bytes > 0
     assert cons.wait(0)
     got = cons.drain_requests()
     assert got == [
-        (1, 7, [1, 2, 3, 2**32 - 1], 128, 0.7, 0.95, 40, 1234, True, None, None, None),
-        (1, 8, [5, 6], 16, 0.0, 1.0, -1, None, False, None, None, None),
-        (1, 9, [], 1, 1.0, 1.0, -1, None, False, None, None, None),
+        (1, 7, [1, 2, 3, 2**32 - 1], 128, 0.7, 0.95, 40, 1234, True, (None, False), None, None),
+        (1, 8, [5, 6], 16, 0.0, 1.0, -1, None, False, (None, False), None, None),
+        (1, 9, [], 1, 1.0, 1.0, -1, None, False, (None, False), None, None),
+        (1, 11, [4, 5], 1, 1.0, 1.0, -1, None, False, (2, True), None, None),
         (2, 7),
         (3,),
     ]
@@ -89,6 +91,12 @@ def test_tokens_round_trip(ring_path) -> None:
         (7, [9], FINISH_NONE, None),
         (8, [12], FINISH_NONE, None),
         (9, [13], FINISH_STOP, None),
+    ]
+    # The prompt's logprobs ride on a first token, with or without the tokens' own.
+    prod.publish([(10, [3], FINISH_NONE, None, None, [-0.5, -2.25]), (11, [4], FINISH_STOP, None, [(-1.0, [])], [])])
+    assert cons.drain_tokens() == [
+        (10, [3], FINISH_NONE, None, None, [-0.5, -2.25]),
+        (11, [4], FINISH_STOP, None, [(-1.0, [])], []),
     ]
     with pytest.raises(ValueError):
         prod.publish([(1, [1], 99)])

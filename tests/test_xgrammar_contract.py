@@ -135,6 +135,46 @@ REQUESTS: dict[str, tuple[int, dict[str, Any], str | None]] = {
         {"input": "x", "text": {"format": {"type": "json_schema", "name": "x", "schema": SHAPES["nested objects"]}}},
         None,
     ),
+    # Tools beside a response format (issue 30): the answer or a tool-call block, after the reasoning.
+    "strict tools + json_schema, thinking on": (
+        CHAT,
+        {
+            "tools": STRICT,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": SHAPES["nested objects"]},
+            },
+            **THINK,
+        },
+        None,
+    ),
+    "tools + json_object": (
+        CHAT,
+        {"tools": TOOLS, "response_format": {"type": "json_object"}, "messages": [{"role": "user", "content": "json"}]},
+        None,
+    ),
+    "strict and non-strict tools, auto": (
+        CHAT,
+        {
+            "tools": [STRICT[0], {"type": "function", "function": {**TOOLS[0]["function"], "name": "lookup"}}],
+            **NO_THINK,
+        },
+        None,
+    ),
+    "Responses text.format + strict tools": (
+        RESPONSES,
+        {
+            "input": "x",
+            "tools": [{"type": "function", **t["function"]} for t in STRICT],
+            "text": {"format": {"type": "json_schema", "name": "x", "schema": SHAPES["nested objects"]}},
+        },
+        None,
+    ),
+    "Messages output_config.format": (
+        MESSAGES,
+        {"max_tokens": 50, "output_config": {"format": {"type": "json_schema", "schema": SHAPES["nested objects"]}}},
+        None,
+    ),
     "Messages tool_choice any": (
         MESSAGES,
         {

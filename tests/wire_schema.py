@@ -59,6 +59,9 @@ EXTENSIONS = {
     "choices.*.logprobs.reasoning_content",  # the thinking tokens' logprobs, as deepseek-recipe writes them
     "usage.prompt_cache_hit_tokens",  # DeepSeek's cache accounting
     "usage.prompt_cache_miss_tokens",
+    # vLLM's prompt logprobs (`prompt_logprobs`): beside the choices on Chat, in the choice on Completions
+    "prompt_logprobs",
+    "choices.*.prompt_logprobs",
     # vLLM's model card fields, read by benchmark clients and gateways
     *(f"{where}{key}" for where in ("", "data.*.") for key in ("max_model_len", "root", "parent")),
 }
@@ -106,10 +109,16 @@ def _reduced_spec() -> dict[str, Any]:
         "components": {"schemas": {k: _nullable(v) for k, v in sorted(keep.items())}},
     }
     doc = json.loads(json.dumps(doc, default=str))  # YAML dates and the like as plain JSON
-    # The one place the server departs from the published schema on purpose: a Completions stream reuses the
-    # non-stream type, whose finish_reason cannot be null, yet every chunk but the last has none (OpenAI's own API
-    # sends null there too).
-    chunk = copy.deepcopy(doc["components"]["schemas"]["CreateCompletionResponse"])
+    # Where the server departs from the published schema on purpose, as OpenAI's own API does. An echoed
+    # prompt's first token has no logprob and no alternatives: `null` in `token_logprobs` and `top_logprobs`.
+    completion = doc["components"]["schemas"]["CreateCompletionResponse"]
+    lp = completion["properties"]["choices"]["items"]["properties"]["logprobs"]
+    lp = next(b for b in lp.get("anyOf", [lp]) if b.get("type") == "object")["properties"]
+    for key in ("token_logprobs", "top_logprobs"):
+        lp[key]["items"] = {"anyOf": [lp[key]["items"], {"type": "null"}]}
+    # A Completions stream reuses the non-stream type, whose finish_reason cannot be null, yet every chunk but the
+    # last has none (OpenAI's own API sends null there too).
+    chunk = copy.deepcopy(completion)
     reason = chunk["properties"]["choices"]["items"]["properties"]
     reason["finish_reason"] = {"anyOf": [reason["finish_reason"], {"type": "null"}]}
     doc["components"]["schemas"]["CreateCompletionStreamChunk"] = chunk

@@ -45,7 +45,8 @@ STATE_STOPPED: int
 class RingClosed(Exception): ...
 class RingError(Exception): ...
 
-# (1, request_id, prompt_ids, max_tokens, temperature, top_p, top_k, seed, ignore_eos) | (2, request_id) | (3,)
+# (1, request_id, prompt_ids, max_tokens, temperature, top_p, top_k, seed, ignore_eos, (logprobs, prompt_logprobs),
+#  constraint, images) | (2, request_id) | (3,)
 RequestTuple = tuple[Any, ...]
 # (request_id, tokens, finish) or (request_id, tokens, finish, reason)
 # One token's logprob and its alternatives (token id, logprob), best first.
@@ -54,6 +55,7 @@ OutputEntry = (
     tuple[int, Sequence[int] | int, int]
     | tuple[int, Sequence[int] | int, int, str | None]
     | tuple[int, Sequence[int] | int, int, str | None, Sequence[TokenLogprob] | None]
+    | tuple[int, Sequence[int] | int, int, str | None, Sequence[TokenLogprob] | None, Sequence[float]]
 )
 # (schema_type, schema, trigger token ids, bound token id)
 ConstraintTuple = tuple[int, str, Sequence[int], int | None]
@@ -94,6 +96,7 @@ class Ring:
         logprobs: int | None = None,
         constraint: ConstraintTuple | None = None,
         images: ImagesTuple | None = None,
+        prompt_logprobs: bool = False,
     ) -> None: ...
     def push_abort(self, request_id: int, timeout: float | None = None) -> None: ...
     def push_shutdown(self, timeout: float | None = None) -> None: ...

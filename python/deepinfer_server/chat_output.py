@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, cast
 from deepseek_recipe import ChatCompletionChunk, ChatCompletionResponse, ConversationRequest
 
 from deepinfer_server.decoding import BaseDecoder, Chunk, Generator, cut_partial_tag, dumps
+from deepinfer_server.prompt_logprobs import PromptTokens
 
 if TYPE_CHECKING:
     from deepinfer_server.codec import Codec
@@ -21,7 +22,7 @@ _dumps = dumps
 class Decoder(BaseDecoder):
     """One Chat Completions request's output."""
 
-    __slots__ = ("continuous", "final", "include_usage")
+    __slots__ = ("continuous", "final", "include_usage", "prompt", "prompt_json")
 
     def __init__(
         self,
@@ -39,6 +40,16 @@ class Decoder(BaseDecoder):
         self.final = None if self.stream else ChatCompletionResponse(response_id, model, int(time.time()), n_prompt, 0)
         self.include_usage = include_usage
         self.continuous = continuous_usage and include_usage
+        # vLLM's `prompt_logprobs` (non-streams only): the prompt's tokens, then their logprobs as JSON.
+        self.prompt: PromptTokens | None = None
+        self.prompt_json = "null"
+
+    def want_prompt_logprobs(self, tokens: PromptTokens) -> None:
+        self.prompt = tokens
+
+    def _take_prompt_logprobs(self, values: list[float]) -> None:
+        if self.prompt is not None:
+            self.prompt_json = self.prompt.vllm(values)
 
     def _flushed(self, chunks: list[Chunk]) -> Sequence[object]:
         # Streams: what the finish flushes is where a cut-off tool call's held-back tag would surface.
@@ -54,11 +65,13 @@ class Decoder(BaseDecoder):
                 return []
             body = _conform_response(self._mend_logprobs(self.final.to_json()))
             spliced = self._splice_usage(body)
-            if spliced is not None:
-                return spliced
-            d = json.loads(body)
-            self._fix_usage(d["usage"])
-            return _dumps(d)
+            if spliced is None:
+                d = json.loads(body)
+                self._fix_usage(d["usage"])
+                spliced = _dumps(d)
+            if self.prompt is not None:  # vLLM puts them beside the choices
+                spliced = f'{spliced[:-1]},"prompt_logprobs":{self.prompt_json}}}'
+            return spliced
         out = [
             ch if isinstance(ch, str) else ch.to_json() for ch in chunks if isinstance(ch, (str, ChatCompletionChunk))
         ]
@@ -173,12 +186,16 @@ def _conform_response(body: str) -> str:
 
 
 def _with_refusal(d: dict[str, object]) -> dict[str, object]:
-    """`refusal` in each message; a message's tool calls carry no `index` (that is a stream delta's field)."""
+    """`refusal` in each message; a message's tool calls carry no `index` (that is a stream delta's field); a message
+    that only calls tools has `content` null, as OpenAI sends it (not "")."""
     for choice in cast(list[dict[str, dict[str, object]]], d.get("choices") or []):
         message = choice.get("message", {})
         message.setdefault("refusal", None)
-        for call in cast(list[dict[str, object]], message.get("tool_calls") or []):
+        calls = cast(list[dict[str, object]], message.get("tool_calls") or [])
+        for call in calls:
             call.pop("index", None)
+        if calls and message.get("content") == "":
+            message["content"] = None
     return d
 
 

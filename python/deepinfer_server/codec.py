@@ -19,6 +19,7 @@ from typing import Union
 
 from deepseek_recipe import (
     ChatCompletionRequest,
+    Conversation,
     ConversationRequest,
     ConversionError,
     ConversionOptions,
@@ -61,11 +62,14 @@ from deepinfer_server.grammar import (
     GrammarError,
     GrammarLimits,
     GrammarTooCostly,
+    answer_or_calls_ebnf,
+    anthropic_schema_problem,
     tool_calls_ebnf,
 )
 from deepinfer_server.images import Images, ResolvedImages, sources_of
 from deepinfer_server.prompt_encoder import LengthGuard, PromptTooLong, RecipeEncoder
 from deepinfer_server.prompt_encoder import build as build_prompt_encoder
+from deepinfer_server.prompt_logprobs import PromptTokens
 
 __all__ = ["FINISHED", "RUNNING", "STOPPED_EARLY", "Codec", "Decoder", "Prepared", "decode_batch"]
 
@@ -101,6 +105,7 @@ _PARAM_IN_MESSAGE = (
     (re.compile(r"^Prompt must contain the word 'json'"), "response_format"),
     (re.compile(r"^Invalid schema for function '[^']*'"), "tools"),
     (re.compile(r"^Invalid tool parameters schema"), "tools"),
+    (re.compile(r"^Unsupported custom tool"), "tools"),
     (re.compile(r"^Currently custom tools are not allowed inside a namespace\..* in ([\w.\[\]]+?)\.?$", re.S), None),
     (re.compile(r"^(Cannot use strict tool|response_format should not be used with tools)"), "tools"),
 )
@@ -108,8 +113,13 @@ _PARAM_IN_MESSAGE = (
 _BAD_IMAGE_DATA = re.compile(r"Invalid base64 data|data url", re.I)
 
 # The request field a constraint comes from, per door: (schema's field, tools' field).
-_SCHEMA_PARAM = {CHAT: "response_format", RESPONSES: "text.format", MESSAGES: "output_format"}
+_SCHEMA_PARAM = {CHAT: "response_format", RESPONSES: "text.format", MESSAGES: "output_config.format"}
 _THINKING_TOOL_CHOICE = "Thinking mode does not support this tool_choice"
+# deepseek-recipe's refusals of strict tools beside a response format or beside non-strict tools.
+_STRICT_REFUSALS = (
+    "response_format should not be used with tools",
+    "Cannot use strict tool with non-strict tool in the same request",
+)
 
 
 def with_param(body: str, protocol: int = CHAT) -> str:
@@ -122,6 +132,10 @@ def with_param(body: str, protocol: int = CHAT) -> str:
     if not isinstance(err, dict) or err.get("param") is not None:
         return body
     message = str(err.get("message", ""))
+    if protocol != CHAT and "response_format" in message:
+        # deepseek-recipe words every door's refusals in chat's field names: say the one this door has.
+        message = err["message"] = message.replace("response_format", _SCHEMA_PARAM.get(protocol, "response_format"))
+        body = json.dumps(d)
     if err.get("code") == "invalid_request_error" and _BAD_IMAGE_DATA.search(message):
         err["code"] = "invalid_image_url"  # the images' own refusals have codes (images.py); this one is the recipe's
     elif err.get("code") == "invalid_request_error" and "uploaded an unsupported image" in message:
@@ -134,6 +148,10 @@ def with_param(body: str, protocol: int = CHAT) -> str:
                 err["param"] = _SCHEMA_PARAM.get(protocol, "response_format")
             return json.dumps(d)
     return body
+
+
+class FormatBesideTools(GrammarError):
+    """A response format that cannot stand beside tools: the response format's field is at fault."""
 
 
 def system_fingerprint(*parts: object) -> str:
@@ -149,6 +167,9 @@ _MakeGenerator = Callable[[str, str], Generator]
 class _Converted:
     conv: ConversationRequest
     generator: _MakeGenerator  # (response id, model) -> the door's chunk generator
+    # What the prompt renders: the request's conversation, or (a Messages request with an output format) the same
+    # with the schema deepseek-recipe's own structured-output prompt section carries.
+    conversation: Conversation
 
 
 @dataclass(frozen=True)
@@ -176,6 +197,7 @@ class Prepared:
     first_chunks: list[str]
     incremental: bool  # decode as tokens arrive (streams, stop sequences), or once at the end
     logprobs: int | None = None  # logprobs asked for: alternatives per token
+    prompt_logprobs: bool = False  # the prompt tokens' logprobs asked for (with the first token)
     constraint: tuple[int, str, list[int], int | None] | None = None  # (schema_type, schema, triggers, bound)
     # The request's images for the rank: (file, prompt tokens beyond the placeholders, [(width, height, bytes)]).
     images: tuple[str, int, list[tuple[int, int, int]]] | None = None
@@ -290,11 +312,19 @@ class Codec:
         opts = conv.inference_options
         generator = encoded.generator(response_id, model)
         decoder: BaseDecoder
+        # vLLM's prompt_logprobs (the front end checked it): the raw text test spares most requests a parse.
+        scored = protocol == CHAT and b'"prompt_logprobs"' in body
+        scored = scored and json.loads(body).get("prompt_logprobs") is not None
+        if scored and encoded.images is not None:
+            msg = "'prompt_logprobs' is not available for a prompt with images (their tokens are the engine's own)"
+            return 400, error_body(msg, param="prompt_logprobs")
         if protocol == CHAT:
             stream_usage = include_usage and conv.stream
             decoder = Decoder(
                 self, conv, generator, response_id, model, n_prompt, ignore_eos, stream_usage, continuous_usage
             )
+            if scored:
+                decoder.want_prompt_logprobs(PromptTokens(self, ids))
         else:
             kind = MessagesResponse if protocol == MESSAGES else ResponsesResponse
             decoder = EventDecoder(self, conv, generator, kind, response_id, model, n_prompt, ignore_eos)
@@ -302,15 +332,18 @@ class Codec:
         if pictures is not None and self.images is not None:
             sizes = [(w, h, len(d)) for (w, h), d in zip(pictures.sizes, pictures.data, strict=True)]
             blob = (self.images.write_blob(pictures), pictures.extra_tokens, sizes)
+        # A request that scores its prompt runs at the model's own distribution (the front end turned top-k off).
+        temperature, top_p = (None, None) if scored else (opts.temperature, opts.top_p)
         return Prepared(
             prompt_ids=ids,
             max_tokens=max_tokens,
-            temperature=round(opts.temperature if opts.temperature is not None else 1.0, 6),
-            top_p=round(opts.top_p if opts.top_p is not None else 1.0, 6),
+            temperature=round(temperature if temperature is not None else 1.0, 6),
+            top_p=round(top_p if top_p is not None else 1.0, 6),
             decoder=decoder,
             first_chunks=decoder.start(),
             incremental=conv.stream or bool(conv.parsing_options.stop_sequences),
             logprobs=decoder.logprobs,
+            prompt_logprobs=scored,
             constraint=None if constraint is None else constraint.record(),
             images=blob,
         )
@@ -330,12 +363,17 @@ class Codec:
         self, conv: ConversationRequest, body: bytes, protocol: int, forced_tool: str | None, parallel_tools: bool
     ) -> Constraint | tuple[int, str] | None:
         """`constraint` for a request, or the 400 naming the field its grammar came from."""
+        schema = client_schema(body, protocol)
+        if protocol == MESSAGES and schema is not None and (problem := anthropic_schema_problem(json.loads(schema))):
+            param = _SCHEMA_PARAM[MESSAGES]
+            return 400, error_body(f"Invalid '{param}.schema': {problem}.", param=f"{param}.schema")
         try:
-            return self.constraint(conv, forced_tool, parallel_tools, client_schema(body, protocol))
+            return self.constraint(conv, forced_tool, parallel_tools, schema, strict_tools(body, protocol), protocol)
         except GrammarError as e:
             param = "tool_choice" if forced_tool is not None else _SCHEMA_PARAM.get(protocol, "response_format")
             if forced_tool is None and (oc := conv.inference_options.output_constraint) and oc.kind != "json":
-                param = "tools" if oc.kind.startswith("tool_call") else param
+                about_format = isinstance(e, FormatBesideTools) or schema is not None
+                param = "tools" if oc.kind.startswith("tool_call") and not about_format else param
             code = "grammar_too_complex" if isinstance(e, GrammarTooCostly) else "invalid_grammar"
             return 400, error_body(f"Invalid '{param}': the grammar cannot be enforced: {e}", code=code, param=param)
 
@@ -345,18 +383,26 @@ class Codec:
         forced_tool: str | None = None,
         parallel_tools: bool = True,
         schema: str | None = None,
+        strict: frozenset[str] = frozenset(),
+        protocol: int = CHAT,
     ) -> Constraint | None:
-        """The grammar of a request's output, as DeepInfer's so_args carry it, compiled (cached) to check it:
-        deepseek-recipe's output constraint, or a forced tool call. `schema`: the client's own JSON schema, which
-        the grammar enforces in place of deepseek-recipe's strict-mode copy (that one drops keywords such as
-        minItems/maxItems). Raises GrammarError."""
+        """The grammar of a request's output, as DeepInfer's so_args carry it, compiled (cached) to check it.
+
+        - A forced tool call (`forced_tool`, or deepseek-recipe's own): the tool-call block only.
+        - Tools with `auto` beside a response format: the answer in that format or a tool-call block (OpenAI serves
+          the combination; deepseek-recipe refuses it for strict tools, `_converted`).
+        - A response format alone: its JSON schema (the client's own `schema`, which deepseek-recipe's strict-mode
+          copy would weaken by dropping keywords such as minItems), `json_object` or a regex.
+        - Tools with `auto` alone: held from the block's first DSML token on, strict tools (`strict`, by name) to
+          their schema, the others free; with no strict tool, nothing.
+        Raises GrammarError."""
         oc = conv.inference_options.output_constraint
         stage = conv.parsing_options.thinking_initial_stage
         # Constrained from `</think>` on while the output starts in the reasoning.
         after_think: tuple[int, ...] = (self.think_end_id,) if stage is not None and stage.starts_in_reasoning() else ()
         kind = oc.kind if oc is not None else None
+        tools = json.loads(oc.schema) if oc is not None and kind in ("tool_call", "tool_call_required") else []
         if forced_tool is not None or kind == "tool_call_required":
-            tools = json.loads(oc.schema) if oc is not None and kind in ("tool_call", "tool_call_required") else []
             if forced_tool:
                 tools = [t for t in tools if (t.get("function") or t).get("name") == forced_tool]
             # deepseek-recipe's own forced call (thinking off) opens the block in the prompt; otherwise the grammar
@@ -364,20 +410,43 @@ class Codec:
             opened = kind == "tool_call_required" and conv.parsing_options.starts_in_tool_calls
             grammar = tool_calls_ebnf(tools, "" if opened else CALLS_OPEN, parallel_tools, self.grammar_limits)
             return self._checked(SCHEMA_EBNF, grammar, () if opened else after_think)
-        if oc is None:
-            return None
-        if kind == "json":
-            return self._checked(SCHEMA_JSON, (oc.schema and schema) or oc.schema or ANY_OBJECT, after_think)
-        if kind == "regex":
-            return self._checked(SCHEMA_REGEX, oc.schema, after_think)
-        if kind == "tool_call":
-            # Tools offered with "auto": only strict ones are held to their schema, from the block's first
-            # DSML token on (the text before it, and whether to call at all, stay free).
-            tools = json.loads(oc.schema)
-            if not any((t.get("function") or t).get("strict") for t in tools):
-                return None
-            grammar = tool_calls_ebnf(tools, CALLS_OPEN.split(DSML, 1)[1], parallel_tools, self.grammar_limits)
+        answer = self._answer_format(conv, schema, protocol)
+        names = [str((t.get("function") or t).get("name")) for t in tools]
+        free = frozenset(n for n in names if n not in strict)
+        if tools and answer is not None:
+            answer_type, answer_schema = answer
+            if answer_type == SCHEMA_REGEX:
+                raise FormatBesideTools("a regex response format cannot be combined with tools")
+            grammar = answer_or_calls_ebnf(answer_schema, tools, parallel_tools, self.grammar_limits, free)
+            return self._checked(SCHEMA_EBNF, grammar, after_think)
+        if answer is not None:
+            answer_type, answer_schema = answer
+            return self._checked(answer_type, answer_schema or ANY_OBJECT, after_think)
+        if tools and len(free) < len(tools):
+            # The text before the block, and whether to call at all, stay free.
+            grammar = tool_calls_ebnf(tools, CALLS_OPEN.split(DSML, 1)[1], parallel_tools, self.grammar_limits, free)
             return self._checked(SCHEMA_EBNF, grammar, (self.dsml_id,))
+        return None
+
+    @staticmethod
+    def _answer_format(conv: ConversationRequest, schema: str | None, protocol: int) -> tuple[int, str | None] | None:
+        """The response format a request's answer must take: (SCHEMA_JSON, its schema or None for any object) or
+        (SCHEMA_REGEX, the pattern); None when the answer is free text."""
+        if protocol == MESSAGES:  # Anthropic's output format (deepseek-recipe's Messages conversion leaves it out)
+            return None if schema is None else (SCHEMA_JSON, schema)
+        oc = conv.inference_options.output_constraint
+        if oc is not None and oc.kind == "json":
+            return SCHEMA_JSON, (oc.schema and schema) or oc.schema or None
+        if oc is not None and oc.kind == "regex":
+            return SCHEMA_REGEX, oc.schema
+        # Beside tools deepseek-recipe's constraint is the tools': the format stays in the conversation.
+        c = conv.conversation
+        if c.response_format == "json_object":
+            return SCHEMA_JSON, None
+        if c.response_format == "json_schema":
+            return SCHEMA_JSON, schema or json.dumps(c.response_schema, separators=(",", ":"), ensure_ascii=False)
+        if c.response_format == "regex" and c.response_regex:
+            return SCHEMA_REGEX, c.response_regex
         return None
 
     def _checked(self, schema_type: int, schema: str, triggers: tuple[int, ...]) -> Constraint:
@@ -399,7 +468,7 @@ class Codec:
         if any(i >= self.vocab_size for i in ids):
             return 400, error_body(f"token IDs must be below the vocabulary size {self.vocab_size}", param="prompt")
         n_prompt, max_tokens = len(ids), int(d["max_tokens"])
-        if n_prompt + max_tokens > self.max_model_len:
+        if n_prompt + max(1, max_tokens) > self.max_model_len:
             return 400, error_body(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                 f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the completion). "
@@ -412,21 +481,40 @@ class Codec:
         echo = "" if not d.get("echo") else prompt if isinstance(prompt, str) else self.text_of(ids)
         stream = bool(d.get("stream"))
         logprobs = d.get("logprobs")
-        if logprobs is not None and echo:
-            return 400, error_body("'logprobs' with 'echo' (the prompt's logprobs) is not supported", param="echo")
+        # The prompt's logprobs: the echo's (`echo` with `logprobs`, OpenAI's scoring idiom) or vLLM's extension.
+        vllm_prompt = d.get("prompt_logprobs") is not None
+        scored = (bool(echo) and logprobs is not None) or vllm_prompt
         decoder = CompletionDecoder(
-            self, response_id, model, n_prompt, stream, ignore_eos, include_usage, continuous, stops, echo, logprobs
+            self,
+            response_id,
+            model,
+            n_prompt,
+            stream,
+            ignore_eos,
+            include_usage,
+            continuous,
+            stops,
+            echo,
+            logprobs,
+            prompt=PromptTokens(self, ids, hide_first=isinstance(prompt, str) and ids[:1] == [self.bos_id])
+            if scored
+            else None,
+            vllm_prompt_logprobs=vllm_prompt,
+            discard=max_tokens == 0,
         )
         temperature, top_p = d.get("temperature"), d.get("top_p")
+        if scored:  # the model's own distribution (the front end turned top-k off and checked the rest)
+            temperature = top_p = None
         return Prepared(
             prompt_ids=ids,
-            max_tokens=max_tokens,
+            max_tokens=max(1, max_tokens),  # max_tokens 0: the engine makes one token, which is dropped
             temperature=round(1.0 if temperature is None else float(temperature), 6),
             top_p=round(1.0 if top_p is None else float(top_p), 6),
             decoder=decoder,
             first_chunks=decoder.start(),
             incremental=stream or bool(stops),
             logprobs=logprobs,
+            prompt_logprobs=scored,
         )
 
     def completion_prompt(self, prompt: str | list[int], suffix: str | None) -> list[int]:
@@ -493,7 +581,7 @@ class Codec:
             return converted
         conv, generator = converted.conv, converted.generator
         try:
-            ids = self.encoder.encode(conv.conversation)
+            ids = self.encoder.encode(converted.conversation)
         except RuntimeError as e:
             return 400, error_body(f"the conversation cannot be encoded: {e}")
         except PromptTooLong as e:
@@ -514,27 +602,53 @@ class Codec:
         return _Encoded(conv, ids, generator, resolved)
 
     def _converted(self, body: bytes, protocol: int, forced: bool) -> _Converted | tuple[int, str]:
-        """`_convert`, with a forced tool choice deepseek-recipe refuses in thinking mode taken as `auto` (the
-        server constrains it itself), or (status, error envelope)."""
+        """`_convert`, past deepseek-recipe's refusals of what the server enforces itself, or (status, error
+        envelope): a forced tool choice in thinking mode is converted as `auto` (the grammar forces the call), and
+        strict tools beside a response format or beside non-strict tools as non-strict ones (the grammar holds
+        each strict tool's calls to its schema, `constraint`). OpenAI accepts both combinations."""
         try:
-            try:
-                return _Converted(*self._convert(body, protocol))
-            except ConversionError as e:
-                if not (forced and str(e) == _THINKING_TOOL_CHOICE):
-                    raise
-                d = json.loads(body)
-                d["tool_choice"] = {"type": "auto"} if protocol == MESSAGES else "auto"
-                return _Converted(*self._convert(json.dumps(d).encode(), protocol))
+            for _ in range(3):
+                try:
+                    return self._convert(body, protocol)
+                except ConversionError as e:
+                    if forced and str(e) == _THINKING_TOOL_CHOICE:
+                        d = json.loads(body)
+                        d["tool_choice"] = {"type": "auto"} if protocol == MESSAGES else "auto"
+                    elif str(e) in _STRICT_REFUSALS:
+                        d = json.loads(body)
+                        for tool in d.get("tools") or []:
+                            if isinstance(tool, dict):
+                                tool.pop("strict", None)
+                                if isinstance(tool.get("function"), dict):
+                                    tool["function"].pop("strict", None)
+                    else:
+                        raise
+                    body = json.dumps(d).encode()
+            return self._convert(body, protocol)
         except ConversionError as e:
             return e.status_code, with_param(e.body, protocol)
         except (ValueError, TypeError, OverflowError, RecursionError) as e:
             return 400, error_body(str(e))
 
-    def _convert(self, body: bytes, protocol: int) -> tuple[ConversationRequest, _MakeGenerator]:
+    def _convert(self, body: bytes, protocol: int) -> _Converted:
         """The door's deepseek-recipe conversion, and a maker of its chunk generator (response id, model)."""
         if protocol == MESSAGES:
             m = MessagesRequest(body).convert(self.options)
-            return m, lambda rid, model: MessagesRequest.chunk_generator(m, rid, model)
+            conversation = m.conversation
+            schema = client_schema(body, protocol)
+            if schema is not None:
+                # deepseek-recipe's Messages conversion leaves Anthropic's output format out: put its schema in the
+                # prompt as chat's json_schema does (a `response_schema` makes the format json_schema).
+                was = conversation
+                conversation = Conversation(
+                    messages=was.messages,
+                    thinking_mode=was.thinking_mode,
+                    tools=was.tools,
+                    tool_choice=was.tool_choice,
+                    reasoning_effort=was.reasoning_effort,
+                    response_schema=json.loads(schema),
+                )
+            return _Converted(m, lambda rid, model: MessagesRequest.chunk_generator(m, rid, model), conversation)
         if protocol == RESPONSES:
             req = ResponsesRequest(body)
             echo, names = req.echo(), req.namespace_tool_map(self.options)  # read before convert consumes it
@@ -544,9 +658,9 @@ class Codec:
                 gen = ResponsesRequest.chunk_generator(r, rid, model).with_echo(echo)
                 return gen.with_namespace_tool_map(names) if names else gen
 
-            return r, responses
+            return _Converted(r, responses, r.conversation)
         c = ChatCompletionRequest(body).convert(self.options)
-        return c, lambda rid, model: ChatCompletionRequest.chunk_generator(c, rid, model)
+        return _Converted(c, lambda rid, model: ChatCompletionRequest.chunk_generator(c, rid, model), c.conversation)
 
     def _too_long(self, tokens: str, param: str = "messages") -> str:
         return error_body(
@@ -559,15 +673,36 @@ class Codec:
 
 
 def client_schema(body: bytes, protocol: int) -> str | None:
-    """The JSON schema a request's response format gives, compact, or None (read only from bodies that have one)."""
+    """The JSON schema a request's response format gives, compact, or None (read only from bodies that have one):
+    chat's `response_format`, Responses' `text.format`, Messages' `output_config.format` (or the beta
+    `output_format`)."""
     if b'"json_schema"' not in body:
         return None
     d = json.loads(body)
-    fmt = d.get("response_format") if protocol == CHAT else (d.get("text") or {}).get("format")
+    if protocol == CHAT:
+        fmt = d.get("response_format")
+    elif protocol == RESPONSES:
+        fmt = (d.get("text") or {}).get("format")
+    else:
+        fmt = (d.get("output_config") or {}).get("format") or d.get("output_format")
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
         return None
     schema = (fmt.get("json_schema") or {}).get("schema") if protocol == CHAT else fmt.get("schema")
     return None if schema is None else json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+
+
+def strict_tools(body: bytes, protocol: int) -> frozenset[str]:
+    """The names of the request's strict tools (chat's `function.strict`, Responses' and Messages' `strict`)."""
+    if b'"strict"' not in body:
+        return frozenset()
+    names = set()
+    for tool in json.loads(body).get("tools") or []:
+        if not isinstance(tool, dict):
+            continue
+        fn = tool.get("function") if protocol == CHAT else tool
+        if isinstance(fn, dict) and fn.get("strict") is True:
+            names.add(str(fn.get("name")))
+    return frozenset(names)
 
 
 FIM = ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>")

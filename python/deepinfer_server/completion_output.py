@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from deepinfer_server import _native
 from deepinfer_server.decoding import FINISHED, RUNNING, STOPPED_EARLY, detokenizer
 from deepinfer_server.engine.base import TokenLogprob
+from deepinfer_server.prompt_logprobs import LegacyEntry, PromptTokens, token_bytes
 
 if TYPE_CHECKING:
     from deepinfer_server.codec import Codec
@@ -25,9 +26,11 @@ class CompletionDecoder:
 
     __slots__ = (
         "continuous",
+        "discard",
         "done",
         "dropped_eos",
         "echo",
+        "echo_due",
         "eos_id",
         "head",
         "ignore_eos",
@@ -36,10 +39,14 @@ class CompletionDecoder:
         "n_out",
         "n_prompt",
         "pending",
+        "prompt",
+        "prompt_json",
+        "scored",
         "sent",
         "stop",
         "stream",
         "text",
+        "top",
         "usage_head",
     )
 
@@ -56,9 +63,19 @@ class CompletionDecoder:
         stop: list[str],
         echo: str,
         logprobs: int | None = None,
+        prompt: PromptTokens | None = None,
+        vllm_prompt_logprobs: bool = False,
+        discard: bool = False,
     ) -> None:
         self.text = detokenizer(codec)
         self.logprobs = _Logprobs(codec, len(echo)) if logprobs is not None else None
+        self.top = logprobs or 0
+        # The prompt's tokens when its logprobs were asked for: in the echo's logprobs (`echo` with `logprobs`),
+        # and/or as vLLM's `prompt_logprobs` (`vllm_prompt_logprobs`). They come with the first tokens.
+        self.prompt = prompt
+        self.scored = bool(echo) and logprobs is not None and prompt is not None
+        self.prompt_json = "null" if vllm_prompt_logprobs else ""
+        self.discard = discard  # max_tokens 0: the engine's one token is not part of the answer
         created = int(time.time())
         common = f'"id":{_json(response_id)},"object":"text_completion","created":{created},"model":{_json(model)}'
         fingerprint = f'"system_fingerprint":{_json(codec.fingerprint)}'
@@ -72,19 +89,34 @@ class CompletionDecoder:
         self.pending = ""  # text not sent yet: held back while it could still begin a stop string
         self.sent: list[str] = [echo]  # a non-stream's text so far (`echo`: the prompt first)
         self.echo = echo
+        # A stream's echo waits for the prompt's logprobs when they were asked for (they come with the first token).
+        self.echo_due = stream and bool(echo) and self.scored
         self.done = False
 
     def start(self) -> list[str]:
         """A stream's echoed prompt, before any token (stop strings apply to generated text only)."""
-        if not self.stream or not self.echo:
+        if not self.stream or not self.echo or self.echo_due:
             return []
         return [f'{self.head}{_json(self.echo)},"logprobs":null,"finish_reason":null}}]}}']
 
     def push(
-        self, tokens: list[int], finish: int, logprobs: list[TokenLogprob] | None = None
+        self,
+        tokens: list[int],
+        finish: int,
+        logprobs: list[TokenLogprob] | None = None,
+        prompt_logprobs: list[float] | None = None,
     ) -> tuple[int, list[str] | str]:
         if self.done:
             return FINISHED, []
+        echoed: list[str] = []
+        if prompt_logprobs is not None and self.prompt is not None:
+            echoed = self._prompt_logprobs(prompt_logprobs)
+        elif self.echo_due:  # the engine sent no prompt logprobs: the echo goes out without them
+            self.echo_due = False
+            echoed = [f'{self.head}{_json(self.echo)},"logprobs":null,"finish_reason":null}}]}}']
+        if self.discard:
+            tokens, logprobs = [], None
+            finish = _native.FINISH_LENGTH if finish == _native.FINISH_STOP else finish
         if self.ignore_eos:
             keep = [i for i, t in enumerate(tokens) if t != self.eos_id]
             self.dropped_eos += len(tokens) - len(keep)
@@ -92,6 +124,12 @@ class CompletionDecoder:
             logprobs = [logprobs[i] for i in keep] if logprobs is not None else None
         elif finish == _native.FINISH_STOP and tokens and tokens[-1] == self.eos_id:
             tokens = tokens[:-1]  # the engine's EOS is never text
+            if logprobs is not None and self.scored and self.logprobs is not None:
+                # Scoring (`echo` with `logprobs`): the EOS keeps its entry, with no text, as vLLM's does. lm-eval
+                # drops the last entry as the generated token's: without it, a prompt's last token would go.
+                self.logprobs.add(tokens, logprobs[:-1])
+                self.logprobs.add([self.eos_id], logprobs[-1:], silent=True)
+                logprobs = None
             logprobs = logprobs[:-1] if logprobs is not None else None
         if self.logprobs is not None and logprobs is not None:
             self.logprobs.add(tokens, logprobs)
@@ -108,7 +146,26 @@ class CompletionDecoder:
             state, reason = FINISHED, reason or ("length" if finish == _native.FINISH_LENGTH else "stop")
         if state != RUNNING:
             self.done = True
-        return state, self._emit(out, reason)
+        emitted = self._emit(out, reason)
+        if echoed and isinstance(emitted, list):
+            emitted = echoed + emitted
+        return state, emitted
+
+    def _prompt_logprobs(self, values: list[float]) -> list[str]:
+        """Take the prompt's logprobs: into the echo's logprobs, and/or vLLM's `prompt_logprobs`. A stream's
+        echo goes out now, with them (its event is returned)."""
+        assert self.prompt is not None
+        if self.prompt_json:
+            self.prompt_json = self.prompt.vllm(values)
+        if not self.scored or self.logprobs is None:
+            return []
+        entries = self.prompt.legacy(values, self.top)
+        if not self.echo_due:
+            self.logprobs.visible_prompt(entries)
+            return []
+        self.echo_due = False
+        lps = _Logprobs.render(entries)
+        return [f'{self.head}{_json(self.echo)},"logprobs":{lps},"finish_reason":null}}]}}']
 
     def _take(self, ended: bool) -> tuple[str, str | None]:
         """The text that can go out now, and "stop" if a stop string ended the output."""
@@ -131,7 +188,11 @@ class CompletionDecoder:
                 return []
             whole = "".join(self.sent)
             lps = lp.take() if lp is not None else "null"
-            return f'{self.head}{_json(whole)},"logprobs":{lps},"finish_reason":"{reason}"}}],"usage":{self._usage()}}}'
+            prompt = f',"prompt_logprobs":{self.prompt_json}' if self.prompt_json else ""
+            return (
+                f'{self.head}{_json(whole)},"logprobs":{lps},"finish_reason":"{reason}"{prompt}}}],'
+                f'"usage":{self._usage()}}}'
+            )
         out = []
         if text or reason is not None:
             finish = "null" if reason is None else f'"{reason}"'
@@ -163,19 +224,21 @@ class _Logprobs:
         self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")
         self.offset = echo_len  # where the next token's text starts (the echoed prompt comes first)
         self.visible = echo_len  # how much of the text went out
-        self.entries: list[tuple[str, float, dict[str, float], int]] = []  # not sent yet
-        self.out: list[tuple[str, float, dict[str, float], int]] = []
+        self.entries: list[LegacyEntry] = []  # not sent yet
+        self.out: list[LegacyEntry] = []
         self.done = False
 
     def _bytes(self, token: int) -> bytes:
-        if self.table is not None:
-            return self.table[token] if token < len(self.table) else b""
-        assert self.tokenizer is not None
-        return str(self.tokenizer.decode([token], False)).encode()
+        return token_bytes(self.table, self.tokenizer, token)
 
-    def add(self, tokens: list[int], logprobs: list[TokenLogprob]) -> None:
+    def visible_prompt(self, entries: list[LegacyEntry]) -> None:
+        """The echoed prompt's entries (its text went out first): ahead of every token's."""
+        self.out[:0] = entries
+
+    def add(self, tokens: list[int], logprobs: list[TokenLogprob], silent: bool = False) -> None:
+        """Entries for tokens; `silent` ones (an EOS) add no text."""
         for token, (value, alternatives) in zip(tokens, logprobs, strict=True):
-            text = str(self.utf8.decode(self._bytes(token)))
+            text = "" if silent else str(self.utf8.decode(self._bytes(token)))
             top: dict[str, float] = {}
             for alt, alt_value in alternatives:
                 name = text if alt == token else self._bytes(alt).decode("utf-8", "backslashreplace")
@@ -196,6 +259,10 @@ class _Logprobs:
 
     def take(self) -> str:
         out, self.out = self.out, []
+        return self.render(out)
+
+    @staticmethod
+    def render(out: list[LegacyEntry]) -> str:
         return json.dumps(
             {
                 "tokens": [e[0] for e in out],

@@ -259,16 +259,22 @@ class BaseDecoder:
         return out if isinstance(out, list) else []
 
     def push(
-        self, tokens: list[int], finish: int, logprobs: list[TokenLogprob] | None = None
+        self,
+        tokens: list[int],
+        finish: int,
+        logprobs: list[TokenLogprob] | None = None,
+        prompt_logprobs: list[float] | None = None,
     ) -> tuple[int, list[str] | str]:
-        """Feed one batch of engine tokens (and the engine's finish code, and the tokens' logprobs if the request
-        asked for them) and return (state, output).
+        """Feed one batch of engine tokens (and the engine's finish code, the tokens' logprobs and, with the first
+        tokens, the prompt's, if the request asked for them) and return (state, output).
 
         Output is a list of events for a stream (JSON text, or `event: <name>\ndata: <JSON>` for named events), or
         the whole response JSON once a non-stream finishes.
         """
         if self.done:
             return FINISHED, []
+        if prompt_logprobs is not None:
+            self._take_prompt_logprobs(prompt_logprobs)
         if self.ignore_eos:
             if self.eos_id in tokens:
                 keep = [i for i, t in enumerate(tokens) if t != self.eos_id]
@@ -320,6 +326,9 @@ class BaseDecoder:
             self.think_end_id = None
         else:
             self.reasoning = (self.reasoning or 0) + len(tokens)
+
+    def _take_prompt_logprobs(self, values: list[float]) -> None:
+        """The prompt's logprobs, for a door that shows them (Chat, with vLLM's `prompt_logprobs`)."""
 
     def _flushed(self, chunks: list[Chunk]) -> Sequence[object]:
         """What the finish flushed, as `_emit` takes it (a protocol may mend it first)."""

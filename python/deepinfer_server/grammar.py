@@ -31,6 +31,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,6 +149,83 @@ def strict_schema(schema: Any) -> Any:
     if "prefixItems" in out and "items" not in out and "unevaluatedItems" not in out:
         out["items"] = False
     return out
+
+
+# -- Anthropic's structured-output schema limits -----------------------------------------------------------------
+
+# What Anthropic's structured outputs take (its documentation's "JSON Schema limitations"; the anthropic SDK's
+# transform_schema moves everything else into descriptions): these keywords, plus annotations.
+_ANTHROPIC_KEYWORDS = frozenset(
+    {"type", "properties", "required", "additionalProperties", "items", "minItems", "enum", "const", "anyOf", "oneOf"}
+    | {"allOf", "$ref", "$defs", "definitions", "format", "description", "title", "default", "examples"}
+    | {"$schema", "$id", "$comment", "nullable"}
+)
+_ANTHROPIC_FORMATS = frozenset(
+    {"date-time", "time", "date", "duration", "email", "hostname", "uri", "ipv4", "ipv6", "uuid"}
+)
+
+
+def anthropic_schema_problem(schema: Any) -> str | None:
+    """Why Anthropic's API would refuse `schema` as an output format, or None: a keyword it does not support
+    (numeric and string bounds, patterns, array sizes beyond minItems 0 or 1, ...), additionalProperties other than
+    false, a format it does not know, a reference outside the schema, or a recursive schema."""
+
+    def walk(node: Any, path: str) -> str | None:
+        if isinstance(node, bool) or not isinstance(node, dict):
+            return None if isinstance(node, bool) else f"{path} is not a schema"
+        for key, value in node.items():
+            where = f"{path}.{key}" if path else key
+            if key not in _ANTHROPIC_KEYWORDS:
+                return f"the keyword '{key}' (at {where}) is not supported in structured outputs"
+            if key == "additionalProperties" and value is not False:
+                return f"'additionalProperties' (at {where}) must be false"
+            if key == "minItems" and value not in (0, 1):
+                return f"'minItems' (at {where}) may only be 0 or 1"
+            if key == "format" and value not in _ANTHROPIC_FORMATS:
+                return f"the string format {str(value)[:40]!r} (at {where}) is not supported"
+            if key == "$ref" and not str(value).startswith("#"):
+                return f"only references inside the schema are supported ('{str(value)[:80]}' at {where})"
+        for key in ("properties", "$defs", "definitions"):
+            for name, sub in (node.get(key) or {}).items():
+                if problem := walk(sub, f"{path}.{key}.{name}" if path else f"{key}.{name}"):
+                    return problem
+        for key in ("anyOf", "oneOf", "allOf"):
+            for i, sub in enumerate(node.get(key) or []):
+                if problem := walk(sub, f"{path}.{key}[{i}]" if path else f"{key}[{i}]"):
+                    return problem
+        if isinstance(node.get("items"), dict):
+            return walk(node["items"], f"{path}.items" if path else "items")
+        return None
+
+    problem = walk(schema, "")
+    if problem is None and _recursive(schema):
+        problem = "recursive schemas are not supported in structured outputs"
+    return problem
+
+
+def _recursive(schema: Any) -> bool:
+    """Whether following `$ref`s from the root can come back to a reference on its own path."""
+
+    def resolve(ref: str) -> Any:
+        node: Any = schema
+        for part in ref.lstrip("#").strip("/").split("/") if ref not in ("#", "#/") else []:
+            node = node.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(node, dict) else None
+        return node
+
+    def visit(node: Any, active: frozenset[str]) -> bool:
+        if isinstance(node, list):
+            return any(visit(n, active) for n in node)
+        if not isinstance(node, dict):
+            return False
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            if ref in active:
+                return True
+            if visit(resolve(ref), active | {ref}):
+                return True
+        return any(visit(v, active) for k, v in node.items() if k not in ("$ref", "$defs", "definitions"))
+
+    return visit(schema, frozenset())
 
 
 # -- the DSML tool-call grammar ---------------------------------------------------------------------------------
@@ -403,16 +481,71 @@ def _is_string_schema(s: Any) -> bool:
 
 
 def tool_calls_ebnf(
-    tools: list[dict[str, Any]], prefix: str, parallel: bool = True, limits: GrammarLimits | None = None
+    tools: list[dict[str, Any]],
+    prefix: str,
+    parallel: bool = True,
+    limits: GrammarLimits | None = None,
+    free: Collection[str] = (),
 ) -> str:
     """EBNF for deepseek-recipe's DSML tool-call block: `prefix` (what the grammar still has to write of the
     block's opening), one or more `invoke`s of the given tools (one if not `parallel`), then the closing tag.
 
     A parameter whose schema is a string is raw text (`string="true"`, without `<` or `｜`); any other is JSON
     constrained by its schema (`string="false"`). Required parameters come in schema order, optional ones may be
-    left out. Raises GrammarTooCostly as soon as the text passes `limits.max_bytes` or its CPU time."""
+    left out. The tools named in `free` (non-strict ones beside strict ones) keep their names but take any
+    parameters. Raises GrammarTooCostly as soon as the text passes `limits.max_bytes` or its CPU time."""
     budget = _Budget(limits or GrammarLimits())
-    budget.charge(len(_JSON_BASE))
+    calls, lines = _calls(tools, parallel, budget, free)
+    root = f"root ::= {_lit(prefix) + ' ' if prefix else ''}{calls} {_lit(CALLS_CLOSE)}"
+    budget.charge(len(root))
+    return "\n".join([root, *lines, _base(free)])
+
+
+def answer_or_calls_ebnf(
+    schema: str | None,
+    tools: list[dict[str, Any]],
+    parallel: bool = True,
+    limits: GrammarLimits | None = None,
+    free: Collection[str] = (),
+) -> str:
+    """EBNF for an output that is either an answer in the JSON `schema` (None: any JSON object), in xgrammar's strict
+    mode, or a whole DSML tool-call block (`tool_calls_ebnf`): structured output beside tools, with `tool_choice`
+    auto, as OpenAI serves it. The answer's schema is written as tool parameters are (`_JsonEbnf`)."""
+    budget = _Budget(limits or GrammarLimits())
+    if schema is None:
+        answer, answer_rules = "jobject", ""
+    else:
+        try:
+            parsed = json.loads(schema)
+        except ValueError as e:
+            raise GrammarError(f"the schema is not valid JSON: {e}") from None
+        conv = _JsonEbnf(parsed, "answer_", budget)
+        answer, answer_rules = conv.value(parsed), conv.text()
+    calls, lines = _calls(tools, parallel, budget, free)
+    root = f"root ::= {answer} | {_lit(CALLS_OPEN)} {calls} {_lit(CALLS_CLOSE)}"
+    budget.charge(len(root))
+    return "\n".join([root, *([answer_rules] if answer_rules else []), *lines, _base(free)])
+
+
+# Parameters of a tool called freely: any name, either kind, any value up to the closing tag.
+_FREE_PARAM_OPEN = _lit(f'<{DSML} parameter name="')
+_FREE_PARAM_KIND = _lit('" string="') + ' ( "true" | "false" ) ' + _lit('">')
+_FREE_PARAM_CLOSE = _lit(f"</{DSML} parameter>\n")
+_FREE_BASE = f"""
+freeparam ::= {_FREE_PARAM_OPEN} [^"<｜]+ {_FREE_PARAM_KIND} freevalue {_FREE_PARAM_CLOSE}
+freevalue ::= ( [^<] | "<" [^/] )*
+"""
+
+
+def _base(free: Collection[str]) -> str:
+    return (_JSON_BASE + (_FREE_BASE if free else "")).strip()
+
+
+def _calls(
+    tools: list[dict[str, Any]], parallel: bool, budget: _Budget, free: Collection[str]
+) -> tuple[str, list[str]]:
+    """One or more invokes of `tools` (one if not `parallel`), and the rules they use."""
+    budget.charge(len(_JSON_BASE) + (len(_FREE_BASE) if free else 0))
     invokes: list[str] = []
     lines = []
     for tool in tools:
@@ -422,6 +555,13 @@ def tool_calls_ebnf(
         if not isinstance(params, dict):
             raise GrammarError(f"the parameters of tool {name!r} are not a schema object")
         rule = f"invoke{len(invokes)}"
+        head = _lit(f'<{DSML} invoke name="{name}">\n')
+        tail = _lit(f"</{DSML} invoke>" + chr(10))
+        budget.charge(len(head) + len(tail) + 40)
+        invokes.append(rule)
+        if name in free:
+            lines.append(f"{rule} ::= {head} freeparam* {tail}")
+            continue
         conv = _JsonEbnf(params, f"{rule}_", budget)
         props = params.get("properties") or {}
         required = set(params.get("required") or [])
@@ -437,20 +577,14 @@ def tool_calls_ebnf(
             part = f"{_lit(open_tag)} ( {value} ) {_lit(f'</{DSML} parameter>' + chr(10))}"
             budget.charge(len(part) + 6)
             parts.append(part if key in required else f"( {part} )?")
-        head = _lit(f'<{DSML} invoke name="{name}">\n')
-        budget.charge(len(head) + 40)
-        lines.append(f"{rule} ::= {head} {' '.join(parts)} {_lit(f'</{DSML} invoke>' + chr(10))}")
+        lines.append(f"{rule} ::= {head} {' '.join(parts)} {tail}")
         body = conv.text()
         if body:
             lines.append(body)
-        invokes.append(rule)
     if not invokes:
         raise GrammarError("a forced tool call needs at least one tool")
     one = " | ".join(invokes)
-    calls = f"( {one} )+" if parallel else f"( {one} )"
-    root = f"root ::= {_lit(prefix) + ' ' if prefix else ''}{calls} {_lit(CALLS_CLOSE)}"
-    budget.charge(len(root))
-    return "\n".join([root, *lines, _JSON_BASE.strip()])
+    return (f"( {one} )+" if parallel else f"( {one} )"), lines
 
 
 # -- from this module's EBNF to llguidance's Lark ----------------------------------------------------------------

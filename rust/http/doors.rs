@@ -66,7 +66,75 @@ pub fn messages(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiErr
     if !matches!(obj.get("metadata"), None | Some(Value::Null | Value::Object(_))) {
         return Err(ApiError::bad_param("metadata", "'metadata' must be an object."));
     }
+    let obj = v.as_object_mut().ok_or(ApiError::Internal)?;
+    client_tools(obj)?;
+    output_format(obj)?;
+    // Anthropic's API thinks only when asked: a request that says nothing gets no thinking block (the quickstart
+    // reads `content[0].text`). A served name that pins thinking on still turns it on (`generate::pin_thinking`).
+    if matches!(obj.get("thinking"), None | Some(Value::Null)) {
+        obj.insert("thinking".into(), serde_json::json!({"type": "disabled"}));
+    }
     generate((raw, Protocol::Messages), v, model, top_k, forced_tool)
+}
+
+/// Messages tools: a client tool is one without a `type` or with `"type": "custom"` (as litellm writes them); any
+/// other type is one of Anthropic's server tools (`web_search_*`, `bash_*`, `text_editor_*`, `code_execution_*`,
+/// ...), which this server does not run, refused by name. Custom ones go on to deepseek-recipe without the type.
+fn client_tools(obj: &mut Map<String, Value>) -> Result<(), ApiError> {
+    let Some(Value::Array(tools)) = obj.get_mut("tools") else { return Ok(()) };
+    let mut server = Vec::new();
+    for (i, tool) in tools.iter_mut().enumerate() {
+        let Some(t) = tool.as_object_mut() else { continue }; // deepseek-recipe refuses it with its own words
+        match t.get("type") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(kind)) if kind == "custom" => {
+                t.remove("type");
+            }
+            Some(kind) => server.push(format!("tools[{i}] ({})", crate::error::clip(&kind.to_string(), 64))),
+        }
+    }
+    if server.is_empty() {
+        return Ok(());
+    }
+    let param =
+        if server.len() == 1 { server[0].split(' ').next().unwrap_or("tools").to_string() } else { "tools".into() };
+    Err(ApiError::bad_param(
+        &param,
+        format!(
+            "Server tools are not supported by this server: {}. Client tools (no 'type', or 'type': 'custom') are.",
+            server.join(", ")
+        ),
+    ))
+}
+
+/// Anthropic's structured outputs: `output_config.format` (or the older beta `output_format`) with `type`
+/// `json_schema` and a `schema`, left in the body for the codec (which enforces it as chat's `json_schema` in strict
+/// mode, after Anthropic's schema limits). Only one of the two may be given.
+fn output_format(obj: &mut Map<String, Value>) -> Result<(), ApiError> {
+    let config = match obj.get("output_config") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(c)) => c.get("format").filter(|f| !f.is_null()).map(|f| ("output_config.format", f)),
+        Some(_) => return Err(ApiError::bad_param("output_config", "'output_config' must be an object.")),
+    };
+    let beta = obj.get("output_format").filter(|f| !f.is_null()).map(|f| ("output_format", f));
+    let (param, format) = match (config, beta) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_param(
+                "output_format",
+                "Give 'output_config.format' or the deprecated 'output_format', not both.",
+            ));
+        }
+        (Some(f), None) | (None, Some(f)) => f,
+        (None, None) => return Ok(()),
+    };
+    if format.get("type").and_then(Value::as_str) != Some("json_schema") {
+        let message = format!("Invalid '{param}.type': only \"json_schema\" is supported.");
+        return Err(ApiError::bad_param(&format!("{param}.type"), message));
+    }
+    if !format.get("schema").is_some_and(Value::is_object) {
+        return Err(ApiError::bad_param(&format!("{param}.schema"), format!("'{param}' needs a JSON schema object.")));
+    }
+    Ok(())
 }
 
 /// Responses tools the server can run: function tools (and deepseek-recipe's `apply_patch` custom tool).
@@ -241,7 +309,11 @@ pub fn completions(raw: &[u8], served: &[String]) -> Result<GenerateRequest, Api
     if let Some(n) = fields::top_logprobs(obj, "logprobs")? {
         obj.insert("logprobs".into(), Value::from(n));
     }
-    let max_tokens = super::request::opt_u64(obj, "max_tokens")?;
+    // 0 is OpenAI's scoring idiom (with `echo` and `logprobs`): the prompt alone, nothing generated.
+    let max_tokens = match obj.get("max_tokens").map(integer) {
+        Some(Some(0)) => Some(0),
+        _ => super::request::opt_u64(obj, "max_tokens")?,
+    };
     obj.insert("max_tokens".into(), Value::from(max_tokens.unwrap_or(16))); // OpenAI's default for completions
     if obj.get("echo") == Some(&Value::Bool(true)) && obj.get("suffix").is_some_and(Value::is_string) {
         return Err(ApiError::bad_param("echo", "'echo' cannot be combined with 'suffix'."));
@@ -258,6 +330,12 @@ pub fn completions(raw: &[u8], served: &[String]) -> Result<GenerateRequest, Api
     }
     let (mut include_usage, mut continuous_usage) = (false, false);
     let stream = opt_bool(obj, "stream", "stream")?;
+    // The prompt's logprobs: OpenAI's `echo` with `logprobs` (scoring, as lm-eval asks), or vLLM's extension.
+    let echo_logprobs =
+        obj.get("echo") == Some(&Value::Bool(true)) && obj.get("logprobs").is_some_and(|v| !v.is_null());
+    if fields::prompt_logprobs(obj, stream)?.is_some() || echo_logprobs {
+        fields::check_scoring_sampling(obj, Some(max_tokens.unwrap_or(16)), top_k)?;
+    }
     if let Some(Value::Object(so)) = obj.get("stream_options") {
         include_usage = opt_bool(so, "include_usage", "stream_options.include_usage")?;
         continuous_usage = opt_bool(so, "continuous_usage_stats", "stream_options.continuous_usage_stats")?;
@@ -355,9 +433,36 @@ mod tests {
             (json!({"model": "m", "prompt": "x", "suffix": 5}), "suffix"),
             (json!({"model": "m", "prompt": "x", "suffix": "y", "echo": true}), "echo"),
             (json!({"model": "m", "prompt": "x", "temperature": 9}), "temperature"),
+            (json!({"model": "m", "prompt": "x", "max_tokens": -1}), "max_tokens"),
+            // Scoring the prompt at another temperature than the model's while generating: refused.
+            (json!({"model": "m", "prompt": "x", "echo": true, "logprobs": 1, "temperature": 0}), "temperature"),
+            (json!({"model": "m", "prompt": "x", "prompt_logprobs": 0, "top_k": 5, "max_tokens": 9}), "top_k"),
+            (json!({"model": "m", "prompt": "x", "prompt_logprobs": 0, "top_p": 0}), "top_p"),
+            (json!({"model": "m", "prompt": "x", "prompt_logprobs": 21}), "prompt_logprobs"),
+            (json!({"model": "m", "prompt": "x", "prompt_logprobs": 1, "stream": true}), "prompt_logprobs"),
         ] {
             assert_eq!(param(completions, b), field);
         }
+    }
+
+    #[test]
+    fn completions_score_prompts() {
+        let ok = |b: Value| {
+            let r = completions(b.to_string().as_bytes(), &names()).unwrap();
+            (serde_json::from_slice::<Value>(&r.body).unwrap(), r.top_k)
+        };
+        // lm-eval's request: echo, logprobs, temperature 0 and one token (or none).
+        for max_tokens in [0, 1] {
+            let b = json!({"model": "m", "prompt": [1, 2], "echo": true, "logprobs": 1, "temperature": 0,
+                "max_tokens": max_tokens});
+            assert_eq!(ok(b).0["max_tokens"], max_tokens);
+        }
+        let (body, _) = ok(json!({"model": "m", "prompt": "x", "prompt_logprobs": true}));
+        assert_eq!(body["prompt_logprobs"], 0);
+        let (body, _) = ok(json!({"model": "m", "prompt": "x", "prompt_logprobs": false}));
+        assert!(body.get("prompt_logprobs").is_none());
+        let (body, _) = ok(json!({"model": "m", "prompt": "x", "max_tokens": 0}));
+        assert_eq!(body["max_tokens"], 0);
     }
 
     #[test]

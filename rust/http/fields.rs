@@ -332,6 +332,60 @@ pub fn top_logprobs(obj: &Map<String, Value>, key: &str) -> Result<Option<u32>, 
     }
 }
 
+/// vLLM's `prompt_logprobs` (Chat and Completions): the prompt tokens' logprobs in the response, normalized to the
+/// number of alternatives asked for (`true` is 0: the token's own). Not in a stream, as in vLLM.
+pub fn prompt_logprobs(obj: &mut Map<String, Value>, stream: bool) -> Result<Option<u32>, ApiError> {
+    let n = match obj.get("prompt_logprobs") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => None,
+        Some(Value::Bool(true)) => Some(0),
+        Some(_) => top_logprobs(obj, "prompt_logprobs")?,
+    };
+    match n {
+        None => {
+            obj.remove("prompt_logprobs");
+        }
+        Some(_) if stream => {
+            return Err(ApiError::bad_param(
+                "prompt_logprobs",
+                "'prompt_logprobs' is not available with \"stream\": true (as in vLLM).",
+            ));
+        }
+        Some(n) => {
+            obj.insert("prompt_logprobs".into(), Value::from(n));
+        }
+    }
+    Ok(n)
+}
+
+/// A request that asks for its prompt's logprobs gets the model's own distribution (temperature 1, no top-p or
+/// top-k), as OpenAI and vLLM report it. DeepInfer computes them with the request's sampling parameters, which
+/// also sample its completion: so a request that scores its prompt and generates more than one token must leave
+/// them at their defaults. Scoring requests (`max_tokens` 0 or 1, as lm-eval sends them) may set anything; their
+/// one token is then sampled at temperature 1.
+pub fn check_scoring_sampling(obj: &Map<String, Value>, max_tokens: Option<u64>, top_k: i32) -> Result<(), ApiError> {
+    if max_tokens.is_some_and(|n| n <= 1) {
+        return Ok(());
+    }
+    let set = |key: &str| obj.get(key).and_then(Value::as_f64).is_some_and(|v| v != 1.0);
+    let field = if set("temperature") {
+        "temperature"
+    } else if set("top_p") || (top_k == 1 && !obj.contains_key("top_k")) {
+        "top_p"
+    } else if top_k != -1 {
+        "top_k"
+    } else {
+        return Ok(());
+    };
+    Err(ApiError::bad_param(
+        field,
+        format!(
+            "The prompt's logprobs are the model's own distribution (temperature 1, no top-p or top-k), and the \
+             engine samples the completion with the same parameters: with them, leave '{field}' at its default, \
+             or set 'max_tokens' to 0 or 1."
+        ),
+    ))
+}
+
 /// `top_p` 0 keeps only the most likely token; OpenAI allows it and deepseek-recipe wants (0, 1], so it becomes
 /// top_k 1. So does a top_p too small for the engine's f32, which would round to 0. True if it was.
 pub fn take_greedy_top_p(obj: &mut Map<String, Value>) -> bool {

@@ -159,10 +159,14 @@ async fn handle(
                     max_tokens: prepared.max_tokens,
                     temperature: prepared.temperature,
                     top_p: prepared.top_p,
-                    top_k,
+                    // The prompt's logprobs are the model's own distribution (as OpenAI's and vLLM's are): DeepInfer
+                    // computes them with the request's sampling parameters, so the codec sets temperature and
+                    // top_p to 1 for such a request, and top-k is off.
+                    top_k: if prepared.prompt_logprobs { -1 } else { top_k },
                     seed,
                     ignore_eos,
                     logprobs: prepared.logprobs,
+                    prompt_logprobs: prepared.prompt_logprobs,
                     constraint: prepared.constraint,
                     images: prepared.images,
                 },

@@ -226,6 +226,9 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>
     if fields::take_greedy_top_p(obj) {
         top_k = 1;
     }
+    if fields::prompt_logprobs(obj, stream)?.is_some() {
+        fields::check_scoring_sampling(obj, max_completion.or(max_tokens), top_k)?;
+    }
 
     let images = images_of(crate::protocol::Protocol::Chat, raw, &v);
     let body = serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?;

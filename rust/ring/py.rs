@@ -177,6 +177,7 @@ struct Parsed {
     tokens: Vec<u32>,
     values: Vec<u8>,
     alternatives: Vec<u8>,
+    prompt_values: Vec<u8>,
 }
 
 struct ParsedEntry {
@@ -186,6 +187,8 @@ struct ParsedEntry {
     reason: Option<String>,
     /// (alternatives per token, range in `values`, range in `alternatives`)
     logprobs: Option<(u32, std::ops::Range<usize>, std::ops::Range<usize>)>,
+    /// Range in `prompt_values`.
+    prompt_logprobs: Option<std::ops::Range<usize>>,
 }
 
 impl Parsed {
@@ -193,10 +196,11 @@ impl Parsed {
         let t = item.cast::<PyTuple>()?;
         let reason = match t.len() {
             3 => None,
-            4 | 5 => t.get_borrowed_item(3)?.extract::<Option<String>>()?,
+            4..=6 => t.get_borrowed_item(3)?.extract::<Option<String>>()?,
             n => {
                 return Err(PyValueError::new_err(format!(
-                    "token entry must be (request_id, tokens or token, finish[, reason[, logprobs]]), got {n} items"
+                    "token entry must be (request_id, tokens or token, finish[, reason[, logprobs[, prompt \
+                     logprobs]]]), got {n} items"
                 )));
             }
         };
@@ -217,14 +221,22 @@ impl Parsed {
         }
         let n = self.tokens.len() - start;
         let logprobs = match t.len() {
-            5 => {
+            5 | 6 => {
                 let lp = t.get_borrowed_item(4)?;
                 if lp.is_none() { None } else { Some(self.logprobs(&lp, n)?) }
             }
             _ => None,
         };
+        let prompt_logprobs = match t.len() {
+            6 => {
+                let plp = t.get_borrowed_item(5)?;
+                if plp.is_none() { None } else { Some(self.prompt_logprobs(&plp)?) }
+            }
+            _ => None,
+        };
         let request_id = t.get_borrowed_item(0)?.extract()?;
-        self.entries.push(ParsedEntry { request_id, finish, tokens: start..self.tokens.len(), reason, logprobs });
+        let tokens = start..self.tokens.len();
+        self.entries.push(ParsedEntry { request_id, finish, tokens, reason, logprobs, prompt_logprobs });
         Ok(())
     }
 
@@ -265,6 +277,16 @@ impl Parsed {
         Ok((top as u32, v0..self.values.len(), a0..self.alternatives.len()))
     }
 
+    /// One logprob per prompt token after the first.
+    fn prompt_logprobs(&mut self, plp: &Bound<'_, PyAny>) -> PyResult<std::ops::Range<usize>> {
+        let v0 = self.prompt_values.len();
+        for value in plp.try_iter()? {
+            let value: f32 = value?.extract()?;
+            self.prompt_values.extend_from_slice(&value.to_le_bytes());
+        }
+        Ok(v0..self.prompt_values.len())
+    }
+
     fn token_entries(&self) -> Vec<TokenEntry<'_, &[u32]>> {
         self.entries
             .iter()
@@ -278,6 +300,7 @@ impl Parsed {
                     values: &self.values[v.clone()],
                     alternatives: &self.alternatives[a.clone()],
                 }),
+                prompt_logprobs: e.prompt_logprobs.as_ref().map(|r| &self.prompt_values[r.clone()]),
             })
             .collect()
     }
@@ -303,6 +326,11 @@ pub fn logprobs_to_py<'py>(py: Python<'py>, lp: &Logprobs<'_>) -> PyResult<Bound
         out.append((f64::from(f32_at(v, 0)), alts))?;
     }
     Ok(out)
+}
+
+/// A prompt's logprobs as Python reads them: a list of floats.
+pub fn prompt_logprobs_to_py<'py>(py: Python<'py>, values: &[u8]) -> PyResult<Bound<'py, PyList>> {
+    PyList::new(py, values.chunks_exact(4).map(|c| f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]]))))
 }
 
 fn prompt_ids(prompt: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
@@ -392,7 +420,7 @@ impl PyRing {
 
     // ------------------------------------------------------- request side
 
-    #[pyo3(signature = (request_id, prompt, max_tokens, temperature=1.0, top_p=1.0, top_k=-1, seed=None, ignore_eos=false, timeout=None, logprobs=None, constraint=None, images=None))]
+    #[pyo3(signature = (request_id, prompt, max_tokens, temperature=1.0, top_p=1.0, top_k=-1, seed=None, ignore_eos=false, timeout=None, logprobs=None, constraint=None, images=None, prompt_logprobs=false))]
     #[allow(clippy::too_many_arguments)]
     fn push_submit(
         &self,
@@ -409,6 +437,7 @@ impl PyRing {
         logprobs: Option<u32>,
         constraint: Option<(u32, String, Vec<u32>, Option<u32>)>,
         images: Option<(String, u32, Vec<[u32; 3]>)>,
+        prompt_logprobs: bool,
     ) -> PyResult<()> {
         let prompt = prompt_ids(prompt)?;
         let constraint = constraint.map(|(schema_type, schema, triggers, bound)| Constraint {
@@ -427,6 +456,7 @@ impl PyRing {
             seed,
             ignore_eos,
             logprobs,
+            prompt_logprobs,
             constraint,
             images: images.map(|(path, extra_tokens, sizes)| ImageSet { path, extra_tokens, sizes }),
         };
@@ -447,7 +477,7 @@ impl PyRing {
 
     /// Consumes available request records: `(1, request_id, prompt_ids,
     /// max_tokens, temperature, top_p, top_k, seed|None, ignore_eos,
-    /// logprobs top|None, (schema_type, schema, triggers, bound|None)|None,
+    /// (logprobs top|None, prompt_logprobs), (schema_type, schema, triggers, bound|None)|None,
     /// (path, extra_tokens, [(width, height, bytes)])|None)`,
     /// `(2, request_id)`, `(3,)`. A malformed record (a peer bug) raises
     /// `RingError`; everything drained by that call is consumed and lost.
@@ -472,7 +502,7 @@ impl PyRing {
                             s.top_k,
                             s.seed,
                             s.ignore_eos,
-                            s.logprobs,
+                            (s.logprobs, s.prompt_logprobs),
                             s.constraint.map(|c| (c.schema_type, c.schema, c.triggers, c.bound)),
                             s.images.map(|im| (im.path, im.extra_tokens, im.sizes)),
                         )
@@ -535,7 +565,7 @@ impl PyRing {
 
     /// Consumes available TOKENS records and returns their entries,
     /// flattened: `(request_id, tokens, finish, reason|None)`, with a fifth item, the logprobs, on entries that
-    /// carry them. Malformed data
+    /// carry them, and a sixth, the prompt's logprobs, on an entry that carries those. Malformed data
     /// raises `RingError` (what that call drained is consumed and lost).
     #[pyo3(signature = (max_bytes=1 << 26))]
     fn drain_tokens<'py>(&self, py: Python<'py>, max_bytes: usize) -> PyResult<Bound<'py, PyList>> {
@@ -557,10 +587,13 @@ impl PyRing {
                     for e in batch {
                         let e = e.map_err(|e| RingError::new_err(e.to_string()))?;
                         let tokens = PyList::new(py, e.tokens.iter())?;
-                        match &e.logprobs {
-                            None => out.append((e.request_id, tokens, e.finish, e.reason))?,
-                            Some(l) => {
-                                out.append((e.request_id, tokens, e.finish, e.reason, logprobs_to_py(py, l)?))?
+                        let logprobs = e.logprobs.as_ref().map(|l| logprobs_to_py(py, l)).transpose()?;
+                        match (logprobs, e.prompt_logprobs) {
+                            (None, None) => out.append((e.request_id, tokens, e.finish, e.reason))?,
+                            (l, None) => out.append((e.request_id, tokens, e.finish, e.reason, l))?,
+                            (l, Some(p)) => {
+                                let p = prompt_logprobs_to_py(py, p)?;
+                                out.append((e.request_id, tokens, e.finish, e.reason, l, p))?
                             }
                         }
                     }

@@ -16,6 +16,7 @@
 //! TOKENS:  n_entries u32 | pad u32 | entries...
 //!   entry: request_id u64 | finish u32 | n_tokens u32 | n_tokens x u32
 //!          | [logprobs: n_tokens x f32 | n_tokens x top x (token u32 | logprob f32)]
+//!          | [PROMPT_LOGPROBS: n_prompt u32 | n_prompt x f32]
 //!          | [finish == FINISH_ERROR: reason_len u32 | utf-8 reason] | pad to 8
 //! TIMING:  n_entries u32 | pad u32 | published_us u64
 //!          | n_entries x (request_id u64 | taken_us u64 | scheduled_us u64)
@@ -23,7 +24,9 @@
 //!
 //! An entry's `finish` word holds the finish code in its low 16 bits and, for a request that asked for logprobs,
 //! `top + 1` in its high 16 bits (`top` alternatives per token follow each token's own logprob). A request
-//! without logprobs has 0 there and pays no byte for them; nor does a request without a constraint.
+//! without logprobs has 0 there and pays no byte for them; nor does a request without a constraint. Bit 15 of the
+//! low half (`PROMPT_LOGPROBS`) marks an entry that carries the prompt's logprobs: a SUBMIT with
+//! `FLAG_PROMPT_LOGPROBS` gets them once, with its first token, one per prompt token after the first.
 //!
 //! A TIMING record goes just before the TOKENS record that carries the first tokens of its requests: when the
 //! rank took each from its ring, when the engine step that carries its prefill began, and when the rank published
@@ -60,6 +63,10 @@ pub const FLAG_LOGPROBS: u32 = 1 << 2;
 pub const FLAG_CONSTRAINT: u32 = 1 << 3;
 /// The prompt has images: the image trailer follows (after the constraint's, if any).
 pub const FLAG_IMAGES: u32 = 1 << 4;
+/// The request wants the logprob of each prompt token (DeepInfer's `prompt_logprobs`), with its first token.
+pub const FLAG_PROMPT_LOGPROBS: u32 = 1 << 5;
+/// In a TOKENS entry's finish word: the prompt's logprobs follow the tokens' own.
+const PROMPT_LOGPROBS: u32 = 1 << 15;
 
 /// `schema_type` of a constraint, as DeepInfer's `so_args` names them.
 pub const SCHEMA_JSON: u32 = 1;
@@ -140,6 +147,8 @@ pub struct Submit<P> {
     pub ignore_eos: bool,
     /// Logprobs wanted: `Some(top)` with `top` alternatives per token (0 for the sampled token's alone).
     pub logprobs: Option<u32>,
+    /// The prompt tokens' logprobs wanted too (the token's own, no alternatives: what DeepInfer computes).
+    pub prompt_logprobs: bool,
     /// A grammar the output must follow.
     pub constraint: Option<Constraint>,
     /// The prompt's images (one placeholder token each in `prompt`).
@@ -204,6 +213,8 @@ pub struct TokenEntry<'a, T> {
     pub tokens: T,
     pub reason: Option<&'a str>,
     pub logprobs: Option<Logprobs<'a>>,
+    /// The prompt's logprobs (f32 little-endian, one per prompt token after the first), on a first token.
+    pub prompt_logprobs: Option<&'a [u8]>,
 }
 
 /// The logprobs of an entry's tokens, as the record holds them (little-endian, any alignment): one f32 per
@@ -270,7 +281,8 @@ impl<P: AsRef<[u32]>> Submit<P> {
             | flag(self.seed.is_some(), FLAG_HAS_SEED)
             | flag(self.logprobs.is_some(), FLAG_LOGPROBS)
             | flag(self.constraint.is_some(), FLAG_CONSTRAINT)
-            | flag(self.images.is_some(), FLAG_IMAGES);
+            | flag(self.images.is_some(), FLAG_IMAGES)
+            | flag(self.prompt_logprobs, FLAG_PROMPT_LOGPROBS);
         let mut w = Writer { buf, off: 0 };
         w.u64(self.request_id);
         w.u32(self.max_tokens);
@@ -320,7 +332,14 @@ fn entry_len<T: AsRef<[u32]>>(e: &TokenEntry<'_, T>) -> usize {
         (FINISH_ERROR, r) => 4 + r.map_or(0, str::len),
         _ => 0,
     };
-    align8(ENTRY_HEADER + 4 * e.tokens.as_ref().len() + e.logprobs.as_ref().map_or(0, Logprobs::encoded_len) + reason)
+    let prompt = e.prompt_logprobs.map_or(0, |p| 4 + p.len());
+    align8(
+        ENTRY_HEADER
+            + 4 * e.tokens.as_ref().len()
+            + e.logprobs.as_ref().map_or(0, Logprobs::encoded_len)
+            + prompt
+            + reason,
+    )
 }
 
 /// Payload size of a TOKENS record holding `entries`.
@@ -336,12 +355,17 @@ pub fn write_tokens<T: AsRef<[u32]>>(entries: &[TokenEntry<'_, T>], buf: &mut [u
     for e in entries {
         let tokens = e.tokens.as_ref();
         w.u64(e.request_id);
-        w.u32(e.finish | e.logprobs.as_ref().map_or(0, |l| (l.top + 1) << 16));
+        let prompt = if e.prompt_logprobs.is_some() { PROMPT_LOGPROBS } else { 0 };
+        w.u32(e.finish | prompt | e.logprobs.as_ref().map_or(0, |l| (l.top + 1) << 16));
         w.u32(tokens.len() as u32);
         w.u32s(tokens);
         if let Some(l) = &e.logprobs {
             w.bytes(l.values);
             w.bytes(l.alternatives);
+        }
+        if let Some(p) = e.prompt_logprobs {
+            w.u32((p.len() / 4) as u32);
+            w.bytes(p);
         }
         if e.finish == FINISH_ERROR {
             let r = e.reason.unwrap_or("");
@@ -500,6 +524,7 @@ pub fn decode_request(kind: u32, payload: &[u8]) -> Result<Request<'_>, RecordEr
                 seed: (flags & FLAG_HAS_SEED != 0).then_some(seed),
                 ignore_eos: flags & FLAG_IGNORE_EOS != 0,
                 logprobs: (flags & FLAG_LOGPROBS != 0).then_some(top_logprobs),
+                prompt_logprobs: flags & FLAG_PROMPT_LOGPROBS != 0,
                 constraint,
                 images,
             })
@@ -559,7 +584,7 @@ impl<'a> TokenBatch<'a> {
         let start = self.r.buf.len();
         let request_id = self.r.u64()?;
         let word = self.r.u32()?;
-        let (finish, top) = (word & 0xffff, word >> 16);
+        let (finish, top) = (word & 0xffff & !PROMPT_LOGPROBS, word >> 16);
         let n = self.r.u32()?;
         let tokens = self.r.u32s(n)?;
         let logprobs = match top {
@@ -569,6 +594,13 @@ impl<'a> TokenBatch<'a> {
                 let values = self.r.take(4 * n as usize)?;
                 let alternatives = self.r.take(8 * n as usize * (t as usize - 1))?;
                 Some(Logprobs { top: t - 1, values, alternatives })
+            }
+        };
+        let prompt_logprobs = match word & PROMPT_LOGPROBS {
+            0 => None,
+            _ => {
+                let n = self.r.u32()?;
+                Some(self.r.take((n as usize).checked_mul(4).ok_or(RecordError::Truncated)?)?)
             }
         };
         let reason = match finish {
@@ -582,7 +614,7 @@ impl<'a> TokenBatch<'a> {
         };
         let used = start - self.r.buf.len();
         self.r.take(align8(used) - used)?;
-        Ok(TokenEntry { request_id, finish, tokens, reason, logprobs })
+        Ok(TokenEntry { request_id, finish, tokens, reason, logprobs, prompt_logprobs })
     }
 }
 
@@ -636,6 +668,7 @@ mod tests {
                 seed,
                 ignore_eos,
                 logprobs: None,
+                prompt_logprobs: false,
                 constraint: None,
                 images: None,
             };
@@ -682,6 +715,7 @@ mod tests {
                 seed: None,
                 ignore_eos: false,
                 logprobs,
+                prompt_logprobs: false,
                 constraint: constraint.clone(),
                 images: images.clone(),
             };
@@ -705,8 +739,22 @@ mod tests {
             .collect();
         let lp = Logprobs { top: 2, values: &values, alternatives: &alternatives };
         let entries = [
-            TokenEntry { request_id: 1, finish: FINISH_LENGTH, tokens: &tokens[..], reason: None, logprobs: Some(lp) },
-            TokenEntry { request_id: 2, finish: FINISH_NONE, tokens: &tokens[..1], reason: None, logprobs: None },
+            TokenEntry {
+                request_id: 1,
+                finish: FINISH_LENGTH,
+                tokens: &tokens[..],
+                reason: None,
+                logprobs: Some(lp),
+                prompt_logprobs: None,
+            },
+            TokenEntry {
+                request_id: 2,
+                finish: FINISH_NONE,
+                tokens: &tokens[..1],
+                reason: None,
+                logprobs: None,
+                prompt_logprobs: None,
+            },
         ];
         let bytes = encode_tokens(&entries);
         let got: Vec<_> = decode_tokens(&bytes).unwrap().map(Result::unwrap).collect();
@@ -717,6 +765,52 @@ mod tests {
         let mut bad = bytes.clone();
         bad[16..20].copy_from_slice(&(FINISH_NONE | (MAX_TOP_LOGPROBS + 2) << 16).to_le_bytes());
         assert!(matches!(decode_tokens(&bad).unwrap().next(), Some(Err(RecordError::BadTop(_)))));
+    }
+
+    #[test]
+    fn prompt_logprobs_round_trip() {
+        let values: Vec<u8> = [-1.5f32, -0.25, -7.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let entries = [
+            TokenEntry {
+                request_id: 3,
+                finish: FINISH_LENGTH,
+                tokens: &[9u32][..],
+                reason: None,
+                logprobs: Some(Logprobs { top: 0, values: &(-0.5f32).to_le_bytes(), alternatives: &[] }),
+                prompt_logprobs: Some(&values),
+            },
+            TokenEntry {
+                request_id: 4,
+                finish: FINISH_ERROR,
+                tokens: &[][..],
+                reason: Some("x"),
+                logprobs: None,
+                prompt_logprobs: Some(&[]),
+            },
+        ];
+        let bytes = encode_tokens(&entries);
+        let got: Vec<_> = decode_tokens(&bytes).unwrap().map(Result::unwrap).collect();
+        assert_eq!((got[0].finish, got[0].prompt_logprobs), (FINISH_LENGTH, Some(&values[..])));
+        assert_eq!(got[0].logprobs.unwrap().values, &(-0.5f32).to_le_bytes());
+        assert_eq!((got[1].finish, got[1].reason, got[1].prompt_logprobs), (FINISH_ERROR, Some("x"), Some(&[][..])));
+        let s = Submit {
+            request_id: 1,
+            prompt: &[1u32, 2][..],
+            max_tokens: 1,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: -1,
+            seed: None,
+            ignore_eos: false,
+            logprobs: Some(1),
+            prompt_logprobs: true,
+            constraint: None,
+            images: None,
+        };
+        match decode_request(SUBMIT, &s.encode()).unwrap() {
+            Request::Submit(d) => assert!(d.prompt_logprobs && d.logprobs == Some(1)),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -734,18 +828,47 @@ mod tests {
         let t1 = [1u32, 2, 3];
         let t2: [u32; 0] = [];
         let entries = [
-            TokenEntry { request_id: 1, finish: FINISH_NONE, tokens: &t1[..], reason: None, logprobs: None },
-            TokenEntry { request_id: 2, finish: FINISH_STOP, tokens: &t2[..], reason: None, logprobs: None },
+            TokenEntry {
+                request_id: 1,
+                finish: FINISH_NONE,
+                tokens: &t1[..],
+                reason: None,
+                logprobs: None,
+                prompt_logprobs: None,
+            },
+            TokenEntry {
+                request_id: 2,
+                finish: FINISH_STOP,
+                tokens: &t2[..],
+                reason: None,
+                logprobs: None,
+                prompt_logprobs: None,
+            },
             TokenEntry {
                 request_id: 3,
                 finish: FINISH_ERROR,
                 tokens: &t1[..1],
                 reason: Some("boom ü"),
                 logprobs: None,
+                prompt_logprobs: None,
             },
-            TokenEntry { request_id: 4, finish: FINISH_ERROR, tokens: &t2[..], reason: None, logprobs: None },
+            TokenEntry {
+                request_id: 4,
+                finish: FINISH_ERROR,
+                tokens: &t2[..],
+                reason: None,
+                logprobs: None,
+                prompt_logprobs: None,
+            },
             // A reason on a non-error entry is not encoded.
-            TokenEntry { request_id: 5, finish: FINISH_LENGTH, tokens: &t1[..2], reason: Some("x"), logprobs: None },
+            TokenEntry {
+                request_id: 5,
+                finish: FINISH_LENGTH,
+                tokens: &t1[..2],
+                reason: Some("x"),
+                logprobs: None,
+                prompt_logprobs: None,
+            },
         ];
         let bytes = encode_tokens(&entries);
         assert_eq!(bytes.len() % 8, 0);
@@ -774,7 +897,14 @@ mod tests {
     #[test]
     fn malformed_tokens_are_errors() {
         let t = [5u32; 3];
-        let e = [TokenEntry { request_id: 1, finish: FINISH_NONE, tokens: &t[..], reason: None, logprobs: None }];
+        let e = [TokenEntry {
+            request_id: 1,
+            finish: FINISH_NONE,
+            tokens: &t[..],
+            reason: None,
+            logprobs: None,
+            prompt_logprobs: None,
+        }];
         let bytes = encode_tokens(&e);
         for cut in 0..bytes.len() {
             let r = decode_tokens(&bytes[..cut]).map(|b| b.collect::<Result<Vec<_>, _>>());

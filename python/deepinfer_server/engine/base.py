@@ -38,17 +38,21 @@ class Submit:
     # A grammar on the output: DeepInfer's so_args, {"schema_type", "schema", "trigger_token_ids", "bound_token_id"}.
     so_args: dict[str, object] | None = None
     images: Images | None = None
+    # The prompt tokens' logprobs wanted (their own, no alternatives), returned with the first token.
+    prompt_logprobs: bool = False
 
 
 # One token's logprob and its alternatives [(token id, logprob), ...], best first.
 TokenLogprob = tuple[float, list[tuple[int, float]]]
 
-# (request_id, new token ids or one token id, finish code[, error reason[, logprobs]]): the rows of one output-ring
-# TOKENS record. Logprobs, one per token, only for a request that asked for them.
+# (request_id, new token ids or one token id, finish code[, error reason[, logprobs[, prompt logprobs]]]): the rows
+# of one output-ring TOKENS record. Logprobs, one per token, only for a request that asked for them; the prompt's
+# logprobs (one per prompt token after the first) once, with the first token of a request that asked for them.
 Output = (
     tuple[int, list[int] | int, int]
     | tuple[int, list[int] | int, int, str | None]
     | tuple[int, list[int] | int, int, str | None, list[TokenLogprob] | None]
+    | tuple[int, list[int] | int, int, str | None, list[TokenLogprob] | None, list[float]]
 )
 
 SCHEMA_TYPES = {1: "json", 2: "regex", 3: "ebnf"}  # _native.SCHEMA_* -> so_args' schema_type

@@ -263,6 +263,7 @@ def build(cfg: dict[str, Any]) -> DeepInferEngine:
     from deepinfer._C.engine import RequestOutput
     from deepinfer.engine.arg_utils import EngineArgs
     from deepinfer.engine.llm_engine import LLMEngine
+    from deepinfer.environ import envs
     from deepinfer.model_executor.parallel_utils.parallel_state import PG
     from deepinfer.sampling_params import SamplingParams
 
@@ -301,6 +302,9 @@ def build(cfg: dict[str, Any]) -> DeepInferEngine:
         sampling_params=SamplingParams,
         dp_group=PG.cpu_data_parallel_group(),
         image_placeholder_id=cfg.get("image_placeholder_id"),
+        # Under YoCo prefill truncation the engine turns prompt_logprobs off (llm_engine.py:529-537) and the request
+        # would come back without them: such requests are refused instead.
+        prompt_logprobs=str(envs.DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE) == "off",
     )
 
 
@@ -324,6 +328,7 @@ class DeepInferEngine:
         sampling_params: Any,
         dp_group: Any,
         image_placeholder_id: int | None = None,
+        prompt_logprobs: bool = True,
     ) -> None:
         self.engine = engine
         self.image_placeholder_id = image_placeholder_id  # the serving tokenizer's <｜image｜>
@@ -342,6 +347,8 @@ class DeepInferEngine:
         self.launched = 0.0  # when the step whose outputs the next call returns was launched
         self.live: set[int] = set()  # requests the server still waits for
         self.logprobs: dict[int, int] = {}  # requests that asked for logprobs -> alternatives per token
+        self.prompt_logprobs_ok = prompt_logprobs  # False under YoCo prefill truncation
+        self.prompt_logprobs: set[int] = set()  # requests waiting for their prompt's logprobs (first output)
         self.re_aborts = 0
         self.drafted = 0  # speculative decoding: draft tokens proposed, and accepted, since start
         self.accepted = 0
@@ -355,6 +362,8 @@ class DeepInferEngine:
         prompt = req.prompt
         if not prompt:
             return [(rid, [], _native.FINISH_ERROR, "empty prompt")]
+        if req.prompt_logprobs and not self.prompt_logprobs_ok:
+            return [(rid, [], _native.FINISH_ERROR, "prompt_logprobs_unavailable")]
         if min(prompt) < 0 or max(prompt) > _INT32_MAX:
             return [(rid, [], _native.FINISH_ERROR, "prompt contains a token id outside the vocabulary")]
         n = len(prompt) + (req.images.extra_tokens if req.images is not None else 0)
@@ -368,6 +377,7 @@ class DeepInferEngine:
                 ignore_eos=req.ignore_eos,
                 seq_seed=req.seed,
                 top_logprobs=req.logprobs or 0,
+                prompt_logprobs=req.prompt_logprobs,
                 so_args=req.so_args,
             )
             ids = self._np.ascontiguousarray(self._np.asarray(prompt, dtype=self._np.int32))
@@ -396,6 +406,8 @@ class DeepInferEngine:
         self.fresh[rid] = time.monotonic()
         if req.logprobs is not None:
             self.logprobs[rid] = req.logprobs
+        if req.prompt_logprobs:
+            self.prompt_logprobs.add(rid)
         return []
 
     def _images(self, ids: Any, req: Submit) -> dict[str, list[Any]] | str | None:
@@ -420,6 +432,7 @@ class DeepInferEngine:
         for rid in ids:
             self.live.discard(rid)
             self.logprobs.pop(rid, None)
+            self.prompt_logprobs.discard(rid)
             self.fresh.pop(rid, None)
         self.engine.abort_request([str(rid) for rid in ids])
 
@@ -517,7 +530,10 @@ class DeepInferEngine:
                     if not ro.get_finished(p) and sid not in re_abort:
                         re_abort.append(sid)
                     continue
-                row = rows[rid] = [[], _native.FINISH_NONE, None, [] if rid in self.logprobs else None]
+                row = rows[rid] = [[], _native.FINISH_NONE, None, [] if rid in self.logprobs else None, None]
+                if rid in self.prompt_logprobs:  # DeepInfer sets them on a request's first output
+                    self.prompt_logprobs.discard(rid)
+                    row[4] = [float(v) for v in ro.get_prompt_logprobs(p)]
                 if self.fresh:  # its first output: its prefill ran in the step launched before this call
                     taken = self.fresh.pop(rid, None)
                     if taken is not None:
@@ -544,11 +560,15 @@ class DeepInferEngine:
             if row[1] != _native.FINISH_NONE:
                 self.live.discard(rid)
                 self.logprobs.pop(rid, None)
+                self.prompt_logprobs.discard(rid)
         if re_abort:
             self.re_aborts += len(re_abort)
             log.info("re-aborting %d request(s) whose abort was lost: %s", len(re_abort), ", ".join(re_abort[:8]))
             self.engine.abort_request(re_abort)
-        return [(rid, row[0], row[1], row[2], row[3]) for rid, row in rows.items()]
+        return [
+            (rid, row[0], row[1], row[2], row[3]) if row[4] is None else (rid, row[0], row[1], row[2], row[3], row[4])
+            for rid, row in rows.items()
+        ]
 
     def close(self) -> None:
         """Collective close (all ranks leave the loop at the same iteration). After a failed collective, skip it."""

@@ -162,6 +162,7 @@ def take_requests(engine: Engine, requests: _native.Ring) -> tuple[list[Output],
         tag = msg[0]
         if tag == _native.KIND_SUBMIT:
             _, rid, prompt, max_tokens, temperature, top_p, top_k, seed, ignore_eos, logprobs, constraint, pics = msg
+            logprobs, prompt_logprobs = logprobs
             images = load_images(pics)
             if isinstance(images, str):
                 published.append((rid, [], _native.FINISH_ERROR, images))
@@ -178,6 +179,7 @@ def take_requests(engine: Engine, requests: _native.Ring) -> tuple[list[Output],
                 logprobs,
                 so_args(constraint),
                 images,
+                prompt_logprobs,
             )
             published += engine.add(req)
         elif tag == _native.KIND_ABORT:

@@ -11,9 +11,11 @@ a tool call's markup would break it). As in DeepInfer, an impossible token's log
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
+import zlib
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -178,3 +180,21 @@ def _whole_text(data: bytes) -> bool:
 
 class NoCandidate(Exception):
     """No token the grammar allows is left to the sampler."""
+
+
+def prompt_logprobs(prompt: list[int], temperature: float) -> list[float]:
+    """The simulated model's logprob of each prompt token after the first, as DeepInfer returns them (one per
+    position, at the request's temperature). At each position the model weighs the token that follows against
+    three others: the token's logit falls with how unusual the pair (previous token, token) is, a hash of the pair
+    standing in for a model's knowledge, so the same text always scores the same and different texts differ."""
+    t = max(temperature, GREEDY_BELOW)
+    out = []
+    for prev, tok in itertools.pairwise(prompt):
+        h = zlib.crc32(prev.to_bytes(4, "little") + tok.to_bytes(4, "little"))
+        actual = -4.0 * (h & 0xFFFF) / 0xFFFF  # in [-4, 0]
+        rival = -1.0 - ((h >> 16) & 0xFF) / 0xFF  # the best other token, in [-2, -1]
+        logits = (actual, rival, rival - 1.0, rival - 2.5)
+        peak = max(logits)
+        total = sum(math.exp((x - peak) / t) for x in logits)
+        out.append((actual - peak) / t - math.log(total))
+    return out

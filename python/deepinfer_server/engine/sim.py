@@ -33,7 +33,7 @@ from tokenizers import Tokenizer
 from deepinfer_server import _native
 from deepinfer_server.engine.base import Images, Output, Submit
 from deepinfer_server.engine.constrained import GRAMMAR_FAILED, GrammarRun, SimGrammars
-from deepinfer_server.engine.sampling import Sampler, Vocabulary
+from deepinfer_server.engine.sampling import Sampler, Vocabulary, prompt_logprobs
 
 log = logging.getLogger("deepinfer_server.sim")
 CORPUS = Path(__file__).with_name("sim_corpus.txt")
@@ -132,6 +132,7 @@ class SimEngine:
         self._step_t0 = 0.0  # when the step being planned starts
         self._firsts: list[tuple[int, float, float]] = []  # see first_token_times
         self._entropy = random.Random()  # seeds unseeded requests without an os.urandom read each
+        self._prompt_logprobs: dict[int, list[float]] = {}  # asked for, until the request's first token
 
     # -- request side --------------------------------------------------------------------------------------------
     def add(self, req: Submit) -> list[Output]:
@@ -161,12 +162,19 @@ class SimEngine:
             seq.grammar = run
             grng = random.Random(rng.getrandbits(64))
             seq.grammar_params = (grng, req.temperature, req.top_k, req.top_p, req.logprobs)
+        if req.prompt_logprobs:
+            # As DeepInfer: one per prompt token after the first (an image's expansion included), with the first
+            # token. The sim's prompt holds one placeholder per image: it scores its expansion as that token.
+            expanded = prompt + [prompt[-1]] * (n_prompt - len(prompt))
+            self._prompt_logprobs[req.request_id] = prompt_logprobs(expanded, req.temperature)
         self.waiting.append(seq)
         self.by_id[req.request_id] = seq
         return []
 
     def abort(self, request_ids: list[int]) -> None:
         gone = {rid for rid in request_ids if self.by_id.pop(rid, None) is not None}
+        for rid in gone:
+            self._prompt_logprobs.pop(rid, None)
         if gone:
             self._batch = [s for s in self._batch if s.rid not in gone]
             self.waiting = deque(s for s in self.waiting if s.rid not in gone)
@@ -193,6 +201,7 @@ class SimEngine:
         self.decoding.clear()
         self.prefilling.clear()
         self.by_id.clear()
+        self._prompt_logprobs.clear()
 
     # -- one step ------------------------------------------------------------------------------------------------
     def step(self) -> list[Output]:
@@ -295,7 +304,18 @@ class SimEngine:
             self.quiet_step = False
             self.decoding = [s for s in self.decoding if s.rid in self.by_id]
         self._batch = []
+        if self._prompt_logprobs:
+            out = [self._with_prompt_logprobs(row) for row in out]
         return out
+
+    def _with_prompt_logprobs(self, row: Output) -> Output:
+        """A request's first output row, with the prompt's logprobs it asked for."""
+        values = self._prompt_logprobs.pop(row[0], None)
+        if values is None:
+            return row
+        reason = row[3] if len(row) > 3 else None
+        logprobs = row[4] if len(row) > 4 else None
+        return (row[0], row[1], row[2], reason, logprobs, values)
 
     def _commit_sampled(self, s: _Seq, out: list[Output]) -> bool:
         """One sampled token of a request with logprobs; True if it ended the request."""

@@ -32,6 +32,7 @@ class envs:
     DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL = EnvVar(int, 100)
     DEEPINFER_ZERO_OVERHEAD_SCHEDULING = EnvVar(_bool, False)
     DEEPINFER_USE_MULTIMODAL_POOL = EnvVar(_bool, False)
+    DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE = EnvVar(str, "off")
 
 
 def rearm(name: str) -> None:

@@ -318,6 +318,10 @@ class LLMEngine:
         if isinstance(sampling_params, dict):
             sampling_params = SamplingParams(**{k: v for k, v in sampling_params.items() if v is not None})
         sampling_params.eos_id = self.eos_id
+        if envs.DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE != "off" and sampling_params.prompt_logprobs:
+            # As the engine (llm_engine.py:529-537): a warning, and the request runs without them.
+            _say(f"Request {request_id}: prompt_logprobs is forced to False under YoCo prefill truncation")
+            sampling_params.prompt_logprobs = False
         a = prompt_token_ids
         if not (isinstance(a, np.ndarray) and a.dtype == np.int32 and a.ndim == 1 and a.flags.c_contiguous):
             raise TypeError("prompt_token_ids must be a 1-D C-contiguous np.ndarray[np.int32] (noconvert)")
@@ -462,6 +466,10 @@ class LLMEngine:
             alts = [tok] + [(tok + k) % self.model_config.get_vocab_size() for k in range(1, sp.top_logprobs)]
             outs[-1].top_token_ids = alts[: sp.top_logprobs]
             outs[-1].top_logprobs = [lp - k for k in range(sp.top_logprobs)]
+            if i == 0 and sp.prompt_logprobs:
+                # As DeepInfer: on the first token, one value per prompt token after the first (a deterministic
+                # stand-in for the model's log-softmax at each position).
+                outs[-1].prompt_logprobs = [-0.25 * (1 + int(t) % 7) for t in s.prompt[1:]]
             if reason:
                 s.status = "FINISHED"
                 break
