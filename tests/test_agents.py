@@ -64,6 +64,12 @@ def chat(s: Server, **body: Any) -> dict[str, Any]:
     return dict(r.json())
 
 
+def messages(s: Server, content: str, **body: Any) -> httpx.Response:
+    """A Messages request as it is on the wire (fields the anthropic SDK has no argument for)."""
+    json_body = {"model": MODEL, "max_tokens": 400, "messages": [{"role": "user", "content": content}], **body}
+    return httpx.post(f"{s.url}/v1/messages", json=json_body, timeout=60)
+
+
 def answered_or_called(message: dict[str, Any], schema: dict[str, Any] | None, tools: dict[str, Any]) -> str:
     """'call' or 'answer'; fails unless the message is exactly one of a valid tool call or a valid answer."""
     calls = message.get("tool_calls") or []
@@ -290,16 +296,7 @@ def test_the_anthropic_quickstart_gets_text_first(srv: Server) -> None:
         thinking={"type": "enabled", "budget_tokens": 100},
     )
     assert asked.content[0].type == "thinking"
-    adaptive = httpx.post(
-        f"{srv.url}/v1/messages",
-        json={
-            "model": MODEL,
-            "max_tokens": 300,
-            "messages": [{"role": "user", "content": "Hi"}],
-            "thinking": {"type": "adaptive"},
-        },
-        timeout=60,
-    )
+    adaptive = messages(srv, "Hi", max_tokens=300, thinking={"type": "adaptive"})
     assert adaptive.status_code == 200 and adaptive.json()["content"][0]["type"] == "thinking", adaptive.text
 
 
@@ -319,16 +316,7 @@ def test_anthropic_messages_parse_and_output_config(srv: Server) -> None:
     )
     assert isinstance(parsed.parsed_output, Weather)
     # The deprecated beta field is enforced the same way.
-    r = httpx.post(
-        f"{srv.url}/v1/messages",
-        json={
-            "model": MODEL,
-            "max_tokens": 400,
-            "messages": [{"role": "user", "content": "Weather?"}],
-            "output_format": {"type": "json_schema", "schema": SCHEMA},
-        },
-        timeout=60,
-    )
+    r = messages(srv, "Weather?", output_format={"type": "json_schema", "schema": SCHEMA})
     assert r.status_code == 200, r.text
     jsonschema.validate(json.loads(r.json()["content"][0]["text"]), SCHEMA)
 
@@ -396,16 +384,11 @@ def test_anthropic_custom_tools_are_client_tools_and_server_tools_are_named(srv:
 
 
 def test_anthropic_output_format_beside_tools(srv: Server) -> None:
-    r = httpx.post(
-        f"{srv.url}/v1/messages",
-        json={
-            "model": MODEL,
-            "max_tokens": 400,
-            "messages": [{"role": "user", "content": "weather?"}],
-            "tools": [{"name": "get_weather", "input_schema": CITY, "strict": True}],
-            "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}},
-        },
-        timeout=60,
+    r = messages(
+        srv,
+        "weather?",
+        tools=[{"name": "get_weather", "input_schema": CITY, "strict": True}],
+        output_config={"format": {"type": "json_schema", "schema": SCHEMA}},
     )
     assert r.status_code == 200, r.text
     blocks = r.json()["content"]
