@@ -22,7 +22,6 @@ Attacks:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -239,15 +238,13 @@ def attack_trickle(srv: Server, args: argparse.Namespace) -> dict[str, Any]:
     socks: list[socket.socket] = []
     rss0 = srv.rss_mib()
     with Prober(srv) as p:
+        # Each head sent once its socket is connected: a non-blocking send on a socket still connecting (the
+        # listen backlog full while the server accepts the rest) fails with EAGAIN, and most heads were never sent.
         for _ in range(args.connections):
-            s = socket.socket()
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+            s.sendall(head)
             s.setblocking(False)
-            s.connect_ex(("127.0.0.1", srv.port))
             socks.append(s)
-        time.sleep(0.5)
-        for s in socks:
-            with contextlib.suppress(OSError):
-                s.send(head)
         t0 = time.monotonic()
         closed_at: dict[int, float] = {}
         for s in socks:
@@ -257,6 +254,8 @@ def attack_trickle(srv: Server, args: argparse.Namespace) -> dict[str, Any]:
                 if s.fileno() not in closed_at:
                     try:
                         s.send(b" ")
+                    except BlockingIOError:
+                        pass  # its socket buffer is full: not closed
                     except OSError:
                         closed_at[s.fileno()] = time.monotonic() - t0
             deadline = time.monotonic() + 1.0

@@ -8,6 +8,7 @@
 
 use crate::client_io::{ClientIo, DeadlineBody};
 use axum::Router;
+use futures_util::FutureExt;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -68,13 +69,14 @@ pub async fn serve(
         }
         let io = ClientIo::new(tcp, client_timeout);
         let conn = http.serve_connection(TokioIo::new(io), TowerToHyperService::new(app.clone()));
-        let conn = connections.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
+        // A combinator, not an `async move` block: the block would keep the connection it captured beside the
+        // one it awaits (rustc does not overlap the two), and every connection's task would be twice its size.
+        tokio::spawn(connections.watch(conn).map(move |ended| {
+            if let Err(e) = ended {
                 tracing::debug!("connection ended: {e}");
             }
             drop(slot);
-        });
+        }));
     }
     drop(listener);
     connections.shutdown().await;

@@ -47,7 +47,9 @@ async fn collect(body: Body, limit: usize) -> Result<Bytes, Collect> {
     if hint > limit {
         return Err(Collect::TooLarge);
     }
-    let mut out = BytesMut::with_capacity(hint.min(64 << 10));
+    // Nothing reserved for the declared length: a `Content-Length` costs a client nothing to claim, and each of
+    // 4,000 trickled bodies declaring 1 MB held 64 KiB. The buffer grows (doubling) with what has arrived.
+    let mut out = BytesMut::new();
     let mut frames = body.into_data_stream();
     while let Some(frame) = frames.next().await {
         let data = frame.map_err(|e| Collect::Failed(e.into_inner()))?;

@@ -21,7 +21,6 @@ use crate::dispatch::Dispatcher;
 use crate::error::ApiError;
 use crate::protocol::Protocol;
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
 use axum::extract::{Request, State};
 use axum::middleware;
 use axum::response::Response;
@@ -59,7 +58,6 @@ impl AppState {
 }
 
 pub fn app(state: Arc<AppState>) -> Router {
-    let limit = state.config.max_body_bytes;
     // Behind --api-key: everything under /v1 (as vLLM guards it), and the worker metadata that names the model's
     // path and its load in detail (as SGLang guards it; smg sends the key to these when it has one).
     let keyed = Router::new()
@@ -78,8 +76,14 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/server_info", get(worker::server_info))
         .route("/get_server_info", get(worker::server_info))
         .route("/model_info", get(worker::model_info))
-        .route("/get_model_info", get(worker::model_info))
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key));
+        .route("/get_model_info", get(worker::model_info));
+    // Only with a key: each layer costs every request a boxed future (hundreds of bytes) for as long as its body
+    // takes to arrive. For the same reason no `DefaultBodyLimit`: `body::RawBody`, the one body extractor, applies
+    // --max-request-body-bytes itself.
+    let keyed = match state.config.api_key {
+        Some(_) => keyed.route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key)),
+        None => keyed,
+    };
     // Open, like /health and /metrics: vllm-router polls /get_load without a key, and neither says more than
     // /metrics does.
     let app = Router::new()
@@ -91,7 +95,6 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/get_load", get(worker::get_load))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(state.clone(), head_limits::head_limits))
         .layer(middleware::from_fn(request_id::request_id));
     match cors::layer(&state.config) {
