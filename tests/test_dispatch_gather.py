@@ -32,21 +32,28 @@ def body(content: str, max_tokens: int = 4) -> dict[str, Any]:
     }
 
 
-def staggered_first_texts(srv: Server, n: int = 4) -> list[float]:
+def staggered_first_texts(srv: Server, n: int = 4, lead: bool = False) -> list[float]:
     """n streams of long prompts sent STAGGER_S apart; when each one's first text reached the client (s, one
-    clock), in arrival order."""
+    clock), in arrival order. `lead`: the others leave once the first is answered (its stream opens when it goes
+    to a rank: on a loaded machine a client thread can lag its schedule by more than the stagger, and the first
+    would not be first)."""
     firsts: list[float] = [0.0] * n
+    opened = threading.Event()
 
     def one(i: int) -> None:
         time.sleep(i * STAGGER_S)
         with httpx.stream("POST", f"{srv.url}/v1/chat/completions", json=body(LONG), timeout=60) as r:
             assert r.status_code == 200
+            opened.set()
             for line in r.iter_lines():
                 if sse_has_text(line) and not firsts[i]:
                     firsts[i] = time.perf_counter()
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    for t in threads:
+    threads[0].start()
+    if lead:
+        assert opened.wait(30), "the first request was not answered"
+    for t in threads[1:]:
         t.start()
     for t in threads:
         t.join()
@@ -66,7 +73,7 @@ def test_gathered_burst_shares_one_prefill_step(make_server: Any) -> None:
 
 
 def test_without_gathering_the_first_prompt_prefills_alone(make_server: Any) -> None:
-    firsts = staggered_first_texts(make_server(*SIM))
+    firsts = staggered_first_texts(make_server(*SIM), lead=True)
     # The first request's prefill step started alone; the others waited for it and came a whole step later.
     later = min(firsts[1:])
     assert later - firsts[0] > 0.08, [round(f - firsts[0], 3) for f in firsts]
