@@ -4,9 +4,9 @@
 //! (a client's schema can cost up to `--grammar-cpu-seconds`, which must not hold up anyone else's encoding), and
 //! the rank_io threads for `decode_batch`. Tokio workers never do.
 
+use crate::doors::sse::frame_into;
+use crate::doors::{Door, ForcedTool};
 use crate::error::ApiError;
-use crate::http::fields::ForcedTool;
-use crate::protocol::{Protocol, frame_into};
 use crate::ring::py::{logprobs_to_py, prompt_logprobs_to_py};
 use crate::ring::records::{Constraint, ImageSet, Logprobs};
 use axum::http::StatusCode;
@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 
 /// What the HTTP layer asks the codec to prepare.
 pub struct PrepareRequest {
-    pub protocol: Protocol,
+    pub door: Door,
     pub body: Vec<u8>,
     pub response_id: String,
     pub model: String,
@@ -78,7 +78,6 @@ pub struct Decoded {
     pub bytes: BytesMut,
 }
 
-/// One request's part of a decode batch.
 /// One request's part of a decode batch.
 pub struct DecodeItem<'a> {
     pub decoder: &'a Py<PyAny>,
@@ -184,14 +183,14 @@ impl Codec {
     pub async fn check_constraint(
         &self,
         body: Vec<u8>,
-        protocol: Protocol,
+        door: Door,
         forced_tool: Option<ForcedTool>,
     ) -> Result<(), ApiError> {
         let answer = self
             .run(Pool::Grammar, move |codec| {
                 Python::attach(|py| {
                     let (forced, parallel) = forced_args(forced_tool.as_ref());
-                    let args = (PyBytes::new(py, &body), protocol.code(), forced, parallel);
+                    let args = (PyBytes::new(py, &body), door.code(), forced, parallel);
                     let out =
                         codec.codec.bind(py).call_method1("check_constraint", args).map_err(|e| internal(py, e))?;
                     out.extract::<(u16, String)>().map_err(|e| internal(py, e))
@@ -207,7 +206,7 @@ impl Codec {
         &self,
         method: &'static str,
         body: Vec<u8>,
-        protocol: Protocol,
+        door: Door,
         fetched: Option<Vec<(String, bytes::Bytes)>>,
     ) -> Result<(u16, String), ApiError> {
         let pool = if fetched.is_some() { Pool::Images } else { Pool::Text };
@@ -215,9 +214,9 @@ impl Codec {
             Python::attach(|py| {
                 let body = PyBytes::new(py, &body);
                 let out = match fetched.as_deref() {
-                    None => codec.codec.bind(py).call_method1(method, (body, protocol.code())),
+                    None => codec.codec.bind(py).call_method1(method, (body, door.code())),
                     Some(f) => fetched_to_py(py, f)
-                        .and_then(|images| codec.codec.bind(py).call_method1(method, (body, protocol.code(), images))),
+                        .and_then(|images| codec.codec.bind(py).call_method1(method, (body, door.code(), images))),
                 }
                 .map_err(|e| internal(py, e))?;
                 out.extract::<(u16, String)>().map_err(|e| internal(py, e))
@@ -271,7 +270,7 @@ impl Codec {
             req.ignore_eos,
             req.include_usage,
             req.continuous_usage,
-            req.protocol.code(),
+            req.door.code(),
             forced.0,
             forced.1,
             req.has_images.then(|| fetched_to_py(py, &req.fetched)).transpose().map_err(|e| internal(py, e))?,

@@ -310,7 +310,7 @@ fn finish_one(link: &RankLink, metrics: &Metrics, entry: &Inflight, state: Decod
             match &entry.outlet {
                 Outlet::Stream(s) => s.with_buf(true, |buf| {
                     buf.extend_from_slice(&bytes);
-                    buf.extend_from_slice(s.protocol.done());
+                    buf.extend_from_slice(s.door.done());
                 }),
                 unary => unary.complete(bytes),
             }

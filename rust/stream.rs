@@ -6,8 +6,8 @@
 //! closed), so what a slow reader holds is bounded whatever its `max_tokens` and `top_logprobs`.
 
 use crate::dispatch::Ticket;
+use crate::doors::Door;
 use crate::error::ApiError;
-use crate::protocol::Protocol;
 use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
 use futures_util::task::AtomicWaker;
@@ -38,19 +38,19 @@ pub struct StreamBuf {
     pending: Mutex<Pending>,
     waker: AtomicWaker,
     /// How the stream ends, keeps alive and fails.
-    pub protocol: Protocol,
+    pub door: Door,
     /// Most bytes held for a client that reads slower than they come.
     cap: usize,
 }
 
 impl StreamBuf {
-    pub fn new(protocol: Protocol, cap: usize) -> Arc<Self> {
-        Arc::new(StreamBuf { pending: Mutex::default(), waker: AtomicWaker::new(), protocol, cap })
+    pub fn new(door: Door, cap: usize) -> Arc<Self> {
+        Arc::new(StreamBuf { pending: Mutex::default(), waker: AtomicWaker::new(), door, cap })
     }
 
-    /// End the stream with an error (this protocol's error event).
+    /// End the stream with an error (its door's error event).
     pub fn fail(&self, err: &ApiError) {
-        self.push(&self.protocol.error_tail(err), true);
+        self.push(&self.door.error_tail(err), true);
     }
 
     /// Append bytes (already framed) and, with `done`, close the stream after them. False when the client is
@@ -141,7 +141,7 @@ impl Outlet {
         (Outlet::Unary(Mutex::new(Some(tx))), rx)
     }
 
-    /// End the request with an error: the protocol's error event for a stream, the error itself otherwise.
+    /// End the request with an error: its door's error event for a stream, the error itself otherwise.
     pub fn fail(&self, err: ApiError) {
         match self {
             Outlet::Stream(s) => s.fail(&err),
@@ -238,7 +238,7 @@ impl Stream for SseBody {
         }
         if this.keep_alive.as_mut().poll(cx).is_ready() {
             this.keep_alive.as_mut().reset(Instant::now() + this.keep_alive_every);
-            return Poll::Ready(Some(Ok(Bytes::from_static(this.buf.protocol.keep_alive()))));
+            return Poll::Ready(Some(Ok(Bytes::from_static(this.buf.door.keep_alive()))));
         }
         Poll::Pending
     }
@@ -250,7 +250,7 @@ mod tests {
 
     #[test]
     fn pending_bytes_coalesce_until_taken() {
-        let s = StreamBuf::new(Protocol::Chat, 1 << 20);
+        let s = StreamBuf::new(Door::Chat, 1 << 20);
         s.push(b"data: 1\n\n", false);
         s.push(b"data: 2\n\n", false);
         let waker = futures_util::task::noop_waker();
@@ -268,7 +268,7 @@ mod tests {
 
     #[test]
     fn a_probe_fires_when_the_bytes_pushed_after_it_are_taken_not_older_ones() {
-        let s = StreamBuf::new(Protocol::Chat, 1 << 20);
+        let s = StreamBuf::new(Door::Chat, 1 << 20);
         let waker = futures_util::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
         let fired = Arc::new(Mutex::new(0));
@@ -296,7 +296,7 @@ mod tests {
 
     #[test]
     fn a_client_further_behind_than_the_cap_is_cut_and_its_bytes_freed() {
-        let s = StreamBuf::new(Protocol::Chat, 64);
+        let s = StreamBuf::new(Door::Chat, 64);
         let waker = futures_util::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
         assert!(s.push(&[b'x'; 40], false));

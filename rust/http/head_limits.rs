@@ -3,8 +3,8 @@
 
 use super::AppState;
 use super::drain::refuse;
+use crate::doors::Door;
 use crate::error::ApiError;
-use crate::protocol::Protocol;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
@@ -21,9 +21,14 @@ pub async fn head_limits(State(st): State<Arc<AppState>>, req: Request, next: Ne
     let target = req.uri().path_and_query().map_or(0, |pq| pq.as_str().len());
     let bytes = target + headers.iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum::<usize>();
     if headers.len() > MAX_HEADERS || bytes > MAX_HEAD_BYTES {
-        let refusal = ApiError::HeadersTooLarge { headers: headers.len(), bytes };
+        let refusal = ApiError::HeadersTooLarge {
+            headers: headers.len(),
+            bytes,
+            max_headers: MAX_HEADERS,
+            max_bytes: MAX_HEAD_BYTES,
+        };
         st.dispatcher.metrics.rejected.with_label_values(&[refusal.code()]).inc();
-        return refuse(req.into_body(), st.config.max_body_bytes, refusal, Protocol::Chat).await;
+        return refuse(req.into_body(), st.config.max_body_bytes, refusal, Door::Chat).await;
     }
     next.run(req).await
 }

@@ -3,13 +3,10 @@
 mod auth;
 mod body;
 mod cors;
-mod doors;
 mod drain;
-pub mod fields;
 mod generate;
 pub mod head_limits;
 mod info;
-pub mod request;
 pub mod request_id;
 mod tokens;
 mod worker;
@@ -18,8 +15,8 @@ use crate::admission::Admission;
 use crate::codec::Codec;
 use crate::config::ServerConfig;
 use crate::dispatch::Dispatcher;
+use crate::doors::Door;
 use crate::error::ApiError;
-use crate::protocol::Protocol;
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::middleware;
@@ -60,13 +57,13 @@ impl AppState {
 pub fn app(state: Arc<AppState>) -> Router {
     // Behind --api-key: everything under /v1 (as vLLM guards it), and the worker metadata that names the model's
     // path and its load in detail (as SGLang guards it; smg sends the key to these when it has one).
-    let keyed = Router::new()
-        .route("/v1/chat/completions", post(generate::chat_completions))
+    let mut keyed = Router::new();
+    for door in Door::ALL {
+        keyed = keyed.route(door.path(), post(move |st, id, body| generate::generate(door, st, id, body)));
+    }
+    let keyed = keyed
         .route("/v1/chat/completions/render", post(worker::render_chat))
-        .route("/v1/completions", post(generate::completions))
-        .route("/v1/messages", post(generate::messages))
         .route("/v1/messages/count_tokens", post(tokens::count_messages_tokens))
-        .route("/v1/responses", post(generate::responses))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize))
         .route("/v1/models", get(info::models))
@@ -105,11 +102,11 @@ pub fn app(state: Arc<AppState>) -> Router {
 
 async fn not_found(State(st): State<Arc<AppState>>, req: Request) -> Response {
     let err = ApiError::RouteNotFound(req.uri().path().to_string());
-    drain::refuse(req.into_body(), st.config.max_body_bytes, err, Protocol::Chat).await
+    drain::refuse(req.into_body(), st.config.max_body_bytes, err, Door::Chat).await
 }
 
 async fn method_not_allowed(State(st): State<Arc<AppState>>, req: Request) -> Response {
-    drain::refuse(req.into_body(), st.config.max_body_bytes, ApiError::MethodNotAllowed, Protocol::Chat).await
+    drain::refuse(req.into_body(), st.config.max_body_bytes, ApiError::MethodNotAllowed, Door::Chat).await
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 use tokio::time::Instant;
 
-pub use refs::{ImageRef, Source, image_refs};
+pub use refs::{ImageRef, Source};
 
 /// The fetched bytes of a request's external images, by URL as the request spelled it.
 pub type Fetched = HashMap<String, Bytes>;
