@@ -1,5 +1,6 @@
-//! Request heads over the documented limits get a 431 in the OpenAI envelope. hyper refuses bigger or longer
-//! heads itself with a bare 431 (`listener.rs` sets its bounds well above these); between the two, the answer is ours.
+//! Request heads over the documented limits get a 431 in the envelope of the door the path names (Anthropic's under
+//! `/v1/messages`, else OpenAI's). hyper refuses bigger or longer heads itself with a bare 431, before any path is
+//! known (`listener.rs` sets its bounds well above these); between the two, the answer is ours.
 
 use super::AppState;
 use super::drain::refuse;
@@ -28,7 +29,8 @@ pub async fn head_limits(State(st): State<Arc<AppState>>, req: Request, next: Ne
             max_bytes: MAX_HEAD_BYTES,
         };
         st.dispatcher.metrics.rejected.with_label_values(&[refusal.code()]).inc();
-        return refuse(req.into_body(), st.config.max_body_bytes, refusal, Door::Chat).await;
+        let door = Door::for_path(req.uri().path());
+        return refuse(req.into_body(), st.config.max_body_bytes, refusal, door).await;
     }
     next.run(req).await
 }

@@ -18,9 +18,10 @@ pub async fn count_messages_tokens(State(st): State<Arc<AppState>>, body: RawBod
     count(&st, Door::Messages, body).await.unwrap_or_else(|e| Door::Messages.respond(e))
 }
 
+/// A count of what `door`'s request with this body would prompt: the body goes through the door's own checks.
 async fn count(st: &AppState, door: Door, RawBody(body): RawBody) -> Result<Response, ApiError> {
     let body = body?;
-    let req = Door::Messages.parse(&body, &st.config.served_model_names)?;
+    let req = door.parse(&body, &st.config.served_model_names)?;
     let _slot = st.admission.admit(0).await?;
     let images = fetch_images(st, &req.images).await?;
     let out = accepted(st.codec.call("count_tokens", req.body, door, images).await?)?;
@@ -70,4 +71,28 @@ async fn tokens_call(st: &AppState, method: &'static str, RawBody(body): RawBody
     };
     let out = accepted(st.codec.call(method, body, Door::Chat, images).await?)?;
     Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::tests::state;
+    use serde_json::{Value, json};
+
+    async fn refused(door: Door, body: Value) -> Value {
+        let st = state(None);
+        let body = RawBody(Ok(body.to_string().into()));
+        let err = count(&st, door, body).await.expect_err("refused before the codec");
+        serde_json::from_str::<Value>(&err.envelope()).unwrap()["error"]["param"].clone()
+    }
+
+    #[tokio::test]
+    async fn a_count_checks_the_body_as_its_door_does() {
+        let msgs = json!([{"role": "user", "content": "hi"}]);
+        // Chat refuses n = 2 and Messages a negative top_k; neither checks the other's field.
+        let chat = json!({"model": "test-model", "messages": msgs, "n": 2});
+        assert_eq!(refused(Door::Chat, chat).await, "n");
+        let messages = json!({"model": "test-model", "max_tokens": 5, "messages": msgs, "top_k": -2});
+        assert_eq!(refused(Door::Messages, messages).await, "top_k");
+    }
 }

@@ -178,7 +178,7 @@ pub async fn render_chat(
         "stream": req.stream,
         "stream_options": null,
         "cache_salt": null,
-        "priority": 0,
+        "priority": req.priority, // vLLM's: what the request sent (0 when absent)
         "kv_transfer_params": null,
     }))
     .into_response())
