@@ -9,7 +9,6 @@ pub mod config;
 pub mod dispatch;
 pub mod doors;
 pub mod error;
-pub mod gather;
 pub mod http;
 pub mod listener;
 pub mod media;

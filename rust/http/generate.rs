@@ -9,12 +9,13 @@
 use super::AppState;
 use super::body::RawBody;
 use super::request_id::RequestId;
+use super::sse::SseBody;
 use crate::codec::PrepareRequest;
 use crate::dispatch::{Job, RequestMeta};
 use crate::doors::Door;
 use crate::error::ApiError;
 use crate::ring::records::{ImageSet, Submit};
-use crate::stream::{Outlet, SseBody, StreamBuf};
+use crate::stream::{Outlet, StreamBuf};
 use axum::Extension;
 use axum::body::{Body, Bytes};
 use axum::extract::State;

@@ -8,6 +8,7 @@ mod generate;
 pub mod head_limits;
 mod info;
 pub mod request_id;
+mod sse;
 mod tokens;
 mod worker;
 
