@@ -4,6 +4,7 @@
 //!
 //! Everything refused or failed is a 400 naming the request field (`param`); see `ApiError::Media`.
 
+mod addr;
 mod fetch;
 pub mod guard;
 mod refs;
