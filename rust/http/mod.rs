@@ -59,6 +59,7 @@ pub fn app(state: Arc<AppState>) -> Router {
     // Behind --api-key: everything under /v1 (as vLLM guards it), and the worker metadata that names the model's
     // path and its load in detail (as SGLang guards it; smg sends the key to these when it has one).
     let mut keyed = Router::new();
+    // Every door's route goes to the one request path, which learns the door from it.
     for door in Door::ALL {
         keyed = keyed.route(door.path(), post(move |st, id, body| generate::generate(door, st, id, body)));
     }
