@@ -123,11 +123,9 @@ impl ServerConfig {
         (self.request_timeout_s > 0.0).then(|| Duration::from_secs_f64(self.request_timeout_s))
     }
 
-    pub fn gather(&self) -> crate::gather::GatherPolicy {
-        crate::gather::GatherPolicy {
-            window: Duration::from_secs_f64(self.dispatch_gather_ms.max(0.0) / 1e3),
-            min_tokens: self.dispatch_gather_min_tokens,
-        }
+    /// `--dispatch-gather-ms` (0 turns gathering off).
+    pub fn gather_window(&self) -> Duration {
+        Duration::from_secs_f64(self.dispatch_gather_ms.max(0.0) / 1e3)
     }
 
     /// The longest a queued request waits for a slot: `--queue-timeout`, else the request timeout, else no limit.

@@ -1,11 +1,9 @@
-//! One error type for every HTTP failure, rendered as the OpenAI error envelope.
-//!
-//! The whole status table lives in `ApiError::parts`.
+//! One error type for every HTTP failure, and its one status table (`ApiError::parts`). Its default rendering is
+//! the OpenAI error envelope; each door renders it in its own at the edge (`crate::doors`, `Door::respond`).
 
-use crate::protocol::Protocol;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde_json::{Value, json};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -18,13 +16,12 @@ pub enum ApiError {
     ModelNotFound(String),
     #[error("The request body is larger than the limit of {0} bytes.")]
     PayloadTooLarge(usize),
+    /// A head over the limits: what it had, and the limits (`http::head_limits`).
     #[error(
         "The request headers are too large: {headers} headers, {bytes} bytes; the limits are {max_headers} headers \
-         and {max_bytes} bytes.",
-        max_headers = crate::http::head_limits::MAX_HEADERS,
-        max_bytes = crate::http::head_limits::MAX_HEAD_BYTES
+         and {max_bytes} bytes."
     )]
-    HeadersTooLarge { headers: usize, bytes: usize },
+    HeadersTooLarge { headers: usize, bytes: usize, max_headers: usize, max_bytes: usize },
     #[error("The request body did not arrive within {0:.0} s.")]
     BodyTimeout(f64),
     #[error("The request body must be JSON: send 'Content-Type: application/json'.")]
@@ -191,6 +188,21 @@ impl ApiError {
         };
         json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}}).to_string()
     }
+
+    /// The `error` object of the OpenAI envelope (a codec refusal's ready-made body included).
+    pub fn error_object(&self) -> Value {
+        serde_json::from_str::<Value>(&self.envelope())
+            .ok()
+            .and_then(|mut v| v.get_mut("error").map(Value::take))
+            .unwrap_or(
+                json!({"message": self.to_string(), "type": "server_error", "param": null, "code": "internal_error"}),
+            )
+    }
+
+    /// The message a client reads, whichever envelope carries it.
+    pub fn message(&self) -> String {
+        self.error_object()["message"].as_str().map_or_else(|| self.to_string(), str::to_string)
+    }
 }
 
 /// A ready-made envelope with its message cut to `MESSAGE_MAX` (the codec's messages may quote the request).
@@ -208,10 +220,10 @@ fn clip_message(body: &str) -> String {
 }
 
 impl ApiError {
-    /// The refusal as an HTTP response in `protocol`'s error envelope.
-    pub fn response_for(self, protocol: Protocol) -> Response {
+    /// The refusal as an HTTP response with `body`, its envelope as the door renders it, and the headers its
+    /// variant calls for.
+    pub fn respond(self, body: String) -> Response {
         let status = self.status();
-        let body = protocol.envelope(&self);
         let mut resp = (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
         if self.status() == StatusCode::TOO_MANY_REQUESTS || matches!(self, ApiError::EngineBusy(_)) {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -229,9 +241,11 @@ impl ApiError {
     }
 }
 
+/// The OpenAI envelope: every route that is not a door's (`/health`, `/v1/models` ...).
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        self.response_for(Protocol::Chat)
+        let body = self.envelope();
+        self.respond(body)
     }
 }
 
@@ -291,15 +305,11 @@ mod tests {
                 (v["error"]["code"].as_str(), e().status()),
                 (Some("image_fetch_failed"), StatusCode::BAD_REQUEST)
             );
-            for protocol in [Protocol::Chat, Protocol::Messages] {
-                let resp = e().response_for(protocol);
-                assert_eq!(
-                    (resp.status(), resp.headers()["x-should-retry"].to_str().unwrap()),
-                    (StatusCode::BAD_REQUEST, header)
-                );
-            }
-            let v: serde_json::Value = serde_json::from_str(&Protocol::Messages.envelope(&e())).unwrap();
-            assert_eq!(v["error"]["type"], "invalid_request_error");
+            let resp = e().into_response();
+            assert_eq!(
+                (resp.status(), resp.headers()["x-should-retry"].to_str().unwrap()),
+                (StatusCode::BAD_REQUEST, header)
+            );
         }
     }
 

@@ -39,7 +39,7 @@ pub async fn serve(
     // hyper's head timer runs from the first byte of a head to its end (a total, not reset per chunk), and while
     // a keep-alive connection waits for its next request.
     http.timer(TokioTimer::new()).header_read_timeout(client_timeout);
-    // Past these hyper answers a bare 431 itself; below them `head_limits` answers in the OpenAI envelope.
+    // Past these hyper answers a bare 431 itself; below them `head_limits` answers in the door's envelope.
     http.max_headers(HYPER_MAX_HEADERS).max_buf_size(HYPER_MAX_BUF);
     let app = tower::util::MapRequest::new(app, move |req: axum::http::Request<hyper::body::Incoming>| {
         req.map(|body| axum::body::Body::new(DeadlineBody::new(body, client_timeout)))

@@ -2,7 +2,7 @@
 //! plus `deepinfer_*` internals. Hot-path updates are atomic; gauges that mirror rank state are read at scrape
 //! time, so nothing here takes the GIL or a rank lock.
 
-use crate::dispatch::Dispatcher;
+use crate::ring::Ring;
 use crate::ring::status::{
     AUX_HEARTBEAT_MS, AUX_KV_USAGE_PPM, AUX_PREEMPTIONS, AUX_QUEUED_TOKENS, AUX_REABORTS, AUX_REQUESTS,
     AUX_SPEC_ACCEPTED_TOKENS, AUX_SPEC_DRAFT_TOKENS, monotonic_ms,
@@ -12,6 +12,15 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 use std::time::Duration;
+
+/// What a scrape reads of one rank (`RankLink::view`): its requests in flight, and its two rings, whose status words
+/// the rank keeps.
+pub struct RankView<'a> {
+    pub index: usize,
+    pub in_flight: usize,
+    pub requests: &'a Ring,
+    pub output: &'a Ring,
+}
 
 pub struct Metrics {
     registry: Registry,
@@ -292,14 +301,14 @@ impl Metrics {
 
     /// The text exposition, with the rank-state gauges refreshed first. `queued`: requests in the admission wait
     /// queue; `healthy`: what /health would say.
-    pub fn render(&self, dispatcher: &Dispatcher, max_num_seqs: usize, queued: usize, healthy: bool) -> String {
+    pub fn render(&self, ranks: &[RankView<'_>], max_num_seqs: usize, queued: usize, healthy: bool) -> String {
         self.healthy.set(i64::from(healthy));
-        self.capacity.set((dispatcher.ranks.len() * max_num_seqs) as i64);
+        self.capacity.set((ranks.len() * max_num_seqs) as i64);
         let (mut running, mut waiting, mut kv) = (0usize, 0usize, 0f64);
         let (mut drafted, mut accepted, mut preempted, mut reaborted) = (0u64, 0u64, 0u64, 0u64);
         let now_ms = monotonic_ms();
-        for link in &dispatcher.ranks {
-            let n = link.in_flight();
+        for link in ranks {
+            let n = link.in_flight;
             let rank = link.index.to_string();
             running += n.min(max_num_seqs);
             waiting += n.saturating_sub(max_num_seqs);
@@ -309,7 +318,7 @@ impl Metrics {
             self.rank_engine_requests.with_label_values(&[&rank]).set(link.output.aux(AUX_REQUESTS) as i64);
             let age_ms = now_ms.saturating_sub(link.output.aux(AUX_HEARTBEAT_MS));
             self.rank_heartbeat_age.with_label_values(&[&rank]).set(age_ms as f64 / 1e3);
-            self.ring_used.with_label_values(&[&rank, "request"]).set(link.requests.ring().used_bytes() as i64);
+            self.ring_used.with_label_values(&[&rank, "request"]).set(link.requests.used_bytes() as i64);
             self.ring_used.with_label_values(&[&rank, "output"]).set(link.output.used_bytes() as i64);
             drafted += link.output.aux(AUX_SPEC_DRAFT_TOKENS);
             accepted += link.output.aux(AUX_SPEC_ACCEPTED_TOKENS);

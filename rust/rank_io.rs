@@ -188,9 +188,8 @@ fn deliver(
                 let reason = b.reason.clone().unwrap_or_else(|| "abort".into());
                 let (err, label) = ApiError::from_engine(&reason);
                 metrics.aborted.with_label_values(&[label]).inc();
-                e.log_end(err.status().as_u16(), label);
                 tracing::warn!(rank = link.index, request = b.id, "engine ended the request: {reason}");
-                e.outlet.fail(err);
+                e.fail_as(err, label);
             }
             continue;
         }
@@ -273,8 +272,7 @@ fn decode_and_send(link: &RankLink, metrics: &Metrics, codec: &Codec, work: Vec<
                 for (entry, _) in &work {
                     if let Some(e) = link.take(entry.id) {
                         link.send_abort(e.id); // the rank would otherwise keep generating for nobody
-                        e.log_end(500, "internal_error");
-                        e.outlet.fail(ApiError::Internal);
+                        e.fail(ApiError::Internal);
                     }
                 }
             }
@@ -310,7 +308,7 @@ fn finish_one(link: &RankLink, metrics: &Metrics, entry: &Inflight, state: Decod
             match &entry.outlet {
                 Outlet::Stream(s) => s.with_buf(true, |buf| {
                     buf.extend_from_slice(&bytes);
-                    buf.extend_from_slice(s.protocol.done());
+                    buf.extend_from_slice(s.door.done());
                 }),
                 unary => unary.complete(bytes),
             }

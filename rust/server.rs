@@ -4,6 +4,7 @@
 use crate::admission::Admission;
 use crate::codec::Codec;
 use crate::config::ServerConfig;
+use crate::dispatch::gather::GatherPolicy;
 use crate::dispatch::{Dispatcher, RankLink};
 use crate::error::ApiError;
 use crate::http::{self, AppState};
@@ -47,7 +48,8 @@ pub fn serve(
         .collect();
     drop(rings);
     let metrics = Arc::new(Metrics::new(config.served_model_names.first().map_or("", String::as_str)));
-    let dispatcher = Dispatcher::with_gather(links, metrics, config.gather());
+    let gather = GatherPolicy { window: config.gather_window(), min_tokens: config.dispatch_gather_min_tokens };
+    let dispatcher = Dispatcher::with_gather(links, metrics, gather);
     let codec = Codec::start(codec, decode_batch, config.codec_threads);
     let capacity = dispatcher.ranks.len() * config.max_num_seqs as usize;
     let media = crate::media::Fetcher::new(&config).map_err(pyo3::exceptions::PyValueError::new_err)?;

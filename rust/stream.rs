@@ -1,24 +1,19 @@
-//! Per-request output: where rank_io puts framed SSE bytes (or the final JSON) and where the HTTP body takes them.
+//! Per-request output: where rank_io puts framed SSE bytes (or the final JSON) and where the HTTP body
+//! (`http::sse`) takes them.
 //!
 //! A stream's pending bytes sit in one buffer; each time hyper polls the body it takes everything pending as one
 //! frame, so events that arrive while a client is behind leave in one write. The buffer has a cap
 //! (`--max-stream-buffer-bytes`): a client further behind than that is cut (its request aborted, its connection
 //! closed), so what a slow reader holds is bounded whatever its `max_tokens` and `top_logprobs`.
 
-use crate::dispatch::Ticket;
+use crate::doors::Door;
 use crate::error::ApiError;
-use crate::protocol::Protocol;
 use bytes::{Bytes, BytesMut};
-use futures_util::Stream;
 use futures_util::task::AtomicWaker;
 use std::io;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
 use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
-use tokio::time::{Instant, Sleep};
 
 #[derive(Default)]
 struct Pending {
@@ -38,19 +33,19 @@ pub struct StreamBuf {
     pending: Mutex<Pending>,
     waker: AtomicWaker,
     /// How the stream ends, keeps alive and fails.
-    pub protocol: Protocol,
+    pub door: Door,
     /// Most bytes held for a client that reads slower than they come.
     cap: usize,
 }
 
 impl StreamBuf {
-    pub fn new(protocol: Protocol, cap: usize) -> Arc<Self> {
-        Arc::new(StreamBuf { pending: Mutex::default(), waker: AtomicWaker::new(), protocol, cap })
+    pub fn new(door: Door, cap: usize) -> Arc<Self> {
+        Arc::new(StreamBuf { pending: Mutex::default(), waker: AtomicWaker::new(), door, cap })
     }
 
-    /// End the stream with an error (this protocol's error event).
+    /// End the stream with an error (its door's error event).
     pub fn fail(&self, err: &ApiError) {
-        self.push(&self.protocol.error_tail(err), true);
+        self.push(&self.door.error_tail(err), true);
     }
 
     /// Append bytes (already framed) and, with `done`, close the stream after them. False when the client is
@@ -101,7 +96,8 @@ impl StreamBuf {
         self.pending.lock().unwrap().done
     }
 
-    fn poll_take(&self, cx: &mut Context<'_>) -> Poll<Option<io::Result<Bytes>>> {
+    /// Everything pending as one frame (waking `cx` when more comes), `None` once done, or an error once cut.
+    pub fn poll_take(&self, cx: &mut Context<'_>) -> Poll<Option<io::Result<Bytes>>> {
         self.waker.register(cx.waker());
         let mut p = self.pending.lock().unwrap();
         if p.cut {
@@ -141,7 +137,7 @@ impl Outlet {
         (Outlet::Unary(Mutex::new(Some(tx))), rx)
     }
 
-    /// End the request with an error: the protocol's error event for a stream, the error itself otherwise.
+    /// End the request with an error: its door's error event for a stream, the error itself otherwise.
     pub fn fail(&self, err: ApiError) {
         match self {
             Outlet::Stream(s) => s.fail(&err),
@@ -162,95 +158,13 @@ impl Outlet {
     }
 }
 
-/// The SSE response body. It owns the request's ticket: dropping the body (client gone) aborts the request if it
-/// still runs.
-pub struct SseBody {
-    buf: Arc<StreamBuf>,
-    ticket: SharedTicket,
-    keep_alive: Pin<Box<Sleep>>,
-    keep_alive_every: Duration,
-    deadline: Option<JoinHandle<()>>,
-    finished: bool,
-}
-
-/// Taken by whoever ends the request first: the body (finished, or dropped) or its deadline.
-type SharedTicket = Arc<Mutex<Option<Ticket>>>;
-
-impl SseBody {
-    /// `keep_alive_every`: the longest silence before a `: keep-alive` comment (proxies, dead-peer detection).
-    pub fn new(buf: Arc<StreamBuf>, ticket: Ticket, timeout: Option<Duration>, keep_alive_every: Duration) -> Self {
-        let ticket = Arc::new(Mutex::new(Some(ticket)));
-        SseBody {
-            deadline: timeout.map(|t| tokio::spawn(deadline(t, ticket.clone(), buf.clone()))),
-            buf,
-            ticket,
-            keep_alive: Box::pin(tokio::time::sleep(keep_alive_every)),
-            keep_alive_every,
-            finished: false,
-        }
-    }
-}
-
-/// The request timeout runs on a timer of its own, not when hyper polls the body: a client that stopped reading
-/// (its socket full, the body unpolled) must not keep its request running past it.
-async fn deadline(timeout: Duration, ticket: SharedTicket, buf: Arc<StreamBuf>) {
-    tokio::time::sleep(timeout).await;
-    let running = ticket.lock().unwrap().take();
-    if let Some(ticket) = running {
-        ticket.abort("timeout");
-        buf.fail(&ApiError::Timeout(timeout.as_secs_f64()));
-    }
-}
-
-impl Drop for SseBody {
-    fn drop(&mut self) {
-        self.ticket.lock().unwrap().take(); // client gone: abort now, not when the deadline task is dropped
-        if let Some(deadline) = &self.deadline {
-            deadline.abort();
-        }
-    }
-}
-
-impl Stream for SseBody {
-    /// An error closes the connection: the client was cut for falling behind.
-    type Item = io::Result<Bytes>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = self.get_mut();
-        if this.finished {
-            return Poll::Ready(None);
-        }
-        match this.buf.poll_take(cx) {
-            Poll::Ready(Some(Ok(bytes))) => {
-                this.keep_alive.as_mut().reset(Instant::now() + this.keep_alive_every);
-                return Poll::Ready(Some(Ok(bytes)));
-            }
-            Poll::Ready(Some(Err(e))) => {
-                this.finished = true;
-                return Poll::Ready(Some(Err(e)));
-            }
-            Poll::Ready(None) => {
-                this.finished = true;
-                this.ticket.lock().unwrap().take(); // the request already ended on its rank: nothing to abort
-                return Poll::Ready(None);
-            }
-            Poll::Pending => {}
-        }
-        if this.keep_alive.as_mut().poll(cx).is_ready() {
-            this.keep_alive.as_mut().reset(Instant::now() + this.keep_alive_every);
-            return Poll::Ready(Some(Ok(Bytes::from_static(this.buf.protocol.keep_alive()))));
-        }
-        Poll::Pending
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn pending_bytes_coalesce_until_taken() {
-        let s = StreamBuf::new(Protocol::Chat, 1 << 20);
+        let s = StreamBuf::new(Door::Chat, 1 << 20);
         s.push(b"data: 1\n\n", false);
         s.push(b"data: 2\n\n", false);
         let waker = futures_util::task::noop_waker();
@@ -268,7 +182,7 @@ mod tests {
 
     #[test]
     fn a_probe_fires_when_the_bytes_pushed_after_it_are_taken_not_older_ones() {
-        let s = StreamBuf::new(Protocol::Chat, 1 << 20);
+        let s = StreamBuf::new(Door::Chat, 1 << 20);
         let waker = futures_util::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
         let fired = Arc::new(Mutex::new(0));
@@ -296,7 +210,7 @@ mod tests {
 
     #[test]
     fn a_client_further_behind_than_the_cap_is_cut_and_its_bytes_freed() {
-        let s = StreamBuf::new(Protocol::Chat, 64);
+        let s = StreamBuf::new(Door::Chat, 64);
         let waker = futures_util::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
         assert!(s.push(&[b'x'; 40], false));

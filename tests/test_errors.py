@@ -197,3 +197,25 @@ def test_oversized_headers_are_refused_and_the_server_carries_on(server: Server)
     metrics = httpx.get(f"{server.url}/metrics").text
     refused = [line for line in metrics.splitlines() if 'reason="request_header_fields_too_large"' in line]
     assert refused and float(refused[0].rsplit(" ", 1)[1]) >= 2  # counted with the other refusals
+
+
+def test_refusals_before_the_handler_use_the_doors_envelope(make_server) -> None:
+    """431 (head limits), 413 (body limit) and 401 (key) on the Messages door are in Anthropic's envelope, as its
+    other refusals are; the OpenAI doors keep theirs."""
+    srv = make_server("--max-request-body-bytes", "4096", "--api-key", "k")
+    key = {"x-api-key": "k"}
+    body = {"model": MODEL, "max_tokens": 4, "messages": MSG}
+    big = {**body, "messages": [{"role": "user", "content": "x" * 10000}]}
+    many = {**key, **{f"X-H{i}": "v" for i in range(150)}}
+    for path, kw, status, kind in [
+        ("/v1/messages", {"json": body, "headers": many}, 431, "invalid_request_error"),
+        ("/v1/messages", {"json": big, "headers": key}, 413, "request_too_large"),
+        ("/v1/messages/count_tokens", {"json": big, "headers": key}, 413, "request_too_large"),
+        ("/v1/messages", {"json": body}, 401, "authentication_error"),
+    ]:
+        r = httpx.post(f"{srv.url}{path}", **kw)
+        assert r.status_code == status, r.text
+        doc = r.json()
+        assert doc["type"] == "error" and doc["error"]["type"] == kind and doc["error"]["message"], doc
+    r = httpx.post(f"{srv.url}/v1/chat/completions", json=body, headers=many)
+    assert r.status_code == 431 and envelope(r)["code"] == "request_header_fields_too_large"

@@ -145,6 +145,13 @@ def test_render_gives_the_prompt_ids_a_chat_request_runs_with(busy_server: Serve
     assert httpx.get(f"{url}/get_load").json() == {"load": 0}, "rendering takes no slot"
 
 
+def test_render_reports_the_priority_the_request_sent(busy_server: Server) -> None:
+    """vLLM's render echoes the request's `priority` (its extension, on every door), 0 when it sent none."""
+    url = f"{busy_server.url}/v1/chat/completions/render"
+    assert httpx.post(url, json={**CHAT, "priority": -3}).json()["priority"] == -3
+    assert httpx.post(url, json=CHAT).json()["priority"] == 0
+
+
 def test_api_key_guards_the_metadata_but_not_version_and_get_load(make_server) -> None:
     srv = make_server("--api-key", "sekret")
     ok = {"Authorization": "Bearer sekret"}

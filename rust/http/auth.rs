@@ -3,8 +3,8 @@
 
 use super::AppState;
 use super::drain::refuse;
+use crate::doors::Door;
 use crate::error::ApiError;
-use crate::protocol::Protocol;
 use axum::extract::{Request, State};
 use axum::http::header::AUTHORIZATION;
 use axum::middleware::Next;
@@ -20,8 +20,8 @@ pub async fn require_api_key(State(st): State<Arc<AppState>>, req: Request, next
         return next.run(req).await;
     }
     st.dispatcher.metrics.rejected.with_label_values(&["invalid_api_key"]).inc();
-    let protocol = if req.uri().path().starts_with("/v1/messages") { Protocol::Messages } else { Protocol::Chat };
-    refuse(req.into_body(), st.config.max_body_bytes, ApiError::Unauthorized, protocol).await
+    let door = Door::for_path(req.uri().path());
+    refuse(req.into_body(), st.config.max_body_bytes, ApiError::Unauthorized, door).await
 }
 
 /// The token of `Bearer <token>`, the scheme matched case-insensitively as RFC 9110 says (`bearer KEY` too).

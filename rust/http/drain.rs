@@ -2,18 +2,18 @@
 //! that the connection stays usable: hyper closes a connection whose request body was left unread, without a
 //! `Connection: close`, and a keep-alive client's next request on it then fails.
 
+use crate::doors::Door;
 use crate::error::ApiError;
-use crate::protocol::Protocol;
 use axum::body::Body;
 use axum::http::{HeaderValue, header};
 use axum::response::Response;
 use futures_util::StreamExt;
 
-/// `err` as a response, after reading and dropping the request body. A body over `limit` bytes, or one that fails
+/// `err` as a response in `door`'s envelope, after reading and dropping the request body. A body over `limit` bytes, or one that fails
 /// or stalls (the listener's body deadline), is left, and the response says the connection closes.
-pub async fn refuse(body: Body, limit: usize, err: ApiError, protocol: Protocol) -> Response {
+pub async fn refuse(body: Body, limit: usize, err: ApiError, door: Door) -> Response {
     let drained = drain(body, limit).await;
-    let mut resp = err.response_for(protocol);
+    let mut resp = door.respond(err);
     if !drained {
         resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
     }

@@ -1,49 +1,33 @@
 //! The one request path of every generation door (Chat Completions, Completions, Messages, Responses):
-//! validate → admit → codec → dispatch → stream or collect. A door differs only in its request checks (`parse`)
-//! and its wire protocol (`crate::protocol`): the codec converts its body, and its errors use its envelope.
+//! validate → admit → codec → dispatch → stream or collect. It knows the doors only through `Door`
+//! (`crate::doors`): a door differs in its request checks and its wire protocol; the codec converts its body, and
+//! its errors use its envelope.
 //!
 //! Every refusal (400, 404, 413, 429, 503) is decided before the response starts, so a streaming client gets a
 //! real HTTP status, never a 200 followed by an error event.
 
 use super::AppState;
 use super::body::RawBody;
-use super::doors;
-use super::request::{self, GenerateRequest};
 use super::request_id::RequestId;
+use super::sse::SseBody;
 use crate::codec::PrepareRequest;
 use crate::dispatch::{Job, RequestMeta};
+use crate::doors::Door;
 use crate::error::ApiError;
-use crate::protocol::Protocol;
 use crate::ring::records::{ImageSet, Submit};
-use crate::stream::{Outlet, SseBody, StreamBuf};
+use crate::stream::{Outlet, StreamBuf};
 use axum::Extension;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-pub async fn chat_completions(st: State<Arc<AppState>>, id: Extension<RequestId>, body: RawBody) -> Response {
-    generate(Protocol::Chat, st, id, body).await
-}
-
-pub async fn completions(st: State<Arc<AppState>>, id: Extension<RequestId>, body: RawBody) -> Response {
-    generate(Protocol::Completions, st, id, body).await
-}
-
-pub async fn messages(st: State<Arc<AppState>>, id: Extension<RequestId>, body: RawBody) -> Response {
-    generate(Protocol::Messages, st, id, body).await
-}
-
-pub async fn responses(st: State<Arc<AppState>>, id: Extension<RequestId>, body: RawBody) -> Response {
-    generate(Protocol::Responses, st, id, body).await
-}
-
-async fn generate(
-    protocol: Protocol,
+/// The handler of every door's route (`http::app` registers one per `Door`).
+pub async fn generate(
+    door: Door,
     State(st): State<Arc<AppState>>,
     Extension(RequestId(request_id)): Extension<RequestId>,
     RawBody(body): RawBody,
@@ -53,7 +37,7 @@ async fn generate(
     // not while a slow client is still sending it (axum allocates a handler's future, the largest of its states
     // included, before the body), nor for the 408s of a thousand trickled bodies that time out together.
     let handled = match body {
-        Ok(body) => Box::pin(handle(&st, protocol, body, arrival, request_id.clone())).await,
+        Ok(body) => Box::pin(handle(&st, door, body, arrival, request_id.clone())).await,
         Err(e) => Err(e),
     };
     match handled {
@@ -67,30 +51,21 @@ async fn generate(
                 reason = e.code(),
                 "request refused: {e}"
             );
-            e.response_for(protocol)
+            door.respond(e)
         }
-    }
-}
-
-fn parse(protocol: Protocol, body: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
-    match protocol {
-        Protocol::Chat => request::parse(body, served),
-        Protocol::Messages => doors::messages(body, served),
-        Protocol::Responses => doors::responses(body, served),
-        Protocol::Completions => doors::completions(body, served),
     }
 }
 
 async fn handle(
     st: &Arc<AppState>,
-    protocol: Protocol,
+    door: Door,
     body: Bytes,
     arrival: Instant,
     request_id: String,
 ) -> Result<Response, ApiError> {
-    let mut req = parse(protocol, &body, &st.config.served_model_names)?;
+    let mut req = door.parse(&body, &st.config.served_model_names)?;
     if let Some(&on) = st.config.thinking_pins.get(&req.model) {
-        req.body = pin_thinking(&req.body, protocol, on)?;
+        req.body = door.pin_thinking(&req.body, on)?;
     }
     let parsed = Instant::now();
     if let Some(err) = st.unavailable() {
@@ -106,7 +81,7 @@ async fn handle(
         Ok(permit) => permit,
         Err(_) => {
             if req.may_constrain() {
-                st.codec.check_constraint(req.body.clone(), protocol, req.forced_tool.clone()).await?;
+                st.codec.check_constraint(req.body.clone(), door, req.forced_tool.clone()).await?;
                 grammar_checked = true;
             }
             st.admission.admit(if st.config.priority_scheduling { req.priority } else { 0 }).await?
@@ -117,7 +92,7 @@ async fn handle(
         return Err(err); // the server began to drain, or a rank failed, while the request waited
     }
     if !grammar_checked && req.may_constrain() {
-        st.codec.check_constraint(req.body.clone(), protocol, req.forced_tool.clone()).await?;
+        st.codec.check_constraint(req.body.clone(), door, req.forced_tool.clone()).await?;
     }
     // Image URLs are fetched now, with the slot held (it bounds how many fetches run), by the request's deadline.
     let deadline = st.config.request_timeout().map(|t| tokio::time::Instant::from_std(arrival + t));
@@ -125,9 +100,9 @@ async fn handle(
     let fetched = if has_images { st.media.fetch(&req.images, deadline).await? } else { Default::default() };
     let id = st.dispatcher.next_id();
     let prepare = PrepareRequest {
-        protocol,
+        door,
         body: req.body,
-        response_id: format!("{}{id:x}{:08x}", protocol.id_prefix(), rand_u32()),
+        response_id: format!("{}{id:x}{:08x}", door.id_prefix(), rand_u32()),
         model: req.model,
         ignore_eos: req.ignore_eos,
         include_usage: req.include_usage,
@@ -137,7 +112,7 @@ async fn handle(
         fetched: fetched.into_iter().collect(),
     };
     let (outlet, reply) = if req.stream {
-        let buf = StreamBuf::new(protocol, st.config.max_stream_buffer_bytes);
+        let buf = StreamBuf::new(door, st.config.max_stream_buffer_bytes);
         (Outlet::Stream(buf.clone()), Reply::Stream(buf))
     } else {
         let (outlet, rx) = Outlet::unary();
@@ -202,45 +177,6 @@ async fn handle(
     drop(ticket);
     let json = result.map_err(|_| ApiError::Internal)??;
     Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
-}
-
-/// A served name that pins the thinking mode (as DeepSeek's `deepseek-chat` and `deepseek-reasoner` do) overrides
-/// what the request says: Chat and Messages through `thinking`, Responses through `reasoning.effort` (deepseek-recipe
-/// reads only that there; "none" is off, and an effort the client chose is kept when the pin is on). The body is
-/// parsed again for this, for pinned names only.
-pub fn pin_thinking(body: &[u8], protocol: Protocol, on: bool) -> Result<Vec<u8>, ApiError> {
-    let mut v: Value = serde_json::from_slice(body).map_err(|_| ApiError::Internal)?;
-    let obj = v.as_object_mut().ok_or(ApiError::Internal)?;
-    match protocol {
-        Protocol::Completions => return Ok(body.to_vec()), // a raw prompt has no thinking switch
-        Protocol::Responses => {
-            let reasoning = obj.entry("reasoning").or_insert_with(|| json!({}));
-            if !reasoning.is_object() {
-                *reasoning = json!({});
-            }
-            let effort = reasoning.get("effort").and_then(Value::as_str);
-            if !on {
-                reasoning["effort"] = json!("none");
-            } else if matches!(effort, None | Some("none")) {
-                reasoning["effort"] = json!("high");
-            }
-        }
-        Protocol::Chat | Protocol::Messages => {
-            let thinking = if on {
-                match obj.get("thinking") {
-                    Some(t) if t.get("type").and_then(Value::as_str).is_some_and(|k| k != "disabled") => t.clone(),
-                    _ => json!({"type": "enabled"}),
-                }
-            } else {
-                json!({"type": "disabled"})
-            };
-            obj.insert("thinking".into(), thinking);
-            if protocol == Protocol::Chat && obj.get("reasoning_effort").and_then(Value::as_str) == Some("none") && on {
-                obj.remove("reasoning_effort");
-            }
-        }
-    }
-    serde_json::to_vec(&v).map_err(|_| ApiError::Internal)
 }
 
 /// Where the handler gets the answer: a stream's buffer, or a non-stream's whole body once.

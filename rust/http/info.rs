@@ -38,7 +38,8 @@ fn model_card(st: &AppState, name: &str) -> Value {
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let healthy = st.unavailable().is_none();
     let queued = st.admission.queued();
-    let body = st.dispatcher.metrics.render(&st.dispatcher, st.config.max_num_seqs as usize, queued, healthy);
+    let ranks: Vec<_> = st.dispatcher.ranks.iter().map(|r| r.view()).collect();
+    let body = st.dispatcher.metrics.render(&ranks, st.config.max_num_seqs as usize, queued, healthy);
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }
 

@@ -3,14 +3,12 @@
 mod auth;
 mod body;
 mod cors;
-mod doors;
 mod drain;
-pub mod fields;
 mod generate;
 pub mod head_limits;
 mod info;
-pub mod request;
 pub mod request_id;
+mod sse;
 mod tokens;
 mod worker;
 
@@ -18,8 +16,8 @@ use crate::admission::Admission;
 use crate::codec::Codec;
 use crate::config::ServerConfig;
 use crate::dispatch::Dispatcher;
+use crate::doors::Door;
 use crate::error::ApiError;
-use crate::protocol::Protocol;
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::middleware;
@@ -60,13 +58,14 @@ impl AppState {
 pub fn app(state: Arc<AppState>) -> Router {
     // Behind --api-key: everything under /v1 (as vLLM guards it), and the worker metadata that names the model's
     // path and its load in detail (as SGLang guards it; smg sends the key to these when it has one).
-    let keyed = Router::new()
-        .route("/v1/chat/completions", post(generate::chat_completions))
+    let mut keyed = Router::new();
+    // Every door's route goes to the one request path, which learns the door from it.
+    for door in Door::ALL {
+        keyed = keyed.route(door.path(), post(move |st, id, body| generate::generate(door, st, id, body)));
+    }
+    let keyed = keyed
         .route("/v1/chat/completions/render", post(worker::render_chat))
-        .route("/v1/completions", post(generate::completions))
-        .route("/v1/messages", post(generate::messages))
         .route("/v1/messages/count_tokens", post(tokens::count_messages_tokens))
-        .route("/v1/responses", post(generate::responses))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize))
         .route("/v1/models", get(info::models))
@@ -103,13 +102,17 @@ pub fn app(state: Arc<AppState>) -> Router {
     }
 }
 
+/// A refusal decided before any handler (404, 405, and the middleware's 401 and 431) uses the envelope of the door
+/// whose path the request names: Anthropic's under `/v1/messages`, the OpenAI one everywhere else.
 async fn not_found(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    let door = Door::for_path(req.uri().path());
     let err = ApiError::RouteNotFound(req.uri().path().to_string());
-    drain::refuse(req.into_body(), st.config.max_body_bytes, err, Protocol::Chat).await
+    drain::refuse(req.into_body(), st.config.max_body_bytes, err, door).await
 }
 
 async fn method_not_allowed(State(st): State<Arc<AppState>>, req: Request) -> Response {
-    drain::refuse(req.into_body(), st.config.max_body_bytes, ApiError::MethodNotAllowed, Protocol::Chat).await
+    let door = Door::for_path(req.uri().path());
+    drain::refuse(req.into_body(), st.config.max_body_bytes, ApiError::MethodNotAllowed, door).await
 }
 
 #[cfg(test)]
@@ -123,7 +126,7 @@ mod tests {
     use pyo3::prelude::*;
     use tower::ServiceExt;
 
-    fn state(api_key: Option<&str>) -> Arc<AppState> {
+    pub(crate) fn state(api_key: Option<&str>) -> Arc<AppState> {
         let mut config = ServerConfig::for_tests();
         config.api_key = api_key.map(str::to_string);
         let (codec, decode) = Python::attach(|py| (py.None(), py.None()));
@@ -260,5 +263,43 @@ mod tests {
         assert_eq!(send(&st, get(Some("Bearer k"))).await.0, StatusCode::OK);
         let (s, _, _) = send(&st, Request::get("/health").body(Body::empty()).unwrap()).await;
         assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "/health is not behind the key");
+    }
+
+    #[tokio::test]
+    async fn refusals_before_the_handler_follow_the_door() {
+        let st = state(Some("k"));
+        let anthropic = |v: &serde_json::Value| v["type"] == "error" && v["error"]["type"].is_string();
+        let keyed = |r: axum::http::request::Builder| r.header("authorization", "Bearer k");
+        // 431 from the head limits, before the key is even looked at.
+        let mut many = Request::post("/v1/messages");
+        for i in 0..head_limits::MAX_HEADERS + 1 {
+            many = many.header(format!("x-h{i}"), "v");
+        }
+        let (s, _, v) = send(&st, many.body(Body::empty()).unwrap()).await;
+        assert_eq!(s, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+        assert!(anthropic(&v) && v["error"]["type"] == "invalid_request_error", "{v}");
+        // 413 from the body limit, on the door and on its count_tokens.
+        for path in ["/v1/messages", "/v1/messages/count_tokens"] {
+            let big = keyed(Request::post(path)).header("content-type", "application/json");
+            let (s, _, v) = send(&st, big.body(Body::from(vec![b' '; 2 << 20])).unwrap()).await;
+            assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE, "{path}");
+            assert!(anthropic(&v) && v["error"]["type"] == "request_too_large", "{path}: {v}");
+        }
+        // 401, 404 and 405 under the door's path.
+        let (s, _, v) = send(&st, Request::post("/v1/messages").body(Body::empty()).unwrap()).await;
+        assert!(s == StatusCode::UNAUTHORIZED && v["error"]["type"] == "authentication_error", "{v}");
+        let (s, _, v) = send(&st, keyed(Request::get("/v1/messages")).body(Body::empty()).unwrap()).await;
+        assert!(s == StatusCode::METHOD_NOT_ALLOWED && anthropic(&v), "{v}");
+        let (s, _, v) = send(&st, keyed(Request::get("/v1/messages/batches")).body(Body::empty()).unwrap()).await;
+        assert!(s == StatusCode::NOT_FOUND && v["error"]["type"] == "not_found_error", "{v}");
+        // Every other path keeps the OpenAI envelope.
+        for path in ["/v1/chat/completions", "/v1/responses", "/health"] {
+            let mut many = Request::post(path);
+            for i in 0..head_limits::MAX_HEADERS + 1 {
+                many = many.header(format!("x-h{i}"), "v");
+            }
+            let (s, _, v) = send(&st, many.body(Body::empty()).unwrap()).await;
+            assert_eq!((s, code(&v)), (StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "request_header_fields_too_large"));
+        }
     }
 }

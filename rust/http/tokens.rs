@@ -6,37 +6,36 @@
 
 use super::AppState;
 use super::body::RawBody;
-use super::doors;
-use super::request;
 use crate::codec::accepted;
+use crate::doors::{Door, fields};
 use crate::error::ApiError;
-use crate::protocol::Protocol;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
 pub async fn count_messages_tokens(State(st): State<Arc<AppState>>, body: RawBody) -> Response {
-    count(&st, Protocol::Messages, body).await.unwrap_or_else(|e| e.response_for(Protocol::Messages))
+    count(&st, Door::Messages, body).await.unwrap_or_else(|e| Door::Messages.respond(e))
 }
 
-async fn count(st: &AppState, protocol: Protocol, RawBody(body): RawBody) -> Result<Response, ApiError> {
+/// A count of what `door`'s request with this body would prompt: the body goes through the door's own checks.
+async fn count(st: &AppState, door: Door, RawBody(body): RawBody) -> Result<Response, ApiError> {
     let body = body?;
-    let req = doors::messages(&body, &st.config.served_model_names)?;
+    let req = door.parse(&body, &st.config.served_model_names)?;
     let _slot = st.admission.admit(0).await?;
     let images = fetch_images(st, &req.images).await?;
-    let out = accepted(st.codec.call("count_tokens", req.body, protocol, images).await?)?;
+    let out = accepted(st.codec.call("count_tokens", req.body, door, images).await?)?;
     Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
 }
 
 /// `POST /tokenize`: `{"prompt": text}` or a chat body's `{"messages": [...]}`; `model` may be left out.
 pub async fn tokenize(State(st): State<Arc<AppState>>, body: RawBody) -> Response {
-    tokens_call(&st, "tokenize", body).await.unwrap_or_else(|e| e.response_for(Protocol::Chat))
+    tokens_call(&st, "tokenize", body).await.unwrap_or_else(|e| Door::Chat.respond(e))
 }
 
 /// `POST /detokenize`: `{"tokens": [...]}` → `{"prompt": text}`.
 pub async fn detokenize(State(st): State<Arc<AppState>>, body: RawBody) -> Response {
-    tokens_call(&st, "detokenize", body).await.unwrap_or_else(|e| e.response_for(Protocol::Chat))
+    tokens_call(&st, "detokenize", body).await.unwrap_or_else(|e| Door::Chat.respond(e))
 }
 
 /// A count includes the images' tokens, so URL images are fetched as a request's would be (their size decides).
@@ -64,12 +63,36 @@ async fn tokens_call(st: &AppState, method: &'static str, RawBody(body): RawBody
     let _slot = st.admission.admit(0).await?;
     // A chat body goes through chat's own checks and normalizations, so its count is the request's prompt_tokens.
     let (body, images) = if method == "tokenize" && v.get("messages").is_some() {
-        let req = request::parse(&raw, served)?;
+        let req = Door::Chat.parse(&raw, served)?;
         (req.body, fetch_images(st, &req.images).await?)
     } else {
-        request::body_and_model(&raw, served)?;
+        fields::body_and_model(&raw, served)?;
         (raw, None)
     };
-    let out = accepted(st.codec.call(method, body, Protocol::Chat, images).await?)?;
+    let out = accepted(st.codec.call(method, body, Door::Chat, images).await?)?;
     Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::tests::state;
+    use serde_json::{Value, json};
+
+    async fn refused(door: Door, body: Value) -> Value {
+        let st = state(None);
+        let body = RawBody(Ok(body.to_string().into()));
+        let err = count(&st, door, body).await.expect_err("refused before the codec");
+        serde_json::from_str::<Value>(&err.envelope()).unwrap()["error"]["param"].clone()
+    }
+
+    #[tokio::test]
+    async fn a_count_checks_the_body_as_its_door_does() {
+        let msgs = json!([{"role": "user", "content": "hi"}]);
+        // Chat refuses n = 2 and Messages a negative top_k; neither checks the other's field.
+        let chat = json!({"model": "test-model", "messages": msgs, "n": 2});
+        assert_eq!(refused(Door::Chat, chat).await, "n");
+        let messages = json!({"model": "test-model", "max_tokens": 5, "messages": msgs, "top_k": -2});
+        assert_eq!(refused(Door::Messages, messages).await, "top_k");
+    }
 }

@@ -8,11 +8,10 @@
 
 use super::AppState;
 use super::body::RawBody;
-use super::request;
 use super::request_id::RequestId;
 use crate::codec::PrepareRequest;
+use crate::doors::Door;
 use crate::error::ApiError;
-use crate::protocol::Protocol;
 use crate::ring::status::{AUX_KV_CAPACITY_TOKENS, AUX_KV_USAGE_PPM, AUX_QUEUED_TOKENS};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -139,14 +138,14 @@ pub async fn render_chat(
     RawBody(body): RawBody,
 ) -> Result<Response, ApiError> {
     let body = body?;
-    let req = request::parse(&body, &st.config.served_model_names)?;
+    let req = Door::Chat.parse(&body, &st.config.served_model_names)?;
     let _slot = st.admission.admit(0).await?;
     let deadline = st.config.request_timeout().map(|t| tokio::time::Instant::now() + t);
     if req.may_constrain() {
-        st.codec.check_constraint(req.body.clone(), Protocol::Chat, req.forced_tool.clone()).await?;
+        st.codec.check_constraint(req.body.clone(), Door::Chat, req.forced_tool.clone()).await?;
     }
     let prepare = PrepareRequest {
-        protocol: Protocol::Chat,
+        door: Door::Chat,
         body: req.body,
         response_id: format!("render-{:x}", st.dispatcher.next_id()),
         model: req.model.clone(),
@@ -179,7 +178,7 @@ pub async fn render_chat(
         "stream": req.stream,
         "stream_options": null,
         "cache_salt": null,
-        "priority": 0,
+        "priority": req.priority, // vLLM's: what the request sent (0 when absent)
         "kv_transfer_params": null,
     }))
     .into_response())

@@ -4,6 +4,7 @@
 //!
 //! Everything refused or failed is a 400 naming the request field (`param`); see `ApiError::Media`.
 
+mod addr;
 mod fetch;
 pub mod guard;
 mod refs;
@@ -20,7 +21,7 @@ use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 use tokio::time::Instant;
 
-pub use refs::{ImageRef, Source, image_refs};
+pub use refs::{ImageRef, Source};
 
 /// The fetched bytes of a request's external images, by URL as the request spelled it.
 pub type Fetched = HashMap<String, Bytes>;

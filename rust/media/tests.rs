@@ -191,7 +191,7 @@ async fn retryable_failures_set_the_header() {
     let f = fetcher(|c| c.allow_private_media_urls = true);
     for (path, header) in [("/500", "true"), ("/404", "false")] {
         let e = f.fetch(&[url("messages[0].content[0].image_url.url", &format!("http://{addr}{path}"))], None).await;
-        let resp = e.unwrap_err().response_for(crate::protocol::Protocol::Chat);
+        let resp = e.unwrap_err().into_response();
         assert_eq!(
             (resp.status(), resp.headers()["x-should-retry"].to_str().unwrap()),
             (StatusCode::BAD_REQUEST, header)

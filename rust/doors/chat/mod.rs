@@ -1,139 +1,105 @@
-//! Chat Completions request checks done in Rust, before any Python runs: JSON shape, model, the features the
-//! service does not offer, and the normalizations deepseek-recipe leaves to the server. Everything else
-//! (messages, sampling ranges, tools) is validated by deepseek-recipe in the codec.
+//! OpenAI Chat Completions, `POST /v1/chat/completions`: the checks done in Rust before any Python runs (JSON shape,
+//! model, the features the service does not offer, and the normalizations deepseek-recipe leaves to the server;
+//! the messages' shapes are `checks`). Everything else (messages, sampling ranges, tools) is validated by
+//! deepseek-recipe in the codec.
 
-use super::fields::{self, brief, integer};
+mod checks;
+
+use super::fields::{self, body_and_model, integer, items, kind, opt_bool, opt_u64};
+use super::request::images_of;
+use super::tools::{self, ForcedTool, Tools, tool_choice};
+use super::{GenerateRequest, PinThinking, Spec, sse};
 use crate::error::ApiError;
+use crate::media::ImageRef;
+use bytes::BytesMut;
 use serde_json::{Map, Value};
 
-/// What the front end needs to know about a generation request, whichever door it came in by, plus the normalized
-/// body for the codec.
-#[derive(Debug)]
-pub struct GenerateRequest {
-    pub model: String,
-    pub stream: bool,
-    pub include_usage: bool,
-    pub continuous_usage: bool,
-    pub ignore_eos: bool,
-    pub top_k: i32,
-    pub seed: Option<u64>,
-    /// A tool choice that forces a call (the codec constrains the output to one).
-    pub forced_tool: Option<fields::ForcedTool>,
-    /// Wait-queue order: lower first.
-    pub priority: i64,
-    /// The request's images (fetched, for URLs, after admission).
-    pub images: Vec<crate::media::ImageRef>,
-    pub body: Vec<u8>,
-}
+pub struct Chat;
 
-impl GenerateRequest {
-    /// Whether the output may be held to a grammar: a forced tool call, or a body that names a structured format
-    /// or a strict tool (an over-estimate is harmless: the check then finds none). Asked only of a request that
-    /// must wait for a slot, whose grammar is then checked before the wait.
-    pub fn may_constrain(&self) -> bool {
-        const MARKS: [&[u8]; 4] = [b"\"json_schema\"", b"\"json_object\"", b"\"regex\"", b"\"strict\""];
-        self.forced_tool.is_some() || MARKS.iter().any(|m| memchr::memmem::find(&self.body, m).is_some())
+impl Spec for Chat {
+    const PATH: &'static str = "/v1/chat/completions";
+    const CODE: u8 = 0;
+    const ID_PREFIX: &'static str = "chatcmpl-";
+    const DONE: &'static [u8] = sse::DONE;
+    const KEEP_ALIVE: &'static [u8] = sse::KEEP_ALIVE;
+    const PIN_THINKING: Option<PinThinking> = Some(pin_thinking);
+
+    fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
+        parse(raw, served)
+    }
+
+    /// `image_url` parts of the messages' content.
+    fn image_refs(body: &Value) -> Vec<ImageRef> {
+        let mut out = Vec::new();
+        for (i, msg) in items(body, "messages") {
+            for (j, part) in items(msg, "content").filter(|(_, p)| kind(p) == "image_url") {
+                // `{"url", "detail"}`, or leniently the URL itself.
+                let (url, field) = match part.get("image_url") {
+                    Some(Value::String(u)) => (Some(u.as_str()), "image_url"),
+                    Some(obj) => (obj.get("url").and_then(Value::as_str), "image_url.url"),
+                    None => (None, ""),
+                };
+                if let Some(url) = url {
+                    out.push(ImageRef::from_url(format!("messages[{i}].content[{j}].{field}"), url));
+                }
+            }
+        }
+        out
+    }
+
+    fn envelope(err: &ApiError) -> String {
+        err.envelope()
+    }
+
+    fn error_tail(err: &ApiError, buf: &mut BytesMut) {
+        sse::openai_error_tail(err, buf);
     }
 }
 
-/// The images of a body; only one that spells "image" can have any (the cheap test keeps text requests free).
-pub fn images_of(protocol: crate::protocol::Protocol, raw: &[u8], body: &Value) -> Vec<crate::media::ImageRef> {
-    if memchr::memmem::find(raw, b"image").is_some() { crate::media::image_refs(protocol, body) } else { Vec::new() }
-}
-
-/// Upper bound deepseek-recipe accepts for max_tokens.
-const MAX_TOKENS_LIMIT: u64 = 393_216;
-
-pub fn opt_bool(obj: &Map<String, Value>, key: &str, param: &str) -> Result<bool, ApiError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(ApiError::bad_param(param, format!("'{param}' must be a boolean"))),
-    }
-}
-
-pub fn opt_u64(obj: &Map<String, Value>, key: &str) -> Result<Option<u64>, ApiError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => match integer(v) {
-            Some(n) if (1..=MAX_TOKENS_LIMIT as i64).contains(&n) => Ok(Some(n as u64)),
-            _ => Err(ApiError::bad_param(
-                key,
-                format!("Invalid '{key}': expected an integer in [1, {MAX_TOKENS_LIMIT}], got {}.", brief(v)),
-            )),
-        },
-    }
-}
-
-/// Reject content the service cannot take (audio, files): text and image parts only.
-fn check_content(i: usize, msg: &Map<String, Value>) -> Result<(), ApiError> {
-    let Some(Value::Array(parts)) = msg.get("content") else {
-        return Ok(());
-    };
-    for (j, part) in parts.iter().enumerate() {
-        let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
-        if kind != "text" && kind != "image_url" {
-            let param = format!("messages[{i}].content[{j}].type");
-            let what = if kind.is_empty() { "a content part without a type".to_string() } else { format!("'{kind}'") };
-            return Err(ApiError::bad_param(
-                &param,
-                format!(
-                    "Only text and image_url content parts are supported; {what} is not (audio and files are not)."
-                ),
-            ));
+/// `"required"`, `{"type": "function", "function": {"name"}}`; tools `[{"function": {"name"}}]`.
+impl Tools for Chat {
+    fn choice(choice: &Value, parallel: bool) -> Result<Option<ForcedTool>, String> {
+        match choice {
+            Value::String(mode) => tools::openai_mode(mode, parallel),
+            Value::Object(c) if c.get("type").and_then(Value::as_str) == Some("function") => {
+                match c.get("function").and_then(tools::name) {
+                    Some(n) => Ok(Some(ForcedTool { name: Some(n.to_string()), parallel })),
+                    None => Err("a function choice needs 'function.name'.".into()),
+                }
+            }
+            _ => Err(tools::unsupported(choice)),
         }
     }
-    Ok(())
-}
 
-/// An assistant turn's `refusal` parts are what it said: text to the model.
-fn refusals_as_text(msg: &mut Map<String, Value>) {
-    let Some(Value::Array(parts)) = msg.get_mut("content") else { return };
-    for part in parts.iter_mut() {
-        if part.get("type").and_then(Value::as_str) == Some("refusal")
-            && let Some(text) = part.get("refusal").filter(|r| r.is_string()).cloned()
-        {
-            *part = serde_json::json!({"type": "text", "text": text});
-        }
+    fn tool_name(tool: &Value) -> Option<&str> {
+        tool.get("function").and_then(tools::name)
     }
 }
 
-/// Most messages one request may carry (a conversation this long is a mistake or an attack).
-pub const MAX_MESSAGES: usize = 4096;
-
-/// The body as a JSON object, and its `model`, which must be a served name: what every door checks first.
-pub fn body_and_model(raw: &[u8], served: &[String]) -> Result<(Value, String), ApiError> {
-    let v: Value = serde_json::from_slice(raw)
-        .map_err(|e| ApiError::bad_request(format!("The request body is not valid JSON: {e}")))?;
-    let obj = v.as_object().ok_or_else(|| ApiError::bad_request("The request body must be a JSON object."))?;
-    let model = match obj.get("model") {
-        Some(Value::String(m)) => m.clone(),
-        None | Some(Value::Null) => {
-            return Err(ApiError::bad_param("model", "'model' is required."));
-        }
-        Some(_) => return Err(ApiError::bad_param("model", "'model' must be a string.")),
-    };
-    if !served.contains(&model) {
-        return Err(ApiError::ModelNotFound(model));
+/// A pinned thinking mode goes through `thinking`, as for Messages; pinned on, a `reasoning_effort` of "none"
+/// (which would turn it off) goes.
+fn pin_thinking(obj: &mut Map<String, Value>, on: bool) {
+    fields::pin_thinking(obj, on);
+    if on && obj.get("reasoning_effort").and_then(Value::as_str) == Some("none") {
+        obj.remove("reasoning_effort");
     }
-    Ok((v, model))
 }
 
-pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
+fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
     let (mut v, model) = body_and_model(raw, served)?;
     let obj = v.as_object_mut().ok_or(ApiError::Internal)?;
     fields::check(obj)?;
     if let Some(tools) = obj.get("tools").filter(|t| !t.is_null()) {
-        fields::check_tools(tools)?;
+        checks::check_tools(tools)?;
     }
     let seed = fields::take_seed(obj)?;
     let priority = fields::take_priority(obj)?;
 
     match obj.get_mut("messages") {
-        Some(Value::Array(msgs)) if msgs.len() > MAX_MESSAGES => {
+        Some(Value::Array(msgs)) if msgs.len() > checks::MAX_MESSAGES => {
             return Err(ApiError::bad_param(
                 "messages",
-                format!("Too many messages: {} (at most {MAX_MESSAGES}).", msgs.len()),
+                format!("Too many messages: {} (at most {}).", msgs.len(), checks::MAX_MESSAGES),
             ));
         }
         Some(Value::Array(msgs)) if !msgs.is_empty() => {
@@ -145,11 +111,11 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>
                     Some("developer") => {
                         m.insert("role".into(), Value::String("system".into()));
                     }
-                    Some("assistant") => refusals_as_text(m),
+                    Some("assistant") => checks::refusals_as_text(m),
                     _ => {}
                 }
-                fields::check_message(i, m)?;
-                check_content(i, m)?;
+                checks::check_message(i, m)?;
+                checks::check_content(i, m)?;
             }
         }
         Some(Value::Array(_)) => {
@@ -160,7 +126,7 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>
         }
     }
 
-    thinking_from_template_kwargs(obj)?;
+    checks::thinking_from_template_kwargs(obj)?;
     let stream = opt_bool(obj, "stream", "stream")?;
     let (mut include_usage, mut continuous_usage) = (false, false);
     match obj.get("stream_options") {
@@ -196,9 +162,9 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>
         }
         obj.insert("top_logprobs".into(), Value::from(top));
     }
-    let forced_tool = fields::tool_choice(obj, fields::ToolDoor::Chat)?;
+    let forced_tool = tool_choice::<Chat>(obj)?;
     if let Some(rf) = obj.get("response_format").filter(|v| !v.is_null()) {
-        check_response_format(rf)?;
+        checks::check_response_format(rf)?;
     }
 
     // max_completion_tokens wins over the deprecated max_tokens (as in vLLM); the recipe reads max_tokens only.
@@ -230,7 +196,7 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>
         fields::check_scoring_sampling(obj, max_completion.or(max_tokens), top_k)?;
     }
 
-    let images = images_of(crate::protocol::Protocol::Chat, raw, &v);
+    let images = images_of::<Chat>(raw, &v);
     let body = serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?;
     Ok(GenerateRequest {
         model,
@@ -247,47 +213,6 @@ pub fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>
     })
 }
 
-/// Chat's `response_format`: text, json_object, json_schema (with a schema) or deepseek-recipe's regex. The
-/// schema itself is checked by deepseek-recipe and compiled by the codec (python/deepinfer_server/grammar.py).
-fn check_response_format(rf: &Value) -> Result<(), ApiError> {
-    let bad = |param: &str, what: &str| Err(ApiError::bad_param(param, format!("Invalid '{param}': {what}.")));
-    match rf.get("type").and_then(Value::as_str) {
-        Some("text" | "json_object") => Ok(()),
-        Some("json_schema") => match rf.get("json_schema") {
-            Some(Value::Object(js)) => match js.get("schema") {
-                Some(Value::Object(_) | Value::Bool(_)) => Ok(()),
-                None | Some(Value::Null) => bad("response_format.json_schema.schema", "a JSON schema is required"),
-                Some(_) => bad("response_format.json_schema.schema", "expected a JSON schema object"),
-            },
-            _ => bad("response_format.json_schema", "expected an object with 'name' and 'schema'"),
-        },
-        Some("regex") if rf.get("regex").is_some_and(Value::is_string) => Ok(()),
-        Some("regex") => bad("response_format.regex", "expected a regular expression string"),
-        _ => bad("response_format.type", "expected \"text\", \"json_object\", \"json_schema\" or \"regex\""),
-    }
-}
-
-/// The thinking switch clients written for vLLM or Qwen send, and gateways (smg) write into rewritten bodies:
-/// `chat_template_kwargs: {"thinking": bool}` or `{"enable_thinking": bool}`, turned into the top-level
-/// `thinking` deepseek-recipe reads. A top-level `thinking` wins; `thinking` wins over `enable_thinking`.
-fn thinking_from_template_kwargs(obj: &mut Map<String, Value>) -> Result<(), ApiError> {
-    let Some(Value::Object(kwargs)) = obj.get("chat_template_kwargs") else { return Ok(()) };
-    let Some((key, value)) =
-        ["thinking", "enable_thinking"].iter().find_map(|k| kwargs.get(*k).filter(|v| !v.is_null()).map(|v| (*k, v)))
-    else {
-        return Ok(());
-    };
-    let Some(on) = value.as_bool() else {
-        let param = format!("chat_template_kwargs.{key}");
-        return Err(ApiError::bad_param(&param, format!("'{param}' must be a boolean")));
-    };
-    if matches!(obj.get("thinking"), None | Some(Value::Null)) {
-        let kind = if on { "enabled" } else { "disabled" };
-        obj.insert("thinking".into(), serde_json::json!({"type": kind}));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,11 +223,11 @@ mod tests {
     }
 
     fn ok(v: Value) -> GenerateRequest {
-        parse(v.to_string().as_bytes(), &names()).unwrap()
+        Chat::parse(v.to_string().as_bytes(), &names()).unwrap()
     }
 
     fn err(v: Value) -> ApiError {
-        parse(v.to_string().as_bytes(), &names()).unwrap_err()
+        Chat::parse(v.to_string().as_bytes(), &names()).unwrap_err()
     }
 
     fn base() -> Value {
@@ -324,13 +249,13 @@ mod tests {
 
     #[test]
     fn bad_json_and_shapes_are_400() {
-        assert_eq!(parse(b"{not json", &names()).unwrap_err().status(), 400);
-        assert_eq!(parse(b"[1]", &names()).unwrap_err().status(), 400);
+        assert_eq!(Chat::parse(b"{not json", &names()).unwrap_err().status(), 400);
+        assert_eq!(Chat::parse(b"[1]", &names()).unwrap_err().status(), 400);
         assert_eq!(err(json!({"messages": []})).status(), 400);
         assert_eq!(err(json!({"model": "m"})).status(), 400);
         assert_eq!(err(json!({"model": "m", "messages": []})).status(), 400);
         assert_eq!(err(json!({"model": "m", "messages": ["x"]})).status(), 400);
-        let many: Vec<_> = (0..=MAX_MESSAGES).map(|_| json!({"role": "user", "content": "x"})).collect();
+        let many: Vec<_> = (0..=checks::MAX_MESSAGES).map(|_| json!({"role": "user", "content": "x"})).collect();
         assert_eq!(err(json!({"model": "m", "messages": many})).status(), 400);
     }
 
@@ -420,5 +345,48 @@ mod tests {
         let body: Value = serde_json::from_slice(&r.body).unwrap();
         assert_eq!(body["max_tokens"], 9);
         assert!(body.get("stream_options").is_none());
+    }
+
+    #[test]
+    fn image_url_parts() {
+        let url = |param: &str, u: &str| ImageRef::from_url(param.into(), u);
+        let body = json!({"messages": [
+            {"role": "system", "content": "hi"},
+            {"role": "user", "content": [
+                {"type": "text", "text": "what"},
+                {"type": "image_url", "image_url": {"url": "https://a.example/x.png", "detail": "low"}},
+                {"type": "image_url", "image_url": "http://b.example/y.jpg"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAABBBB"}},
+                {"type": "image_url", "image_url": {"detail": "auto"}},
+                {"type": "input_audio"},
+            ]},
+        ]});
+        assert_eq!(
+            Chat::image_refs(&body),
+            [
+                url("messages[1].content[1].image_url.url", "https://a.example/x.png"),
+                url("messages[1].content[2].image_url", "http://b.example/y.jpg"),
+                url("messages[1].content[3].image_url.url", "data:image/png;base64,AAAABBBB"),
+            ]
+        );
+        assert!(Chat::image_refs(&json!({"messages": "x"})).is_empty());
+    }
+
+    #[test]
+    fn a_pinned_thinking_mode_wins() {
+        let pinned = |body: Value, on: bool| {
+            let mut obj = body.as_object().unwrap().clone();
+            pin_thinking(&mut obj, on);
+            Value::Object(obj)
+        };
+        let off = pinned(json!({"thinking": {"type": "enabled"}}), false);
+        assert_eq!(off["thinking"]["type"], "disabled");
+        let on = pinned(json!({"reasoning_effort": "none"}), true);
+        assert_eq!((on["thinking"]["type"].as_str(), on.get("reasoning_effort")), (Some("enabled"), None));
+        let kept = pinned(json!({"thinking": {"type": "adaptive"}, "reasoning_effort": "low"}), true);
+        assert_eq!(
+            (kept["thinking"]["type"].as_str(), kept["reasoning_effort"].as_str()),
+            (Some("adaptive"), Some("low"))
+        );
     }
 }

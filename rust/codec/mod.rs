@@ -3,92 +3,26 @@
 //! milliseconds per image, and must not hold up text requests' encoding), a third that builds and checks grammars
 //! (a client's schema can cost up to `--grammar-cpu-seconds`, which must not hold up anyone else's encoding), and
 //! the rank_io threads for `decode_batch`. Tokio workers never do.
+//!
+//! Preparing a request (`prepare`) and decoding token batches (`decode`) are this bridge's two Python calls; this
+//! module runs them on its threads.
 
+mod decode;
+mod prepare;
+
+use crate::doors::{Door, ForcedTool};
 use crate::error::ApiError;
-use crate::http::fields::ForcedTool;
-use crate::protocol::{Protocol, frame_into};
-use crate::ring::py::{logprobs_to_py, prompt_logprobs_to_py};
-use crate::ring::records::{Constraint, ImageSet, Logprobs};
 use axum::http::StatusCode;
-use bytes::BytesMut;
+use prepare::{fetched_to_py, forced_args};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::PyBytes;
 use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::thread;
 use std::time::Duration;
 use tokio::sync::oneshot;
 
-/// What the HTTP layer asks the codec to prepare.
-pub struct PrepareRequest {
-    pub protocol: Protocol,
-    pub body: Vec<u8>,
-    pub response_id: String,
-    pub model: String,
-    pub ignore_eos: bool,
-    pub include_usage: bool,
-    pub continuous_usage: bool,
-    /// A tool choice that forces a call: the codec constrains the output to a tool-call block.
-    pub forced_tool: Option<ForcedTool>,
-    /// The request has images: it is prepared on the image pool.
-    pub has_images: bool,
-    /// The image URLs the front end fetched, with their bytes.
-    pub fetched: Vec<(String, bytes::Bytes)>,
-}
-
-/// A converted, encoded request.
-pub struct Prepared {
-    pub prompt: Vec<u32>,
-    pub max_tokens: u32,
-    pub temperature: f32,
-    pub top_p: f32,
-    /// Logprobs asked for: alternatives per token.
-    pub logprobs: Option<u32>,
-    /// The prompt tokens' logprobs asked for (Completions' `echo` with `logprobs`, vLLM's `prompt_logprobs`).
-    pub prompt_logprobs: bool,
-    pub constraint: Option<Constraint>,
-    pub decoder: Py<PyAny>,
-    /// Whether output must be decoded as it arrives (streams, stop sequences) or may wait for the end.
-    pub incremental: bool,
-    /// Framed SSE events to send before any token (the role delta); empty for non-streams.
-    pub first: BytesMut,
-    /// The prompt's images, in the file the codec wrote for the rank.
-    pub images: Option<ImageSet>,
-}
-
-impl Prepared {
-    /// Remove the images' file when no rank will read it (the request went nowhere).
-    pub fn discard_images(&self) {
-        if let Some(im) = &self.images {
-            im.discard();
-        }
-    }
-}
-
-/// Result states of `codec.decode_batch`, as defined in python/deepinfer_server/codec.py.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DecodeState {
-    Running,
-    Finished,
-    StoppedEarly,
-}
-
-/// One decoded item: framed SSE bytes for a stream, or the whole JSON body of a non-stream.
-pub struct Decoded {
-    pub state: DecodeState,
-    pub bytes: BytesMut,
-}
-
-/// One request's part of a decode batch.
-/// One request's part of a decode batch.
-pub struct DecodeItem<'a> {
-    pub decoder: &'a Py<PyAny>,
-    pub tokens: &'a [u32],
-    pub finish: u32,
-    /// The tokens' logprobs, if asked for.
-    pub logprobs: Option<Logprobs<'a>>,
-    /// The prompt's logprobs (f32 little-endian), once, with the first tokens of a request that asked for them.
-    pub prompt_logprobs: Option<&'a [u8]>,
-}
+pub use decode::{DecodeItem, DecodeState, Decoded};
+pub use prepare::{PrepareRequest, Prepared};
 
 /// Work for a codec thread: run with the GIL, then (the closure's own business) hand on its result without it.
 type Job = Box<dyn FnOnce(&Codec) + Send>;
@@ -184,14 +118,14 @@ impl Codec {
     pub async fn check_constraint(
         &self,
         body: Vec<u8>,
-        protocol: Protocol,
+        door: Door,
         forced_tool: Option<ForcedTool>,
     ) -> Result<(), ApiError> {
         let answer = self
             .run(Pool::Grammar, move |codec| {
                 Python::attach(|py| {
                     let (forced, parallel) = forced_args(forced_tool.as_ref());
-                    let args = (PyBytes::new(py, &body), protocol.code(), forced, parallel);
+                    let args = (PyBytes::new(py, &body), door.code(), forced, parallel);
                     let out =
                         codec.codec.bind(py).call_method1("check_constraint", args).map_err(|e| internal(py, e))?;
                     out.extract::<(u16, String)>().map_err(|e| internal(py, e))
@@ -201,13 +135,13 @@ impl Codec {
         accepted(answer).map(drop)
     }
 
-    /// Call a method of the Python `Codec` on the codec pool (counting tokens, rendering): `(body, protocol)` in,
+    /// Call a method of the Python `Codec` on the codec pool (counting tokens, rendering): `(body, door)` in,
     /// the method's `(status, body)` answer out.
     pub async fn call(
         &self,
         method: &'static str,
         body: Vec<u8>,
-        protocol: Protocol,
+        door: Door,
         fetched: Option<Vec<(String, bytes::Bytes)>>,
     ) -> Result<(u16, String), ApiError> {
         let pool = if fetched.is_some() { Pool::Images } else { Pool::Text };
@@ -215,9 +149,9 @@ impl Codec {
             Python::attach(|py| {
                 let body = PyBytes::new(py, &body);
                 let out = match fetched.as_deref() {
-                    None => codec.codec.bind(py).call_method1(method, (body, protocol.code())),
+                    None => codec.codec.bind(py).call_method1(method, (body, door.code())),
                     Some(f) => fetched_to_py(py, f)
-                        .and_then(|images| codec.codec.bind(py).call_method1(method, (body, protocol.code(), images))),
+                        .and_then(|images| codec.codec.bind(py).call_method1(method, (body, door.code(), images))),
                 }
                 .map_err(|e| internal(py, e))?;
                 out.extract::<(u16, String)>().map_err(|e| internal(py, e))
@@ -262,53 +196,6 @@ impl Codec {
         rx.await.map_err(|_| ApiError::Internal)?
     }
 
-    fn prepare_blocking(&self, py: Python<'_>, req: &PrepareRequest) -> Result<Prepared, ApiError> {
-        let forced = forced_args(req.forced_tool.as_ref());
-        let args = (
-            PyBytes::new(py, &req.body),
-            req.response_id.as_str(),
-            req.model.as_str(),
-            req.ignore_eos,
-            req.include_usage,
-            req.continuous_usage,
-            req.protocol.code(),
-            forced.0,
-            forced.1,
-            req.has_images.then(|| fetched_to_py(py, &req.fetched)).transpose().map_err(|e| internal(py, e))?,
-        );
-        let out = self.codec.bind(py).call_method1("prepare", args).map_err(|e| internal(py, e))?;
-        if let Ok(t) = out.cast::<PyTuple>() {
-            let (status, body): (u16, String) = t.extract().map_err(|e| internal(py, e))?;
-            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
-            return Err(ApiError::Codec { status, body });
-        }
-        let get = |name: &str| out.getattr(name).map_err(|e| internal(py, e));
-        let mut first = BytesMut::new();
-        for s in get("first_chunks")?.cast::<PyList>().map_err(|e| internal(py, e.into()))?.iter() {
-            let s = s.cast::<PyString>().map_err(|e| internal(py, e.into()))?;
-            frame_into(&mut first, s.to_str().map_err(|e| internal(py, e))?.as_bytes());
-        }
-        Ok(Prepared {
-            prompt: get("prompt_ids")?.extract().map_err(|e| internal(py, e))?,
-            max_tokens: get("max_tokens")?.extract().map_err(|e| internal(py, e))?,
-            temperature: get("temperature")?.extract().map_err(|e| internal(py, e))?,
-            top_p: get("top_p")?.extract().map_err(|e| internal(py, e))?,
-            logprobs: get("logprobs")?.extract().map_err(|e| internal(py, e))?,
-            prompt_logprobs: get("prompt_logprobs")?.extract().map_err(|e| internal(py, e))?,
-            constraint: get("constraint")?
-                .extract::<Option<(u32, String, Vec<u32>, Option<u32>)>>()
-                .map_err(|e| internal(py, e))?
-                .map(|(schema_type, schema, triggers, bound)| Constraint { schema_type, schema, triggers, bound }),
-            decoder: get("decoder")?.unbind(),
-            incremental: get("incremental")?.extract().map_err(|e| internal(py, e))?,
-            first,
-            images: get("images")?
-                .extract::<Option<(String, u32, Vec<[u32; 3]>)>>()
-                .map_err(|e| internal(py, e))?
-                .map(|(path, extra_tokens, sizes)| ImageSet { path, extra_tokens, sizes }),
-        })
-    }
-
     /// Called before a decode batch takes the GIL: let pending request preparations go first (bounded wait).
     pub fn yield_to_prepares(&self) {
         let pending = self.preparing.lock().unwrap();
@@ -316,49 +203,6 @@ impl Codec {
             let _ = self.prepared.wait_timeout_while(pending, PREPARE_PRIORITY_WAIT, |n| *n > 0);
         }
     }
-
-    /// Decode one batch: `(decoder, new tokens, engine finish code, logprobs if asked for)` per request, one
-    /// Python call in all.
-    pub fn decode(&self, py: Python<'_>, items: &[DecodeItem<'_>]) -> PyResult<Vec<Decoded>> {
-        let list = PyList::empty(py);
-        for item in items {
-            let (decoder, finish) = (item.decoder.bind(py), item.finish);
-            let tokens = PyList::new(py, item.tokens.iter())?;
-            let logprobs = item.logprobs.as_ref().map(|lp| logprobs_to_py(py, lp)).transpose()?;
-            match (logprobs, item.prompt_logprobs) {
-                (None, None) => list.append((decoder, tokens, finish))?,
-                (lp, None) => list.append((decoder, tokens, finish, lp))?,
-                (lp, Some(p)) => list.append((decoder, tokens, finish, lp, prompt_logprobs_to_py(py, p)?))?,
-            }
-        }
-        let out = self.decode_batch.bind(py).call1((list,))?;
-        let mut decoded = Vec::with_capacity(items.len());
-        for item in out.cast::<PyList>()?.iter() {
-            let t = item.cast::<PyTuple>()?;
-            let state = match t.get_item(0)?.extract::<u8>()? {
-                0 => DecodeState::Running,
-                1 => DecodeState::Finished,
-                _ => DecodeState::StoppedEarly,
-            };
-            let payload = t.get_item(1)?;
-            let mut bytes = BytesMut::new();
-            if let Ok(body) = payload.cast::<PyString>() {
-                bytes.extend_from_slice(body.to_str()?.as_bytes());
-            } else {
-                for s in payload.cast::<PyList>()?.iter() {
-                    frame_into(&mut bytes, s.cast::<PyString>()?.to_str()?.as_bytes());
-                }
-            }
-            decoded.push(Decoded { state, bytes });
-        }
-        Ok(decoded)
-    }
-}
-
-/// A forced tool choice as the codec takes it: ("" any tool, a name that one; None forces nothing, whether its
-/// calls may run in parallel).
-fn forced_args(forced: Option<&ForcedTool>) -> (Option<String>, bool) {
-    (forced.map(|f| f.name.clone().unwrap_or_default()), forced.is_none_or(|f| f.parallel))
 }
 
 /// A codec method's `(status, body)` answer: the body when 200, else the codec's refusal as the request's error.
@@ -367,15 +211,6 @@ pub fn accepted((status, body): (u16, String)) -> Result<String, ApiError> {
         return Ok(body);
     }
     Err(ApiError::Codec { status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST), body })
-}
-
-/// The fetched images as the codec takes them: `{url: bytes}`.
-fn fetched_to_py<'py>(py: Python<'py>, fetched: &[(String, bytes::Bytes)]) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    for (url, data) in fetched {
-        d.set_item(url, PyBytes::new(py, data))?;
-    }
-    Ok(d)
 }
 
 /// Run a thread's loop with a Python thread state kept for its whole life (the GIL released), so each

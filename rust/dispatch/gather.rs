@@ -13,8 +13,8 @@
 //! Short prompts never wait: their prefill is cheaper than the wait. The request is registered on its rank (and
 //! counted in its load) when it is held, so the rank picked for the next one already sees it.
 
-use crate::dispatch::{Dispatcher, Inflight};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use super::inflight::Inflight;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -58,15 +58,15 @@ pub struct Gather {
 }
 
 impl Gather {
-    /// The gather of `dispatcher`, with the thread that closes its windows (none when the policy is off). The
-    /// thread ends with the dispatcher.
-    pub fn start(policy: GatherPolicy, dispatcher: Weak<Dispatcher>) -> Arc<Gather> {
+    /// The gather, with the thread that closes its windows and hands each one's records to `release` (no thread
+    /// when the policy is off). The thread ends when `release` says nobody takes them, or at `stop`.
+    pub fn start(policy: GatherPolicy, release: impl Fn(Vec<Waiting>) -> bool + Send + 'static) -> Arc<Gather> {
         let gather = Arc::new(Gather { policy, window: Mutex::default(), wake: Condvar::new() });
         if !policy.window.is_zero() {
             let me = gather.clone();
             thread::Builder::new()
                 .name("dispatch-gather".into())
-                .spawn(move || me.close_windows(&dispatcher))
+                .spawn(move || me.close_windows(release))
                 .expect("spawn gather thread");
         }
         gather
@@ -94,7 +94,8 @@ impl Gather {
         self.wake.notify_one();
     }
 
-    fn close_windows(&self, dispatcher: &Weak<Dispatcher>) {
+    /// `release` takes a closed window's records: false once nobody does (the dispatcher is gone).
+    fn close_windows(&self, release: impl Fn(Vec<Waiting>) -> bool) {
         // One wake-up per window; while none is open the thread sleeps until one opens (no timer when idle).
         let mut w = self.window.lock().unwrap();
         loop {
@@ -113,9 +114,9 @@ impl Gather {
             let batch = std::mem::take(&mut w.held);
             w.closes = None;
             drop(w);
-            let Some(d) = dispatcher.upgrade() else { return };
-            d.send_gathered(batch);
-            drop(d);
+            if !release(batch) {
+                return;
+            }
             w = self.window.lock().unwrap();
         }
     }
@@ -125,7 +126,7 @@ impl Gather {
 mod tests {
     use super::*;
     use crate::admission::Admission;
-    use crate::dispatch::RankLink;
+    use crate::dispatch::Dispatcher;
     use crate::dispatch::testing::{gathering, submit};
     use crate::ring::records;
 
@@ -154,14 +155,14 @@ mod tests {
         let left = submit(&d, &admission);
         // Registered (the next pick sees them) but not yet in any ring.
         assert_eq!(d.gather.held(), 3);
-        assert_eq!(d.ranks.iter().map(RankLink::in_flight).sum::<usize>(), 3);
+        assert_eq!(d.ranks.iter().map(|r| r.in_flight()).sum::<usize>(), 3);
         assert!(d.ranks.iter().all(|r| r.requests.ring().used_bytes() == 0));
         let gone = left.rank();
         drop(left); // its client left while it was held: the rank gets only the abort
         std::thread::sleep(Duration::from_millis(400));
         assert_eq!(d.gather.held(), 0);
         // The sent ones stay registered on their ranks (their tokens have somewhere to go); the one that left does not.
-        assert_eq!(d.ranks.iter().map(RankLink::in_flight).sum::<usize>(), kept.len());
+        assert_eq!(d.ranks.iter().map(|r| r.in_flight()).sum::<usize>(), kept.len());
         let mut submits = 0;
         for i in 0..2 {
             let k = kinds(&d, i);

@@ -1,0 +1,70 @@
+//! What the front end keeps of a generation request, whichever door it came in by.
+
+use super::fields::{opt_bool, take_priority};
+use super::{ForcedTool, Spec};
+use crate::error::ApiError;
+use crate::media::ImageRef;
+use serde_json::Value;
+
+/// What the front end needs to know about a generation request, whichever door it came in by, plus the normalized
+/// body for the codec.
+#[derive(Debug)]
+pub struct GenerateRequest {
+    pub model: String,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub continuous_usage: bool,
+    pub ignore_eos: bool,
+    pub top_k: i32,
+    pub seed: Option<u64>,
+    /// A tool choice that forces a call (the codec constrains the output to one).
+    pub forced_tool: Option<ForcedTool>,
+    /// Wait-queue order: lower first.
+    pub priority: i64,
+    /// The request's images (fetched, for URLs, after admission).
+    pub images: Vec<ImageRef>,
+    pub body: Vec<u8>,
+}
+
+impl GenerateRequest {
+    /// Whether the output may be held to a grammar: a forced tool call, or a body that names a structured format
+    /// or a strict tool (an over-estimate is harmless: the check then finds none). Asked only of a request that
+    /// must wait for a slot, whose grammar is then checked before the wait.
+    pub fn may_constrain(&self) -> bool {
+        const MARKS: [&[u8]; 4] = [b"\"json_schema\"", b"\"json_object\"", b"\"regex\"", b"\"strict\""];
+        self.forced_tool.is_some() || MARKS.iter().any(|m| memchr::memmem::find(&self.body, m).is_some())
+    }
+}
+
+/// The images of a body; only one that spells "image" can have any (the cheap test keeps text requests free).
+pub fn images_of<D: Spec>(raw: &[u8], body: &Value) -> Vec<ImageRef> {
+    if memchr::memmem::find(raw, b"image").is_some() { D::image_refs(body) } else { Vec::new() }
+}
+
+/// The request of a door without stream options, seed or usage switches (Messages, Responses), from its checked
+/// body.
+pub fn plain<D: Spec>(
+    raw: &[u8],
+    mut body: Value,
+    model: String,
+    top_k: i32,
+    forced_tool: Option<ForcedTool>,
+) -> Result<GenerateRequest, ApiError> {
+    let images = images_of::<D>(raw, &body);
+    let obj = body.as_object_mut().ok_or(ApiError::Internal)?;
+    let priority = take_priority(obj)?;
+    Ok(GenerateRequest {
+        model,
+        stream: opt_bool(obj, "stream", "stream")?,
+        include_usage: false,
+        continuous_usage: false,
+        // vLLM's extension, on every door: benchmark clients need outputs of an exact length.
+        ignore_eos: opt_bool(obj, "ignore_eos", "ignore_eos")?,
+        top_k,
+        seed: None,
+        forced_tool,
+        priority,
+        images,
+        body: serde_json::to_vec(&body).map_err(|_| ApiError::Internal)?,
+    })
+}

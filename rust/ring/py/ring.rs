@@ -1,0 +1,338 @@
+//! The ring as Python sees it: the request side (submit, abort, shutdown, drain) the server's tests and the fake
+//! servers use, the output side (publish, drain tokens) the ranks use.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::exceptions::PyIndexError;
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+use super::entries::{Parsed, prompt_ids};
+use super::logprobs::{logprobs_to_py, prompt_logprobs_to_py};
+use super::{RingError, SIGNAL_POLL, blocking, duration, io_err, ring_err, wait_until};
+use crate::ring::layout::AUX_WORDS;
+use crate::ring::records::{self, Constraint, ImageSet, Request, Submit};
+use crate::ring::status::monotonic_us;
+use crate::ring::{Ring, RingError as CoreError};
+
+/// f32 -> the shortest f64 that prints the same (0.7f32 -> 0.7, not 0.699999988).
+fn f32_to_py(x: f32) -> f64 {
+    x.to_string().parse().unwrap_or(f64::from(x))
+}
+
+/// Shared-memory SPSC ring (see the Rust `ring` module docs).
+#[pyclass(name = "Ring", module = "deepinfer_server._native", frozen)]
+pub struct PyRing {
+    ring: Arc<Ring>,
+}
+
+impl PyRing {
+    /// The shared ring, for the Rust server side.
+    pub fn ring(&self) -> Arc<Ring> {
+        self.ring.clone()
+    }
+}
+
+impl PyRing {
+    /// Pushes one record built by `fill` (a `Copy` closure so it can be
+    /// retried): first without releasing the GIL, then blocking without it.
+    fn push_with<F>(&self, py: Python<'_>, kind: u32, len: usize, timeout: Option<f64>, fill: F) -> PyResult<()>
+    where
+        F: FnOnce(&mut [u8]) + Copy + Sync,
+    {
+        self.push_quietly_with(py, kind, len, timeout, true, fill)
+    }
+
+    /// `push_with`; without `wake` a sleeping consumer is not woken unless the ring is full.
+    fn push_quietly_with<F>(
+        &self,
+        py: Python<'_>,
+        kind: u32,
+        len: usize,
+        timeout: Option<f64>,
+        wake: bool,
+        fill: F,
+    ) -> PyResult<()>
+    where
+        F: FnOnce(&mut [u8]) + Copy + Sync,
+    {
+        let timeout = duration(timeout)?;
+        if self.ring.try_push_quietly_with(kind, len, wake, fill).map_err(ring_err)?.is_ok() {
+            return Ok(());
+        }
+        if timeout == Some(Duration::ZERO) {
+            return Err(ring_err(CoreError::Timeout));
+        }
+        blocking(py, timeout, |slice| self.ring.push_blocking_with(kind, len, Some(slice), fill))
+    }
+}
+
+#[pymethods]
+impl PyRing {
+    /// Creates a new ring file (fails if it exists); capacity: power of two >= 4096.
+    #[staticmethod]
+    fn create(path: PathBuf, capacity: u64) -> PyResult<Self> {
+        let ring = Ring::create(path, capacity).map_err(io_err)?;
+        Ok(PyRing { ring: Arc::new(ring) })
+    }
+
+    #[staticmethod]
+    fn open(path: PathBuf) -> PyResult<Self> {
+        let ring = Ring::open(path).map_err(io_err)?;
+        Ok(PyRing { ring: Arc::new(ring) })
+    }
+
+    /// Removes the file; rings already opened keep working.
+    #[staticmethod]
+    fn unlink(path: PathBuf) -> PyResult<()> {
+        Ring::unlink(path).map_err(io_err)
+    }
+
+    /// Marks the ring closed and wakes all waiters, in every process.
+    fn close(&self) {
+        self.ring.close();
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.ring.is_closed()
+    }
+
+    #[getter]
+    fn capacity(&self) -> u64 {
+        self.ring.capacity()
+    }
+
+    #[getter]
+    fn used_bytes(&self) -> u64 {
+        self.ring.used_bytes()
+    }
+
+    fn aux(&self, i: usize) -> PyResult<u64> {
+        if i >= AUX_WORDS {
+            return Err(PyIndexError::new_err("aux index out of range"));
+        }
+        Ok(self.ring.aux(i))
+    }
+
+    fn set_aux(&self, i: usize, v: u64) -> PyResult<()> {
+        if i >= AUX_WORDS {
+            return Err(PyIndexError::new_err("aux index out of range"));
+        }
+        self.ring.set_aux(i, v);
+        Ok(())
+    }
+
+    /// Waits (GIL released) until records are available or the ring is
+    /// closed -> True; False once `timeout` seconds passed without data.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        wait_until(py, timeout, |t| self.ring.wait_readable(t))
+    }
+
+    /// Producer side: sleep (GIL released) until at most `max_used` bytes are unread or the ring closes (True),
+    /// or until `timeout` seconds pass or the server wakes the producer because it sent a request (False: check
+    /// the request ring, then wait again).
+    #[pyo3(signature = (max_used, timeout=None))]
+    fn wait_drained(&self, py: Python<'_>, max_used: u64, timeout: Option<f64>) -> PyResult<bool> {
+        let slice = duration(timeout)?.map_or(SIGNAL_POLL, |t| t.min(SIGNAL_POLL));
+        let drained = py.detach(|| self.ring.wait_drained(max_used, Some(slice)));
+        py.check_signals()?;
+        Ok(drained)
+    }
+
+    // ------------------------------------------------------- request side
+
+    #[pyo3(signature = (request_id, prompt, max_tokens, temperature=1.0, top_p=1.0, top_k=-1, seed=None, ignore_eos=false, timeout=None, logprobs=None, constraint=None, images=None, prompt_logprobs=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn push_submit(
+        &self,
+        py: Python<'_>,
+        request_id: u64,
+        prompt: &Bound<'_, PyAny>,
+        max_tokens: u32,
+        temperature: f32,
+        top_p: f32,
+        top_k: i32,
+        seed: Option<u64>,
+        ignore_eos: bool,
+        timeout: Option<f64>,
+        logprobs: Option<u32>,
+        constraint: Option<(u32, String, Vec<u32>, Option<u32>)>,
+        images: Option<(String, u32, Vec<[u32; 3]>)>,
+        prompt_logprobs: bool,
+    ) -> PyResult<()> {
+        let prompt = prompt_ids(prompt)?;
+        let constraint = constraint.map(|(schema_type, schema, triggers, bound)| Constraint {
+            schema_type,
+            schema,
+            triggers,
+            bound,
+        });
+        let s = Submit {
+            request_id,
+            prompt: prompt.as_slice(),
+            max_tokens,
+            temperature,
+            top_p,
+            top_k,
+            seed,
+            ignore_eos,
+            logprobs,
+            prompt_logprobs,
+            constraint,
+            images: images.map(|(path, extra_tokens, sizes)| ImageSet { path, extra_tokens, sizes }),
+        };
+        let s = &s;
+        self.push_with(py, records::SUBMIT, s.encoded_len(), timeout, move |b| s.write(b))
+    }
+
+    #[pyo3(signature = (request_id, timeout=None))]
+    fn push_abort(&self, py: Python<'_>, request_id: u64, timeout: Option<f64>) -> PyResult<()> {
+        let bytes = records::Abort { request_id }.encode();
+        self.push_with(py, records::ABORT, bytes.len(), timeout, move |b| b.copy_from_slice(&bytes))
+    }
+
+    #[pyo3(signature = (timeout=None))]
+    fn push_shutdown(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        self.push_with(py, records::SHUTDOWN, 0, timeout, |_| {})
+    }
+
+    /// Consumes available request records: `(1, request_id, prompt_ids,
+    /// max_tokens, temperature, top_p, top_k, seed|None, ignore_eos,
+    /// (logprobs top|None, prompt_logprobs), (schema_type, schema, triggers, bound|None)|None,
+    /// (path, extra_tokens, [(width, height, bytes)])|None)`,
+    /// `(2, request_id)`, `(3,)`. A malformed record (a peer bug) raises
+    /// `RingError`; everything drained by that call is consumed and lost.
+    #[pyo3(signature = (max_bytes=1 << 26))]
+    fn drain_requests<'py>(&self, py: Python<'py>, max_bytes: usize) -> PyResult<Bound<'py, PyList>> {
+        let out = PyList::empty(py);
+        let mut err: Option<PyErr> = None;
+        self.ring
+            .drain(max_bytes, |kind, payload| {
+                if err.is_some() {
+                    return;
+                }
+                let item = match records::decode_request(kind, payload) {
+                    Ok(Request::Submit(s)) => PyList::new(py, s.prompt.iter()).and_then(|prompt| {
+                        (
+                            records::SUBMIT,
+                            s.request_id,
+                            prompt,
+                            s.max_tokens,
+                            f32_to_py(s.temperature),
+                            f32_to_py(s.top_p),
+                            s.top_k,
+                            s.seed,
+                            s.ignore_eos,
+                            (s.logprobs, s.prompt_logprobs),
+                            s.constraint.map(|c| (c.schema_type, c.schema, c.triggers, c.bound)),
+                            s.images.map(|im| (im.path, im.extra_tokens, im.sizes)),
+                        )
+                            .into_pyobject(py)
+                            .map(Bound::into_any)
+                    }),
+                    Ok(Request::Abort(a)) => (records::ABORT, a.request_id).into_pyobject(py).map(Bound::into_any),
+                    Ok(Request::Shutdown) => (records::SHUTDOWN,).into_pyobject(py).map(Bound::into_any),
+                    Err(e) => Err(RingError::new_err(e.to_string())),
+                };
+                if let Err(e) = item.and_then(|i| out.append(i)) {
+                    err = Some(e);
+                }
+            })
+            .map_err(ring_err)?;
+        err.map_or(Ok(out), Err)
+    }
+
+    // -------------------------------------------------------- output side
+
+    /// Writes ONE TOKENS record with all `(request_id, tokens, finish[,
+    /// reason])` entries; blocks with the GIL released while the ring is
+    /// full. Raises RingClosed, TimeoutError, or RingError (too large).
+    /// `wake=False` leaves a sleeping consumer asleep (call `wake_consumer`
+    /// before relying on it reading the record).
+    /// `timings`: `(request_id, taken, scheduled)` (time.monotonic() seconds) for the requests whose first
+    /// tokens these entries carry; they go first, in one TIMING record stamped with the publish time.
+    #[pyo3(signature = (entries, timeout=None, wake=true, timings=None))]
+    fn publish(
+        &self,
+        py: Python<'_>,
+        entries: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+        wake: bool,
+        timings: Option<Vec<(u64, f64, f64)>>,
+    ) -> PyResult<()> {
+        if let Some(t) = timings.filter(|t| !t.is_empty()) {
+            let us = |s: f64| (s.max(0.0) * 1e6) as u64;
+            let stamps: Vec<(u64, u64, u64)> = t.iter().map(|&(id, taken, sched)| (id, us(taken), us(sched))).collect();
+            let (stamps, published) = (stamps.as_slice(), monotonic_us());
+            let len = records::timing_encoded_len(stamps.len());
+            self.push_quietly_with(py, records::TIMING, len, timeout, false, move |b| {
+                records::write_timing(published, stamps, b)
+            })?;
+        }
+        let mut parsed = Parsed::default();
+        for item in entries.try_iter()? {
+            parsed.push(&item?)?;
+        }
+        let entries = parsed.token_entries();
+        let entries = entries.as_slice();
+        let len = records::tokens_encoded_len(entries);
+        self.push_quietly_with(py, records::TOKENS, len, timeout, wake, move |b| records::write_tokens(entries, b))
+    }
+
+    /// Wakes the consumer if it sleeps waiting for records.
+    fn wake_consumer(&self) {
+        self.ring.wake_consumer();
+    }
+
+    /// Consumes available TOKENS records and returns their entries,
+    /// flattened: `(request_id, tokens, finish, reason|None)`, with a fifth item, the logprobs, on entries that
+    /// carry them, and a sixth, the prompt's logprobs, on an entry that carries those. Malformed data
+    /// raises `RingError` (what that call drained is consumed and lost).
+    #[pyo3(signature = (max_bytes=1 << 26))]
+    fn drain_tokens<'py>(&self, py: Python<'py>, max_bytes: usize) -> PyResult<Bound<'py, PyList>> {
+        let out = PyList::empty(py);
+        let mut err: Option<PyErr> = None;
+        self.ring
+            .drain(max_bytes, |kind, payload| {
+                if err.is_some() {
+                    return;
+                }
+                let res = (|| -> PyResult<()> {
+                    if kind == records::TIMING {
+                        return Ok(()); // the server's TTFT breakdown; nothing for a Python reader
+                    }
+                    if kind != records::TOKENS {
+                        return Err(RingError::new_err(format!("unexpected record kind {kind} on output ring")));
+                    }
+                    let batch = records::decode_tokens(payload).map_err(|e| RingError::new_err(e.to_string()))?;
+                    for e in batch {
+                        let e = e.map_err(|e| RingError::new_err(e.to_string()))?;
+                        let tokens = PyList::new(py, e.tokens.iter())?;
+                        let logprobs = e.logprobs.as_ref().map(|l| logprobs_to_py(py, l)).transpose()?;
+                        match (logprobs, e.prompt_logprobs) {
+                            (None, None) => out.append((e.request_id, tokens, e.finish, e.reason))?,
+                            (l, None) => out.append((e.request_id, tokens, e.finish, e.reason, l))?,
+                            (l, Some(p)) => {
+                                let p = prompt_logprobs_to_py(py, p)?;
+                                out.append((e.request_id, tokens, e.finish, e.reason, l, p))?
+                            }
+                        }
+                    }
+                    Ok(())
+                })();
+                if let Err(e) = res {
+                    err = Some(e);
+                }
+            })
+            .map_err(ring_err)?;
+        err.map_or(Ok(out), Err)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("{:?}", self.ring)
+    }
+}
