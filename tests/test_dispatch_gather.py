@@ -74,9 +74,11 @@ def test_gathered_burst_shares_one_prefill_step(make_server: Any) -> None:
 
 def test_without_gathering_the_first_prompt_prefills_alone(make_server: Any) -> None:
     firsts = staggered_first_texts(make_server(*SIM), lead=True)
-    # The first request's prefill step started alone; the others waited for it and came a whole step later.
+    # The first request's prefill step started alone; the others waited for it and came a whole step later (a
+    # step is about 80 ms here: the prompt's ~800 tokens at 100 ms per 1k). Half a step tells the two apart: one
+    # shared step puts them within a few ms of each other (the gathered test above).
     later = min(firsts[1:])
-    assert later - firsts[0] > 0.08, [round(f - firsts[0], 3) for f in firsts]
+    assert later - firsts[0] > 0.04, [round(f - firsts[0], 3) for f in firsts]
 
 
 def test_short_prompts_do_not_wait(make_server: Any) -> None:
