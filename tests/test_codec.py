@@ -73,16 +73,16 @@ CASES = {
 @pytest.fixture(scope="module", params=["byte table", "DecodeStream"])
 def codec(request: pytest.FixtureRequest) -> Codec:
     codec = Codec(BUNDLED_TOKENIZER, [MODEL], 16384)
-    assert codec.token_bytes is not None  # the bundled tokenizer is byte-level, as DeepSeek's
+    assert codec.vocab.token_bytes is not None  # the bundled tokenizer is byte-level, as DeepSeek's
     if request.param == "DecodeStream":  # what a tokenizer with any other decoder gets
-        codec.token_bytes, codec.detokenizer = None, Tokenizer.from_file(str(BUNDLED_TOKENIZER))
+        codec.vocab.token_bytes, codec.vocab.detokenizer = None, Tokenizer.from_file(str(BUNDLED_TOKENIZER))
     return codec
 
 
 def test_the_byte_table_decodes_as_the_tokenizer_does() -> None:
     codec = Codec(BUNDLED_TOKENIZER, [MODEL], 16384)
-    table, tokenizer = codec.token_bytes, Tokenizer.from_file(str(BUNDLED_TOKENIZER))
-    assert table is not None and codec.detokenizer is None  # the table replaces the tokenizer object
+    table, tokenizer = codec.vocab.token_bytes, Tokenizer.from_file(str(BUNDLED_TOKENIZER))
+    assert table is not None and codec.vocab.detokenizer is None  # the table replaces the tokenizer object
     rng = random.Random(7)
     for _ in range(500):  # any IDs, special tokens and broken UTF-8 included
         ids = [rng.randrange(len(table)) for _ in range(rng.randint(1, 40))]
@@ -235,7 +235,8 @@ def test_length_inside_a_character_keeps_the_text(codec: Codec) -> None:
 def test_ignore_eos_counts_the_eos_tokens_and_the_reasoning(codec: Codec, stream: bool) -> None:
     """With ignore_eos the engine's EOS tokens are generated tokens: no text, but in usage (with the reasoning)."""
     reasoning = RECIPE_TOKENIZER.encode("Short thought.")
-    ids = [*reasoning, codec.eos_id, *RECIPE_TOKENIZER.encode("</think>Answer"), codec.eos_id, codec.eos_id]
+    eos = codec.vocab.eos_id
+    ids = [*reasoning, eos, *RECIPE_TOKENIZER.encode("</think>Answer"), eos, eos]
     prepared = codec.prepare(body(stream, {}), "chatcmpl-test", MODEL, True, True, False)
     assert isinstance(prepared, Prepared)
     state, out = prepared.decoder.push(ids, _native.FINISH_LENGTH)
@@ -284,7 +285,7 @@ def test_the_last_batch_is_spliced_as_parsing_would_write_it(
     text = 'A thought, "usage":{ and "choices":[.</think>' if thinking else ""
     ids = RECIPE_TOKENIZER.encode(text + 'Answer: ,"usage":{"x":1}} "choices":[] \\",\\"usage\\":{')
     if eos:
-        ids = [*ids[:5], codec.eos_id, *ids[5:], codec.eos_id]
+        ids = [*ids[:5], codec.vocab.eos_id, *ids[5:], codec.vocab.eos_id]
     seen: list[list[str]] = []
     splice = Decoder._finish_stream
     monkeypatch.setattr(Decoder, "_finish_stream", lambda self, out: seen.append(list(out)) or splice(self, out))
@@ -306,18 +307,18 @@ def test_deepseek_recipes_tokenizer_is_loaded_on_the_first_request_with_logprobs
     """With fastokens encoding the prompts, deepseek-recipe's tokenizer (~50 MB for DeepSeek's vocabulary) is not
     kept from start-up: the first request that asks for logprobs loads it, once; the recipe encoder shares its own."""
     codec = Codec(BUNDLED_TOKENIZER, [MODEL], 16384, prompt_encoder="fastokens")
-    assert codec._recipe_tokenizer is None
+    assert codec.vocab._recipe_tokenizer is None
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "thinking": {"type": "disabled"}}
     p = codec.prepare(json.dumps(body).encode(), "r", MODEL, False, False, False)
-    assert isinstance(p, Prepared) and codec._recipe_tokenizer is None, "no logprobs: not needed"
+    assert isinstance(p, Prepared) and codec.vocab._recipe_tokenizer is None, "no logprobs: not needed"
     p = codec.prepare(json.dumps({**body, "logprobs": True}).encode(), "r", MODEL, False, False, False)
     assert isinstance(p, Prepared) and p.logprobs == 0
-    loaded = codec._recipe_tokenizer
+    loaded = codec.vocab._recipe_tokenizer
     assert loaded is not None
     codec.prepare(json.dumps({**body, "logprobs": True}).encode(), "r", MODEL, False, False, False)
-    assert codec._recipe_tokenizer is loaded
+    assert codec.vocab._recipe_tokenizer is loaded
     recipe = Codec(BUNDLED_TOKENIZER, [MODEL], 16384, prompt_encoder="recipe")
-    assert recipe._recipe_tokenizer is not None, "the recipe encoder's own tokenizer, shared"
+    assert recipe.vocab._recipe_tokenizer is not None, "the recipe encoder's own tokenizer, shared"
 
 
 def test_a_custom_tool_inside_a_namespace_is_refused_naming_its_place(codec: Codec) -> None:

@@ -6,15 +6,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from deepseek_recipe import ChatCompletionChunk, ChatCompletionResponse, ConversationRequest
 
 from deepinfer_server.decoding import BaseDecoder, Chunk, Generator, cut_partial_tag, dumps
 from deepinfer_server.prompt_logprobs import PromptTokens
-
-if TYPE_CHECKING:
-    from deepinfer_server.codec import Codec
+from deepinfer_server.vocabulary import Vocabulary
 
 _dumps = dumps
 
@@ -26,7 +24,7 @@ class Decoder(BaseDecoder):
 
     def __init__(
         self,
-        codec: Codec,
+        vocab: Vocabulary,
         conv: ConversationRequest,
         generator: Generator,
         response_id: str,
@@ -36,7 +34,7 @@ class Decoder(BaseDecoder):
         include_usage: bool,
         continuous_usage: bool,
     ) -> None:
-        super().__init__(codec, conv, generator, n_prompt, ignore_eos)
+        super().__init__(vocab, conv, generator, n_prompt, ignore_eos)
         self.final = None if self.stream else ChatCompletionResponse(response_id, model, int(time.time()), n_prompt, 0)
         self.include_usage = include_usage
         self.continuous = continuous_usage and include_usage

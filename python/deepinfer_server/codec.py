@@ -8,10 +8,8 @@ the protocol. The shared output machinery is in `decoding`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,23 +28,12 @@ from deepseek_recipe import (
     ModelVersion,
     ResponsesRequest,
     ResponsesResponse,
-    SpecialToken,
     Tokenizer,
 )
-from tokenizers import Tokenizer as HFTokenizer
 
-from deepinfer_server import __version__
 from deepinfer_server.chat_output import Decoder
 from deepinfer_server.completion_output import CompletionDecoder
-from deepinfer_server.decoding import (
-    FINISHED,
-    RUNNING,
-    STOPPED_EARLY,
-    BaseDecoder,
-    Generator,
-    byte_level_table,
-    detokenizer,
-)
+from deepinfer_server.decoding import FINISHED, RUNNING, STOPPED_EARLY, BaseDecoder, Generator
 from deepinfer_server.engine.base import TokenLogprob
 from deepinfer_server.event_output import EventDecoder
 from deepinfer_server.grammar import (
@@ -70,6 +57,7 @@ from deepinfer_server.images import Images, ResolvedImages, sources_of
 from deepinfer_server.prompt_encoder import LengthGuard, PromptTooLong, RecipeEncoder
 from deepinfer_server.prompt_encoder import build as build_prompt_encoder
 from deepinfer_server.prompt_logprobs import PromptTokens
+from deepinfer_server.vocabulary import Vocabulary, system_fingerprint
 
 __all__ = ["FINISHED", "RUNNING", "STOPPED_EARLY", "Codec", "Decoder", "Prepared", "decode_batch"]
 
@@ -154,12 +142,6 @@ class FormatBesideTools(GrammarError):
     """A response format that cannot stand beside tools: the response format's field is at fault."""
 
 
-def system_fingerprint(*parts: object) -> str:
-    """`system_fingerprint`: names the server build and backend configuration (OpenAI types it as a string)."""
-    digest = hashlib.sha256("|".join(map(str, (__version__, *parts))).encode()).hexdigest()
-    return f"fp_{digest[:10]}"
-
-
 _MakeGenerator = Callable[[str, str], Generator]
 
 
@@ -222,19 +204,15 @@ class Codec:
         # the prompts; with fastokens it is needed at start-up alone, to check fastokens against it.
         tokenizer = Tokenizer.from_file(str(tokenizer_path))
         tokenizer_json = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))
-        added = {str(t["content"]): int(t["id"]) for t in tokenizer_json.get("added_tokens") or []}
-        vocab = tokenizer_json.get("model", {}).get("vocab") or {}
-        vocab_size = max([*vocab.values(), *added.values(), -1]) + 1
-        self.token_bytes = byte_level_table(tokenizer_json)
-        # Loaded only when there is no byte table (DeepSeek's vocabulary costs ~50 MB as a tokenizers object).
-        self.detokenizer = HFTokenizer.from_file(str(tokenizer_path)) if self.token_bytes is None else None
+        fingerprint = fingerprint or system_fingerprint(model_version, max_model_len)
+        self.vocab = vocab = Vocabulary(tokenizer_path, tokenizer_json, fingerprint)
         version = ModelVersion.DeepseekV41Flash if model_version == "v4.1" else ModelVersion.DeepseekV4Pro
         options = ConversionOptions().with_default_thinking_mode(default_thinking)
         for name in served_model_names:
             options = options.with_model_alias(name, version)
         self.options = options
         renderer = DeepseekV41Encoding() if version == ModelVersion.DeepseekV41Flash else DeepseekV4Encoding()
-        self.length_guard = LengthGuard.for_tokenizer(tokenizer_json, self.token_bytes, max_model_len)
+        self.length_guard = LengthGuard.for_tokenizer(tokenizer_json, vocab.token_bytes, max_model_len)
         self.encoder = build_prompt_encoder(
             prompt_encoder,
             tokenizer_json,
@@ -246,33 +224,13 @@ class Codec:
         )
         del tokenizer_json
         self.max_model_len = max_model_len
-        self.fingerprint = fingerprint or system_fingerprint(model_version, max_model_len)
-        self.eos_id = tokenizer.encode(SpecialToken.Eos.default_str())[0]
-        self.bos_id = tokenizer.encode(SpecialToken.Bos.default_str())[0]
-        self.vocab_size = vocab_size
-        self.fim = fim_tokens(added)
-        self.think_end_id = tokenizer.encode(SpecialToken.ThinkingEnd.default_str())[0]
-        self.dsml_id = tokenizer.encode(DSML)[0]
         self.grammar_limits = grammar_limits or GrammarLimits()
         self.grammars = GrammarCache(self.grammar_limits)
         self.images = images  # None: image input is refused
-        # Requests with logprobs feed deepseek-recipe's processor token IDs, which needs its tokenizer (about 50 MB
-        # for DeepSeek's 128k vocabulary). The deepseek-recipe prompt encoder holds one anyway: share it. Otherwise
-        # (fastokens encodes the prompts) it is loaded on the first request with logprobs, not kept from start-up.
-        self.tokenizer_path = str(tokenizer_path)
-        self._recipe_tokenizer: Tokenizer | None = tokenizer if isinstance(self.encoder, RecipeEncoder) else None
-        self._tokenizer_lock = threading.Lock()
-
-    @property
-    def recipe_tokenizer(self) -> Tokenizer:
-        """deepseek-recipe's tokenizer, loaded on first use (a codec thread, on the first request with logprobs)."""
-        tok = self._recipe_tokenizer
-        if tok is None:
-            with self._tokenizer_lock:
-                if self._recipe_tokenizer is None:
-                    self._recipe_tokenizer = Tokenizer.from_file(self.tokenizer_path)
-                tok = self._recipe_tokenizer
-        return tok
+        # Requests with logprobs need deepseek-recipe's tokenizer (vocabulary.py). The deepseek-recipe prompt encoder
+        # holds one anyway: share it. Otherwise (fastokens encodes the prompts) it is loaded on first use.
+        if isinstance(self.encoder, RecipeEncoder):
+            vocab.share_recipe_tokenizer(tokenizer)
 
     def prepare(
         self,
@@ -321,13 +279,13 @@ class Codec:
         if protocol == CHAT:
             stream_usage = include_usage and conv.stream
             decoder = Decoder(
-                self, conv, generator, response_id, model, n_prompt, ignore_eos, stream_usage, continuous_usage
+                self.vocab, conv, generator, response_id, model, n_prompt, ignore_eos, stream_usage, continuous_usage
             )
             if scored:
-                decoder.want_prompt_logprobs(PromptTokens(self, ids))
+                decoder.want_prompt_logprobs(PromptTokens(self.vocab, ids))
         else:
             kind = MessagesResponse if protocol == MESSAGES else ResponsesResponse
-            decoder = EventDecoder(self, conv, generator, kind, response_id, model, n_prompt, ignore_eos)
+            decoder = EventDecoder(self.vocab, conv, generator, kind, response_id, model, n_prompt, ignore_eos)
         pictures, blob = encoded.images, None
         if pictures is not None and self.images is not None:
             sizes = [(w, h, len(d)) for (w, h), d in zip(pictures.sizes, pictures.data, strict=True)]
@@ -399,7 +357,8 @@ class Codec:
         oc = conv.inference_options.output_constraint
         stage = conv.parsing_options.thinking_initial_stage
         # Constrained from `</think>` on while the output starts in the reasoning.
-        after_think: tuple[int, ...] = (self.think_end_id,) if stage is not None and stage.starts_in_reasoning() else ()
+        in_reasoning = stage is not None and stage.starts_in_reasoning()
+        after_think: tuple[int, ...] = (self.vocab.think_end_id,) if in_reasoning else ()
         kind = oc.kind if oc is not None else None
         tools = json.loads(oc.schema) if oc is not None and kind in ("tool_call", "tool_call_required") else []
         if forced_tool is not None or kind == "tool_call_required":
@@ -425,7 +384,7 @@ class Codec:
         if tools and len(free) < len(tools):
             # The text before the block, and whether to call at all, stay free.
             grammar = tool_calls_ebnf(tools, CALLS_OPEN.split(DSML, 1)[1], parallel_tools, self.grammar_limits, free)
-            return self._checked(SCHEMA_EBNF, grammar, (self.dsml_id,))
+            return self._checked(SCHEMA_EBNF, grammar, (self.vocab.dsml_id,))
         return None
 
     @staticmethod
@@ -465,8 +424,9 @@ class Codec:
             return 400, self._too_long(f"at least {e.at_least}", "prompt")
         except ValueError as e:
             return 400, error_body(str(e), param="suffix" if suffix is not None else "prompt")
-        if any(i >= self.vocab_size for i in ids):
-            return 400, error_body(f"token IDs must be below the vocabulary size {self.vocab_size}", param="prompt")
+        vocab_size = self.vocab.vocab_size
+        if any(i >= vocab_size for i in ids):
+            return 400, error_body(f"token IDs must be below the vocabulary size {vocab_size}", param="prompt")
         n_prompt, max_tokens = len(ids), int(d["max_tokens"])
         if n_prompt + max(1, max_tokens) > self.max_model_len:
             return 400, error_body(
@@ -478,14 +438,14 @@ class Codec:
             )
         stop = d.get("stop")
         stops = [stop] if isinstance(stop, str) else list(stop or [])
-        echo = "" if not d.get("echo") else prompt if isinstance(prompt, str) else self.text_of(ids)
+        echo = "" if not d.get("echo") else prompt if isinstance(prompt, str) else self.vocab.text_of(ids)
         stream = bool(d.get("stream"))
         logprobs = d.get("logprobs")
         # The prompt's logprobs: the echo's (`echo` with `logprobs`, OpenAI's scoring idiom) or vLLM's extension.
         vllm_prompt = d.get("prompt_logprobs") is not None
         scored = (bool(echo) and logprobs is not None) or vllm_prompt
         decoder = CompletionDecoder(
-            self,
+            self.vocab,
             response_id,
             model,
             n_prompt,
@@ -496,7 +456,7 @@ class Codec:
             stops,
             echo,
             logprobs,
-            prompt=PromptTokens(self, ids, hide_first=isinstance(prompt, str) and ids[:1] == [self.bos_id])
+            prompt=PromptTokens(self.vocab, ids, hide_first=isinstance(prompt, str) and ids[:1] == [self.vocab.bos_id])
             if scored
             else None,
             vllm_prompt_logprobs=vllm_prompt,
@@ -520,18 +480,15 @@ class Codec:
     def completion_prompt(self, prompt: str | list[int], suffix: str | None) -> list[int]:
         """Prompt IDs of a raw prompt: BOS and the text as plain text (special-token spellings stay text), or the
         IDs as given; with a suffix, DeepSeek's fill-in-the-middle layout."""
-        ids = list(prompt) if isinstance(prompt, list) else [self.bos_id, *self.encoder.encode_text(prompt)]
+        bos = self.vocab.bos_id
+        ids = list(prompt) if isinstance(prompt, list) else [bos, *self.encoder.encode_text(prompt)]
         if suffix is None:
             return ids
-        if self.fim is None:
+        if self.vocab.fim is None:
             raise ValueError("'suffix' (fill-in-the-middle) needs FIM tokens, and this model's tokenizer has none")
-        begin, hole, end = self.fim
-        head = ids[1:] if ids[:1] == [self.bos_id] else ids
-        return [self.bos_id, begin, *head, hole, *self.encoder.encode_text(suffix), end]
-
-    def text_of(self, ids: list[int]) -> str:
-        text = detokenizer(self)
-        return text.feed(ids) + text.flush()
+        begin, hole, end = self.vocab.fim
+        head = ids[1:] if ids[:1] == [bos] else ids
+        return [bos, begin, *head, hole, *self.encoder.encode_text(suffix), end]
 
     def tokenize(self, body: bytes, protocol: int, images: dict[str, bytes] | None = None) -> tuple[int, str]:
         """vLLM's `POST /tokenize`: a chat body's prompt IDs (what its request would count), or a raw prompt's. An
@@ -551,16 +508,16 @@ class Codec:
                 text = self.encoder.encode_text(prompt)
             except PromptTooLong as e:
                 return 400, self._too_long(f"at least {e.at_least}", "prompt")
-            ids = [self.bos_id, *text] if d.get("add_special_tokens", True) else text
+            ids = [self.vocab.bos_id, *text] if d.get("add_special_tokens", True) else text
         out = {"count": len(ids) + extra, "max_model_len": self.max_model_len, "tokens": ids, "token_strs": None}
         return 200, json.dumps(out)
 
     def detokenize(self, body: bytes, protocol: int) -> tuple[int, str]:
         """vLLM's `POST /detokenize`."""
-        tokens = json.loads(body).get("tokens")
-        if not isinstance(tokens, list) or not all(type(t) is int and 0 <= t < self.vocab_size for t in tokens):
-            return 400, error_body(f"'tokens' must be a list of token IDs below {self.vocab_size}", param="tokens")
-        return 200, json.dumps({"prompt": self.text_of(tokens)}, ensure_ascii=False)
+        tokens, n = json.loads(body).get("tokens"), self.vocab.vocab_size
+        if not isinstance(tokens, list) or not all(type(t) is int and 0 <= t < n for t in tokens):
+            return 400, error_body(f"'tokens' must be a list of token IDs below {n}", param="tokens")
+        return 200, json.dumps({"prompt": self.vocab.text_of(tokens)}, ensure_ascii=False)
 
     def count_tokens(self, body: bytes, protocol: int, images: dict[str, bytes] | None = None) -> tuple[int, str]:
         """`POST /v1/messages/count_tokens`: the prompt length of a request (its images' tokens included), from the
@@ -703,15 +660,6 @@ def strict_tools(body: bytes, protocol: int) -> frozenset[str]:
         if isinstance(fn, dict) and fn.get("strict") is True:
             names.add(str(fn.get("name")))
     return frozenset(names)
-
-
-FIM = ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>")
-
-
-def fim_tokens(added: dict[str, int]) -> tuple[int, int, int] | None:
-    """DeepSeek's fill-in-the-middle token IDs, if the tokenizer has all three."""
-    ids = [added.get(s) for s in FIM]
-    return (ids[0], ids[1], ids[2]) if None not in ids else None  # type: ignore[return-value]
 
 
 DecodeItem = Union[  # noqa: UP007

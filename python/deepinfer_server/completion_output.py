@@ -6,15 +6,12 @@ from __future__ import annotations
 import codecs
 import json
 import time
-from typing import TYPE_CHECKING
 
 from deepinfer_server import _native
-from deepinfer_server.decoding import FINISHED, RUNNING, STOPPED_EARLY, detokenizer
+from deepinfer_server.decoding import FINISHED, RUNNING, STOPPED_EARLY
 from deepinfer_server.engine.base import TokenLogprob
-from deepinfer_server.prompt_logprobs import LegacyEntry, PromptTokens, token_bytes
-
-if TYPE_CHECKING:
-    from deepinfer_server.codec import Codec
+from deepinfer_server.prompt_logprobs import LegacyEntry, PromptTokens
+from deepinfer_server.vocabulary import Vocabulary
 
 
 def _json(s: str) -> str:
@@ -52,7 +49,7 @@ class CompletionDecoder:
 
     def __init__(
         self,
-        codec: Codec,
+        vocab: Vocabulary,
         response_id: str,
         model: str,
         n_prompt: int,
@@ -67,8 +64,8 @@ class CompletionDecoder:
         vllm_prompt_logprobs: bool = False,
         discard: bool = False,
     ) -> None:
-        self.text = detokenizer(codec)
-        self.logprobs = _Logprobs(codec, len(echo)) if logprobs is not None else None
+        self.text = vocab.text()
+        self.logprobs = _Logprobs(vocab, len(echo)) if logprobs is not None else None
         self.top = logprobs or 0
         # The prompt's tokens when its logprobs were asked for: in the echo's logprobs (`echo` with `logprobs`),
         # and/or as vLLM's `prompt_logprobs` (`vllm_prompt_logprobs`). They come with the first tokens.
@@ -78,11 +75,11 @@ class CompletionDecoder:
         self.discard = discard  # max_tokens 0: the engine's one token is not part of the answer
         created = int(time.time())
         common = f'"id":{_json(response_id)},"object":"text_completion","created":{created},"model":{_json(model)}'
-        fingerprint = f'"system_fingerprint":{_json(codec.fingerprint)}'
+        fingerprint = f'"system_fingerprint":{_json(vocab.fingerprint)}'
         self.head = f'{{{common},{fingerprint},"choices":[{{"index":0,"text":'
         self.usage_head = f'{{{common},{fingerprint},"choices":[],"usage":'
         self.n_prompt, self.n_out, self.dropped_eos = n_prompt, 0, 0
-        self.stream, self.ignore_eos, self.eos_id = stream, ignore_eos, codec.eos_id
+        self.stream, self.ignore_eos, self.eos_id = stream, ignore_eos, vocab.eos_id
         self.include_usage = include_usage
         self.continuous = continuous_usage and include_usage
         self.stop = [s for s in stop if s]
@@ -216,20 +213,16 @@ class _Logprobs:
     went out. A token's string is the text it adds: a character split across tokens belongs to the token that
     completes it. Tokens past a stop string, whose text never goes out, are not reported."""
 
-    __slots__ = ("done", "entries", "offset", "out", "table", "tokenizer", "utf8", "visible")
+    __slots__ = ("_bytes", "done", "entries", "offset", "out", "utf8", "visible")
 
-    def __init__(self, codec: Codec, echo_len: int) -> None:
-        self.table = codec.token_bytes
-        self.tokenizer = codec.detokenizer
+    def __init__(self, vocab: Vocabulary, echo_len: int) -> None:
+        self._bytes = vocab.bytes_of  # a token's bytes
         self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")
         self.offset = echo_len  # where the next token's text starts (the echoed prompt comes first)
         self.visible = echo_len  # how much of the text went out
         self.entries: list[LegacyEntry] = []  # not sent yet
         self.out: list[LegacyEntry] = []
         self.done = False
-
-    def _bytes(self, token: int) -> bytes:
-        return token_bytes(self.table, self.tokenizer, token)
 
     def visible_prompt(self, entries: list[LegacyEntry]) -> None:
         """The echoed prompt's entries (its text went out first): ahead of every token's."""

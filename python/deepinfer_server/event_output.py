@@ -7,15 +7,13 @@ import json
 import re
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from deepseek_recipe import ConversationRequest, MessagesResponse, MessagesStreamEvent, ResponsesResponse
 
 from deepinfer_server._native import mend_response
 from deepinfer_server.decoding import BaseDecoder, Chunk, Generator, cut_partial_tag, dumps
-
-if TYPE_CHECKING:
-    from deepinfer_server.codec import Codec
+from deepinfer_server.vocabulary import Vocabulary
 
 Accumulator = type[MessagesResponse] | type[ResponsesResponse]
 # Only a Responses usage object has this key; deepseek-recipe leaves it 0 without a tokenizer attached.
@@ -37,7 +35,7 @@ class EventDecoder(BaseDecoder):
 
     def __init__(
         self,
-        codec: Codec,
+        vocab: Vocabulary,
         conv: ConversationRequest,
         generator: Generator,
         kind: Accumulator,
@@ -46,7 +44,7 @@ class EventDecoder(BaseDecoder):
         n_prompt: int,
         ignore_eos: bool,
     ) -> None:
-        super().__init__(codec, conv, generator, n_prompt, ignore_eos)
+        super().__init__(vocab, conv, generator, n_prompt, ignore_eos)
         self.name = kind.sse_event_name
         self.final = None if self.stream else kind(response_id, model, int(time.time()), n_prompt, 0)
         self.mend: Callable[[str], str] = _mend_response_event if kind is ResponsesResponse else _mend_delta

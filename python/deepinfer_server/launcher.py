@@ -27,9 +27,10 @@ from typing import Any
 from deepseek_recipe import SpecialToken
 
 from deepinfer_server import _native, edge_args, limits_args, logs, media_args
-from deepinfer_server.codec import Codec, decode_batch, system_fingerprint
+from deepinfer_server.codec import Codec, decode_batch
 from deepinfer_server.images import Images
 from deepinfer_server.malloc import PRELOADED, returning_freed_memory, without_preload
+from deepinfer_server.vocabulary import system_fingerprint
 
 log = logging.getLogger("deepinfer_server")
 

@@ -33,7 +33,8 @@ from tokenizers import Tokenizer
 from deepinfer_server import _native
 from deepinfer_server.engine.base import Images, Output, Submit
 from deepinfer_server.engine.constrained import GRAMMAR_FAILED, GrammarRun, SimGrammars
-from deepinfer_server.engine.sampling import Sampler, Vocabulary, prompt_logprobs
+from deepinfer_server.engine.sampling import Sampler, Spelling, prompt_logprobs
+from deepinfer_server.vocabulary import Vocabulary
 
 log = logging.getLogger("deepinfer_server.sim")
 CORPUS = Path(__file__).with_name("sim_corpus.txt")
@@ -99,12 +100,12 @@ class SimEngine:
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
         self.tok = Tokenizer.from_file(cfg.tokenizer_path)
-        vocab = self.tok.get_vocab(with_added_tokens=True)
-        self.max_id = max(vocab.values())
-        self.eos = vocab["<｜end▁of▁sentence｜>"]
-        self.think_start = vocab.get("<think>")
-        self.think_end = vocab.get("</think>")
-        self.dsml = vocab.get("｜DSML｜")
+        vocab = Vocabulary.load(cfg.tokenizer_path)
+        self.max_id = vocab.vocab_size - 1
+        self.eos = vocab.eos_id
+        self.think_start = vocab.think_start_id
+        self.think_end: int | None = vocab.think_end_id
+        self.dsml: int | None = vocab.dsml_id
         self.corpus = self.tok.encode(CORPUS.read_text(encoding="utf-8"), add_special_tokens=False).ids
         # Starting points at sentence boundaries, past any line breaks, so every answer begins with a word. (An answer
         # that began with a newline would show its first token one step late: the parser drops leading newlines.)
@@ -116,7 +117,7 @@ class SimEngine:
                     j += 1
                 self.starts.append(j % len(self.corpus))
         self.words = [w for w in re.findall(r"[A-Za-z]{4,}", CORPUS.read_text(encoding="utf-8"))]
-        self.vocab = Vocabulary(cfg.tokenizer_path)
+        self.vocab = Spelling(vocab)
         self._grammars: SimGrammars | None = None  # built on the first constrained request
         self.waiting: deque[_Seq] = deque()
         # Admitted requests, split so a step's batch is one list concatenation: past their prompt (decoding), and
