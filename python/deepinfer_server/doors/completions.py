@@ -1,5 +1,7 @@
-"""OpenAI Completions output: raw text, no reasoning or tool parsing, with stop strings matched here (the text is
-not the model's chat turn, so deepseek-recipe's stream processor has nothing to parse)."""
+"""OpenAI (legacy) Completions (`POST /v1/completions`): a raw prompt, text or token IDs, with `suffix` as
+fill-in-the-middle; `echo`, and the prompt's logprobs (the echo's, or vLLM's `prompt_logprobs`). deepseek-recipe has
+no conversion for it: the text is not the model's chat turn, so nothing is parsed out of the output either (no
+reasoning or tool calls), and stop strings are matched here."""
 
 from __future__ import annotations
 
@@ -9,9 +11,109 @@ import time
 
 from deepinfer_server import _native
 from deepinfer_server.decoding import FINISHED, RUNNING, STOPPED_EARLY
+from deepinfer_server.doors.base import Context, Door, Prepared, Prompt, Request
 from deepinfer_server.engine.base import TokenLogprob
+from deepinfer_server.prompt_encoder import PromptTooLong
 from deepinfer_server.prompt_logprobs import LegacyEntry, PromptTokens
+from deepinfer_server.refusals import Refusal, error_body, too_long
 from deepinfer_server.vocabulary import Vocabulary
+
+
+class CompletionsDoor(Door):
+    code = 1  # rust/protocol.rs `Protocol::code`
+
+    def prepare(self, ctx: Context, body: bytes, req: Request) -> Prepared | Refusal:
+        """A raw prompt (text, or token IDs that Rust checked), with `suffix` as fill-in-the-middle."""
+        d = json.loads(body)
+        prompt, suffix = d["prompt"], d.get("suffix")
+        ids = self._ids(ctx, prompt, suffix)
+        if isinstance(ids, tuple):
+            return ids
+        vocab = ctx.vocab
+        n_prompt, max_tokens = len(ids), int(d["max_tokens"])
+        if n_prompt + max(1, max_tokens) > ctx.max_model_len:
+            return 400, error_body(
+                f"This model's maximum context length is {ctx.max_model_len} tokens. However, you requested "
+                f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the completion). "
+                "Please reduce the length of the prompt or the completion.",
+                code="context_length_exceeded",
+                param="max_tokens",
+            )
+        stop = d.get("stop")
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        echo = "" if not d.get("echo") else prompt if isinstance(prompt, str) else vocab.text_of(ids)
+        stream = bool(d.get("stream"))
+        logprobs = d.get("logprobs")
+        # The prompt's logprobs: the echo's (`echo` with `logprobs`, OpenAI's scoring idiom) or vLLM's extension.
+        vllm_prompt = d.get("prompt_logprobs") is not None
+        scored = (bool(echo) and logprobs is not None) or vllm_prompt
+        decoder = CompletionDecoder(
+            vocab,
+            req.response_id,
+            req.model,
+            n_prompt,
+            stream,
+            req.ignore_eos,
+            req.include_usage,
+            req.continuous_usage,
+            stops,
+            echo,
+            logprobs,
+            prompt=PromptTokens(vocab, ids, hide_first=isinstance(prompt, str) and ids[:1] == [vocab.bos_id])
+            if scored
+            else None,
+            vllm_prompt_logprobs=vllm_prompt,
+            discard=max_tokens == 0,
+        )
+        temperature, top_p = d.get("temperature"), d.get("top_p")
+        if scored:  # the model's own distribution (the front end turned top-k off and checked the rest)
+            temperature = top_p = None
+        return Prepared(
+            prompt_ids=ids,
+            max_tokens=max(1, max_tokens),  # max_tokens 0: the engine makes one token, which is dropped
+            temperature=round(1.0 if temperature is None else float(temperature), 6),
+            top_p=round(1.0 if top_p is None else float(top_p), 6),
+            decoder=decoder,
+            first_chunks=decoder.start(),
+            incremental=stream or bool(stops),
+            logprobs=logprobs,
+            prompt_logprobs=scored,
+        )
+
+    def prompt_tokens(self, ctx: Context, body: bytes, images: dict[str, bytes] | None) -> Prompt | Refusal:
+        d = json.loads(body)
+        prompt = d.get("prompt")
+        if not isinstance(prompt, (str, list)):
+            return 400, error_body("'prompt' (a string or token IDs) is required", param="prompt")
+        ids = self._ids(ctx, prompt, d.get("suffix"))
+        return ids if isinstance(ids, tuple) else Prompt(ids)
+
+    @staticmethod
+    def _ids(ctx: Context, prompt: str | list[int], suffix: str | None) -> list[int] | Refusal:
+        try:
+            ids = completion_prompt(ctx, prompt, suffix)
+        except PromptTooLong as e:
+            return 400, too_long(ctx.max_model_len, f"at least {e.at_least}", "prompt")
+        except ValueError as e:
+            return 400, error_body(str(e), param="suffix" if suffix is not None else "prompt")
+        vocab_size = ctx.vocab.vocab_size
+        if any(i >= vocab_size for i in ids):
+            return 400, error_body(f"token IDs must be below the vocabulary size {vocab_size}", param="prompt")
+        return ids
+
+
+def completion_prompt(ctx: Context, prompt: str | list[int], suffix: str | None) -> list[int]:
+    """Prompt IDs of a raw prompt: BOS and the text as plain text (special-token spellings stay text), or the IDs
+    as given; with a suffix, DeepSeek's fill-in-the-middle layout."""
+    bos = ctx.vocab.bos_id
+    ids = list(prompt) if isinstance(prompt, list) else [bos, *ctx.encoder.encode_text(prompt)]
+    if suffix is None:
+        return ids
+    if ctx.vocab.fim is None:
+        raise ValueError("'suffix' (fill-in-the-middle) needs FIM tokens, and this model's tokenizer has none")
+    begin, hole, end = ctx.vocab.fim
+    head = ids[1:] if ids[:1] == [bos] else ids
+    return [bos, begin, *head, hole, *ctx.encoder.encode_text(suffix), end]
 
 
 def _json(s: str) -> str:
