@@ -39,7 +39,7 @@ SHM_PREFIX = "deepinfer-"
 BUNDLED_TOKENIZER = Path(__file__).with_name("tokenizer") / "tokenizer.json"
 OPENAPI = Path(__file__).with_name("openapi.json")
 DEFAULT_MODEL_NAME = "deepseek-v4.1-flash"
-OUTPUT_RING_BYTES = 1 << 20  # ranks run at most a few steps ahead of the server (engine/rank.py)
+OUTPUT_RING_BYTES = 1 << 20  # ranks run at most a few steps ahead of the server (engine/loop.py)
 GIL_SWITCH_INTERVAL_S = 0.0002
 # Server flags for DeepInfer's scheduler settings, which it reads from the environment (identical on every rank).
 PREFILL_INTERVAL_FLAGS = {

@@ -1,7 +1,7 @@
 """The DeepInfer engine behind a rank (`--engine deepinfer`): deepinfer 0.1.0's `LLMEngine`, one per DP rank.
 
 Every name used from deepinfer here exists in the 0.1.0 sdist (tests/test_deepinfer_contract.py checks them against
-the real source). The rank process must run `deepinfer_server.engine.lockstep.serve_lockstep`, not `serve_rank`:
+the real source). The rank process must run `deepinfer_server.engine.lockstep.serve_lockstep`, not `loop.serve_rank`:
 DeepInfer's DP ranks have to step together (`sync` is the one collective per loop iteration).
 
 What the adapter handles (see the reference notes on deepinfer 0.1.0, section 1.4):
