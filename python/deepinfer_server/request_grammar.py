@@ -1,5 +1,5 @@
 """A converted request's grammar: what deepseek-recipe's output constraint, the door's response format and the tool
-choice make the engine enforce (grammar.py builds and checks the grammars themselves).
+choice make the engine enforce (grammar/ builds and checks the grammars themselves).
 
 - A forced tool call (`forced_tool`, or deepseek-recipe's own): the tool-call block only.
 - Tools with `auto` beside a response format: the answer in that format or a tool-call block (OpenAI serves the
