@@ -1,12 +1,14 @@
-"""The package's shape: no import circle among its modules (TYPE_CHECKING imports included: a circle there is one a
-reader has to untangle all the same)."""
+"""The tree's shape: no import circle among the package's modules (TYPE_CHECKING imports included: a circle there is
+one a reader has to untangle all the same), and no file that names a test file that is not there."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "python" / "deepinfer_server"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "python" / "deepinfer_server"
 
 
 def imports() -> dict[str, set[str]]:
@@ -60,3 +62,26 @@ def test_no_module_of_the_package_imports_itself_back() -> None:
 
 def test_the_checker_finds_a_circle() -> None:
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+
+
+# Where the tree names test files: scripts, docs, deployment files, sources and tests.
+NAMING = ("README.md", "BENCHMARKS.md", "Makefile", "scripts", "docs", "deploy", "python", "rust", "tests", "bench")
+TEST_FILE = re.compile(r"\btests/[\w/]+\.py\b")
+
+
+def test_every_test_file_the_tree_names_exists() -> None:
+    named: dict[str, set[str]] = {}
+    for top in NAMING:
+        base = ROOT / top
+        for path in [base] if base.is_file() else base.rglob("*") if base.is_dir() else []:
+            if not path.is_file() or path.suffix in (".so", ".png", ".gz") or "__pycache__" in path.parts:
+                continue
+            try:
+                text = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                continue
+            for name in TEST_FILE.findall(text):
+                named.setdefault(name, set()).add(str(path.relative_to(ROOT)))
+    assert "tests/test_observability.py" in named, "the scan finds what scripts/test.sh names"
+    missing = {name: sorted(where) for name, where in named.items() if not (ROOT / name).is_file()}
+    assert not missing, missing
