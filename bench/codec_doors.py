@@ -24,7 +24,7 @@ from doors import DOORS, MODEL, TOKENS, body
 
 from deepinfer_server import _native
 from deepinfer_server.codec import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Codec
-from deepinfer_server.engine.sim import CORPUS
+from deepinfer_server.engine.sim_script import CORPUS
 from deepinfer_server.launcher import BUNDLED_TOKENIZER
 
 PROTOCOL = {"chat": CHAT, "completions": COMPLETIONS, "messages": MESSAGES, "responses": RESPONSES}

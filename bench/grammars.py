@@ -14,13 +14,13 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from deepinfer_server.engine.constrained import SimGrammars
-from deepinfer_server.engine.sampling import Vocabulary
+from deepinfer_server.engine.sampling import Spelling
 from deepinfer_server.grammar import GrammarCache, tool_calls_ebnf
 from deepinfer_server.launcher import BUNDLED_TOKENIZER
+from deepinfer_server.vocabulary import Vocabulary
 
 PERSON = {
     "type": "object",
@@ -187,9 +187,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--tokenizer", default=str(BUNDLED_TOKENIZER))
     args = ap.parse_args()
-    tj = json.loads(Path(args.tokenizer).read_text(encoding="utf-8"))
-    eos = next(t["id"] for t in tj["added_tokens"] if t["content"] == "<｜end▁of▁sentence｜>")
-    sim = SimGrammars(args.tokenizer, eos, Vocabulary(args.tokenizer))
+    vocab = Vocabulary.load(args.tokenizer)
+    sim = SimGrammars(args.tokenizer, vocab.eos_id, Spelling(vocab))
     print(f"tokenizer {args.tokenizer}: {sim.tokenizer.vocab_size} tokens; {args.runs} runs per figure, in ms")
     print(
         "| schema | check cold p50 | p99 | check cached p50 | p99 | sim compile cold p50 | p99 | sim cached p50 | p99 |"

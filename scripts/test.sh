@@ -12,7 +12,7 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 # procps (pgrep) for the tests; libmimalloc2.0 so the allocator switch is tested too (the server runs without);
 # nginx for the replicas behind a load balancer (tests/test_gateway_nginx.py); prometheus for promtool, which
-# checks and unit-tests the alert rules (tests/test_prometheus_rules.py).
+# checks and unit-tests the alert rules (tests/test_observability.py).
 need=()
 command -v pgrep >/dev/null 2>&1 || need+=(procps)
 ls /usr/lib/*-linux-gnu/libmimalloc.so.* >/dev/null 2>&1 || need+=(libmimalloc2.0)

@@ -1,9 +1,9 @@
 """The output codec against deepseek-recipe's own token path, which serves as the oracle.
 
-The server detokenizes itself and feeds the StreamProcessor text (python/deepinfer_server/codec.py says why): by byte
-table for a byte-level tokenizer, else with `tokenizers.DecodeStream`; both are tested. These tests push the same
-token IDs, in the same batches, through the library's tokenizer-attached processor and through `Decoder`, and require
-the same reasoning, content, tool calls, finish reason and usage.
+The server detokenizes itself and feeds the StreamProcessor text (python/deepinfer_server/decoding.py says why):
+by byte table for a byte-level tokenizer, else with `tokenizers.DecodeStream`; both are tested. These tests push the
+same token IDs, in the same batches, through the library's tokenizer-attached processor and through `ChatDecoder`,
+and require the same reasoning, content, tool calls, finish reason and usage.
 """
 
 from __future__ import annotations
@@ -28,14 +28,16 @@ from tokenizers import Tokenizer
 from deepinfer_server import _native
 from deepinfer_server.codec import (
     FINISHED,
+    MESSAGES,
     RESPONSES,
     RUNNING,
     STOPPED_EARLY,
     Codec,
-    Decoder,
     Prepared,
     with_param,
 )
+from deepinfer_server.doors.chat import ChatDecoder
+from deepinfer_server.grammar import SCHEMA_NAMES
 from deepinfer_server.launcher import BUNDLED_TOKENIZER
 
 MODEL = "deepseek-v4.1-flash"
@@ -73,16 +75,16 @@ CASES = {
 @pytest.fixture(scope="module", params=["byte table", "DecodeStream"])
 def codec(request: pytest.FixtureRequest) -> Codec:
     codec = Codec(BUNDLED_TOKENIZER, [MODEL], 16384)
-    assert codec.token_bytes is not None  # the bundled tokenizer is byte-level, as DeepSeek's
+    assert codec.vocab.token_bytes is not None  # the bundled tokenizer is byte-level, as DeepSeek's
     if request.param == "DecodeStream":  # what a tokenizer with any other decoder gets
-        codec.token_bytes, codec.detokenizer = None, Tokenizer.from_file(str(BUNDLED_TOKENIZER))
+        codec.vocab.token_bytes, codec.vocab.detokenizer = None, Tokenizer.from_file(str(BUNDLED_TOKENIZER))
     return codec
 
 
 def test_the_byte_table_decodes_as_the_tokenizer_does() -> None:
     codec = Codec(BUNDLED_TOKENIZER, [MODEL], 16384)
-    table, tokenizer = codec.token_bytes, Tokenizer.from_file(str(BUNDLED_TOKENIZER))
-    assert table is not None and codec.detokenizer is None  # the table replaces the tokenizer object
+    table, tokenizer = codec.vocab.token_bytes, Tokenizer.from_file(str(BUNDLED_TOKENIZER))
+    assert table is not None and codec.vocab.detokenizer is None  # the table replaces the tokenizer object
     rng = random.Random(7)
     for _ in range(500):  # any IDs, special tokens and broken UTF-8 included
         ids = [rng.randrange(len(table)) for _ in range(rng.randint(1, 40))]
@@ -235,7 +237,8 @@ def test_length_inside_a_character_keeps_the_text(codec: Codec) -> None:
 def test_ignore_eos_counts_the_eos_tokens_and_the_reasoning(codec: Codec, stream: bool) -> None:
     """With ignore_eos the engine's EOS tokens are generated tokens: no text, but in usage (with the reasoning)."""
     reasoning = RECIPE_TOKENIZER.encode("Short thought.")
-    ids = [*reasoning, codec.eos_id, *RECIPE_TOKENIZER.encode("</think>Answer"), codec.eos_id, codec.eos_id]
+    eos = codec.vocab.eos_id
+    ids = [*reasoning, eos, *RECIPE_TOKENIZER.encode("</think>Answer"), eos, eos]
     prepared = codec.prepare(body(stream, {}), "chatcmpl-test", MODEL, True, True, False)
     assert isinstance(prepared, Prepared)
     state, out = prepared.decoder.push(ids, _native.FINISH_LENGTH)
@@ -247,7 +250,7 @@ def test_ignore_eos_counts_the_eos_tokens_and_the_reasoning(codec: Codec, stream
     assert got["usage"]["completion_tokens_details"] == {"reasoning_tokens": len(reasoning)}
 
 
-def parsed_finish(decoder: Decoder, out: list[str]) -> list[str]:
+def parsed_finish(decoder: ChatDecoder, out: list[str]) -> list[str]:
     """The last batch's chunks written by parsing the chunk that carries usage (the fallback path)."""
     result: list[str] = []
     usage_chunk = None
@@ -284,10 +287,10 @@ def test_the_last_batch_is_spliced_as_parsing_would_write_it(
     text = 'A thought, "usage":{ and "choices":[.</think>' if thinking else ""
     ids = RECIPE_TOKENIZER.encode(text + 'Answer: ,"usage":{"x":1}} "choices":[] \\",\\"usage\\":{')
     if eos:
-        ids = [*ids[:5], codec.eos_id, *ids[5:], codec.eos_id]
+        ids = [*ids[:5], codec.vocab.eos_id, *ids[5:], codec.vocab.eos_id]
     seen: list[list[str]] = []
-    splice = Decoder._finish_stream
-    monkeypatch.setattr(Decoder, "_finish_stream", lambda self, out: seen.append(list(out)) or splice(self, out))
+    splice = ChatDecoder._finish_stream
+    monkeypatch.setattr(ChatDecoder, "_finish_stream", lambda self, out: seen.append(list(out)) or splice(self, out))
     state, got = prepared.decoder.push(ids, _native.FINISH_LENGTH)
     assert state == FINISHED and isinstance(got, list)
     want = parsed_finish(prepared.decoder, seen[0])
@@ -306,18 +309,18 @@ def test_deepseek_recipes_tokenizer_is_loaded_on_the_first_request_with_logprobs
     """With fastokens encoding the prompts, deepseek-recipe's tokenizer (~50 MB for DeepSeek's vocabulary) is not
     kept from start-up: the first request that asks for logprobs loads it, once; the recipe encoder shares its own."""
     codec = Codec(BUNDLED_TOKENIZER, [MODEL], 16384, prompt_encoder="fastokens")
-    assert codec._recipe_tokenizer is None
+    assert codec.vocab._recipe_tokenizer is None
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "thinking": {"type": "disabled"}}
     p = codec.prepare(json.dumps(body).encode(), "r", MODEL, False, False, False)
-    assert isinstance(p, Prepared) and codec._recipe_tokenizer is None, "no logprobs: not needed"
+    assert isinstance(p, Prepared) and codec.vocab._recipe_tokenizer is None, "no logprobs: not needed"
     p = codec.prepare(json.dumps({**body, "logprobs": True}).encode(), "r", MODEL, False, False, False)
     assert isinstance(p, Prepared) and p.logprobs == 0
-    loaded = codec._recipe_tokenizer
+    loaded = codec.vocab._recipe_tokenizer
     assert loaded is not None
     codec.prepare(json.dumps({**body, "logprobs": True}).encode(), "r", MODEL, False, False, False)
-    assert codec._recipe_tokenizer is loaded
+    assert codec.vocab._recipe_tokenizer is loaded
     recipe = Codec(BUNDLED_TOKENIZER, [MODEL], 16384, prompt_encoder="recipe")
-    assert recipe._recipe_tokenizer is not None, "the recipe encoder's own tokenizer, shared"
+    assert recipe.vocab._recipe_tokenizer is not None, "the recipe encoder's own tokenizer, shared"
 
 
 def test_a_custom_tool_inside_a_namespace_is_refused_naming_its_place(codec: Codec) -> None:
@@ -333,3 +336,60 @@ def test_a_custom_tool_inside_a_namespace_is_refused_naming_its_place(codec: Cod
     said = "Currently custom tools are not allowed inside a namespace. Found custom tool 'x' in input[0].tools[1]."
     filled = with_param(json.dumps({"error": {"message": said, "param": None}}), RESPONSES)
     assert json.loads(filled)["error"]["param"] == "input[0].tools[1]"
+
+
+# Anthropic's structured output: keywords it takes that a schema's own copy could lose (enum, format, minItems,
+# descriptions, anyOf), in an order the grammar must keep.
+ANTHROPIC_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "when": {"type": "string", "format": "date", "description": "the day"},
+        "cities": {"type": "array", "items": {"enum": ["Oslo", "Paris"]}, "minItems": 1},
+        "note": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+    },
+    "required": ["when", "cities", "note"],
+    "additionalProperties": False,
+}
+
+
+def messages_body(**fields: Any) -> bytes:
+    body = {"model": MODEL, "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}], **fields}
+    return json.dumps(body).encode()
+
+
+def with_format(field: str, fmt: dict[str, Any]) -> bytes:
+    """A Messages body with its output format in `output_config.format` or in the beta `output_format`."""
+    return (
+        messages_body(output_config={"format": fmt}) if field == "output_config" else messages_body(output_format=fmt)
+    )
+
+
+@pytest.mark.parametrize("field", ["output_config", "output_format"])
+def test_a_messages_output_format_is_enforced_as_written(field: str) -> None:
+    """A Messages JSON schema, in `output_config.format` or the beta `output_format`, is the grammar as the client
+    wrote it (deepseek-recipe's Messages conversion leaves it out; the codec puts it back, verbatim)."""
+    codec = Codec(BUNDLED_TOKENIZER, [MODEL], 16384)
+    fmt = {"type": "json_schema", "schema": ANTHROPIC_SCHEMA}
+    body = with_format(field, fmt)
+    got = codec.prepare(body, "msg_1", MODEL, False, False, False, MESSAGES)
+    assert isinstance(got, Prepared) and got.constraint is not None
+    schema_type, schema, _triggers, _bound = got.constraint
+    assert SCHEMA_NAMES[schema_type] == "json" and schema == json.dumps(ANTHROPIC_SCHEMA, separators=(",", ":"))
+    # With both, `output_config.format` is the one (the beta field is its old spelling).
+    other = {"type": "json_schema", "schema": {"type": "object", "properties": {}, "additionalProperties": False}}
+    both = messages_body(output_config={"format": fmt}, output_format=other)
+    got = codec.prepare(both, "msg_2", MODEL, False, False, False, MESSAGES)
+    assert isinstance(got, Prepared) and got.constraint is not None and got.constraint[1] == schema
+
+
+@pytest.mark.parametrize(
+    ("field", "param"), [("output_config", "output_config.format"), ("output_format", "output_format")]
+)
+def test_a_messages_schema_refusal_names_the_field_it_came_from(field: str, param: str) -> None:
+    codec = Codec(BUNDLED_TOKENIZER, [MODEL], 16384)
+    fmt = {"type": "json_schema", "schema": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}}
+    body = with_format(field, fmt)
+    got = codec.prepare(body, "msg_1", MODEL, False, False, False, MESSAGES)
+    assert isinstance(got, tuple) and got[0] == 400
+    err = json.loads(got[1])["error"]
+    assert err["param"] == f"{param}.schema" and "'minimum'" in err["message"], err

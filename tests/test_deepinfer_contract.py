@@ -2,8 +2,8 @@
 
 The sdist is fetched from PyPI through its JSON API, checked against a pinned sha256, cached under
 ~/.cache/deepinfer-server/, and read with tarfile + ast: never built, installed or imported. The list of used
-names is derived from the adapter's own source (python/deepinfer_server/engine/deepinfer.py), so a new call,
-keyword or environment variable there is checked without editing this file.
+names is derived from the adapter's own source (python/deepinfer_server/engine/deepinfer.py and deepinfer_config.py),
+so a new call, keyword or environment variable there is checked without editing this file.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ INDEX = os.environ.get("DEEPINFER_SERVER_PYPI", "https://pypi.org")
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "deepinfer-server"
 HERE = Path(__file__).resolve().parent
 ADAPTER = HERE.parent / "python" / "deepinfer_server" / "engine" / "deepinfer.py"
+ADAPTER_SOURCES = (ADAPTER, ADAPTER.with_name("deepinfer_config.py"))  # the engine, and its deployment checks
 FAKE = HERE / "fake_deepinfer"
 
 Reader = Callable[[str], "str | None"]
@@ -108,7 +109,8 @@ def _attr_chain(node: ast.AST) -> list[str]:
 
 class Used:
     def __init__(self) -> None:
-        tree = ast.parse(ADAPTER.read_text(encoding="utf-8"))
+        sources = [ast.parse(f.read_text(encoding="utf-8")) for f in ADAPTER_SOURCES]
+        tree = ast.Module(body=[node for source in sources for node in source.body], type_ignores=[])
         self.imports: list[tuple[str, str]] = []  # (module, name) from deepinfer
         self.engine_args: set[str] = set()  # EngineArgs(...) keywords
         self.engine_methods: dict[str, set[str]] = {}  # LLMEngine method -> keywords used
@@ -336,8 +338,8 @@ def test_fake_sampling_params_and_accessors_match_the_real_signatures(real: Read
 
 
 def test_the_output_pool_bound_follows_the_real_source(real: Reader) -> None:
-    """engine/deepinfer.py `live_outputs_bound` rests on the pool size and on the release order; check both."""
-    from deepinfer_server.engine.deepinfer import OUTPUT_POOL_SIZE, live_outputs_bound
+    """engine/deepinfer_config.py `live_outputs_bound` rests on the pool size and on the release order; check both."""
+    from deepinfer_server.engine.deepinfer_config import OUTPUT_POOL_SIZE, live_outputs_bound
 
     with tarfile.open(fileobj=io.BytesIO(fetch_sdist()), mode="r:gz") as tar:
         f = tar.extractfile(f"deepinfer-{VERSION}/csrc/engine/outputs.hpp")

@@ -65,14 +65,14 @@ def fake_env(**extra: str) -> dict[str, str]:
 
 
 def _integrated() -> str | None:
-    """The owner's rank.py/launcher.py edits that plug the adapter in (see the report); None when present."""
+    """The owner's rank.py/ranks.py edits that plug the adapter in (see the report); None when present."""
     import deepinfer_server.engine.rank as rank_mod
-    import deepinfer_server.launcher as launcher_mod
+    import deepinfer_server.ranks as ranks_mod
 
     if "serve_lockstep" not in Path(rank_mod.__file__).read_text():
         return f"{rank_mod.__file__} does not dispatch --engine deepinfer to lockstep.serve_lockstep"
-    if "dist_env_for_ranks" not in Path(launcher_mod.__file__).read_text():
-        return f"{launcher_mod.__file__} does not set the ranks' CUDA_VISIBLE_DEVICES/MASTER_PORT/engine_rank"
+    if "dist_env_for_ranks" not in Path(ranks_mod.__file__).read_text():
+        return f"{ranks_mod.__file__} does not set the ranks' CUDA_VISIBLE_DEVICES/MASTER_PORT/engine_rank"
     return None
 
 
@@ -491,7 +491,7 @@ def test_failed_step_marks_the_group_broken_and_close_skips_the_collective(fake_
 
 
 def test_launcher_helpers_pick_and_check_ports() -> None:
-    from deepinfer_server.engine.deepinfer import ConfigError, dist_env_for_ranks
+    from deepinfer_server.engine.deepinfer_config import ConfigError, dist_env_for_ranks
 
     envs = dist_env_for_ranks(2, 2, 8000, {"CUDA_VISIBLE_DEVICES": "4,5,6,7"})
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["4,5", "6,7"]
@@ -645,7 +645,8 @@ def test_the_fake_output_pool_fails_as_the_engine_does_past_the_bound(
     fake_modules, checkpoint, max_num_seqs: int, overruns: bool
 ) -> None:
     """With every draft token accepted, two decode steps in a row hold 2 x S x (1 + nextn) outputs at once."""
-    from deepinfer_server.engine.deepinfer import OUTPUT_POOL_SIZE, build, live_outputs_bound
+    from deepinfer_server.engine.deepinfer import build
+    from deepinfer_server.engine.deepinfer_config import OUTPUT_POOL_SIZE, live_outputs_bound
 
     os.environ.update({"CUDA_VISIBLE_DEVICES": "0", "MASTER_PORT": "29500", "DEEPINFER_USE_NEXTN_DECODE": "5"})
     os.environ["FAKE_DEEPINFER_ACCEPT_ALL"] = "1"

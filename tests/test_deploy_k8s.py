@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from deepinfer_server.cli import build_parser, check_args
-from deepinfer_server.launcher import OUTPUT_RING_BYTES, _pow2_at_least
+from deepinfer_server.ranks import OUTPUT_RING_BYTES, _pow2_at_least
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "kubernetes"

@@ -374,6 +374,15 @@ def test_completions_stop_special_text_and_refusals(server: Server) -> None:
     assert e.value.body["param"] == "prompt"  # type: ignore[index]
 
 
+@pytest.mark.parametrize("prompt", ["regex", "strict", "json_schema", "json_object"])
+def test_completions_whose_prompt_spells_a_grammar_mark_are_served(server: Server, prompt: str) -> None:
+    """The front end checks a body that spells a grammar's mark (`"regex"`, `"strict"` ...) for its grammar before
+    admission. A Completions request has no grammar: such a prompt must not be read as a chat body (it was refused
+    with "missing field `messages`")."""
+    r = server.client().completions.create(model=MODEL, prompt=prompt, max_tokens=3, extra_body={"ignore_eos": True})
+    assert r.usage is not None and r.usage.completion_tokens == 3
+
+
 def test_completions_without_fim_tokens_refuse_a_suffix(tmp_path: Any) -> None:
     from deepinfer_server.launcher import BUNDLED_TOKENIZER
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import Server
 
-from deepinfer_server.launcher import Ranks
 from deepinfer_server.malloc import PRELOADED, find_mimalloc, without_preload
+from deepinfer_server.ranks import Ranks
 
 needs_mimalloc = pytest.mark.skipif(find_mimalloc() is None, reason="libmimalloc not installed (libmimalloc2.0)")
 

@@ -21,7 +21,7 @@ from deepseek_recipe import ChatCompletionRequest, ConversionOptions, DeepseekV4
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deepinfer_server.codec import Codec, byte_level_table
+from deepinfer_server.codec import Codec
 from deepinfer_server.launcher import BUNDLED_TOKENIZER
 from deepinfer_server.prompt_encoder import (
     Encoding,
@@ -32,6 +32,7 @@ from deepinfer_server.prompt_encoder import (
     probe_texts,
     verify,
 )
+from deepinfer_server.vocabulary import byte_level_table
 
 API_MODEL = "DeepSeek-V4.1-Flash"
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
@@ -87,7 +88,7 @@ def test_special_spellings_in_user_text_stay_text(codec: Codec, fast: FastEncode
     conversation = ChatCompletionRequest(body).convert(ConversionOptions()).conversation
     ids = fast.encode(conversation)
     assert ids == ORACLE.encode(conversation)
-    eos = codec.eos_id
+    eos = codec.vocab.eos_id
     assert ids.count(eos) == 0  # the injection guard: the spelled EOS did not become the EOS token
 
 
@@ -260,15 +261,15 @@ def test_a_prompt_far_too_long_is_refused_before_encoding(choice: str) -> None:
     under it are encoded and counted exactly."""
     codec = Codec(BUNDLED_TOKENIZER, [MODEL], 4096, prompt_encoder=choice)
     guard = codec.length_guard
-    assert codec.token_bytes is not None and guard is not None
-    assert guard.longest == max(len(b) for b in codec.token_bytes)
+    assert codec.vocab.token_bytes is not None and guard is not None
+    assert guard.longest == max(len(b) for b in codec.vocab.token_bytes)
     with pytest.raises(PromptTooLong) as e:
         codec.encoder.encode(conversation(codec, "x" * (guard.max_chars + 1)))
     assert e.value.at_least >= 4096
     status, body = codec.prepare(request_body("word " * 2_000_000), "id", MODEL, False, False, False)
     assert status == 400 and "at least" in body and "context_length_exceeded" in body
     # The longest token repeated: the prompt with the fewest tokens for its length, right under the bound.
-    longest = max((b for b in codec.token_bytes if b.isascii() and b.strip().isalpha()), key=len).decode()
+    longest = max((b for b in codec.vocab.token_bytes if b.isascii() and b.strip().isalpha()), key=len).decode()
     fits = conversation(codec, longest * ((guard.max_chars - 200) // len(longest)))
     assert 0 < len(codec.encoder.encode(fits)) < 4096 * 8
 

@@ -1,5 +1,5 @@
 """The Responses door's lifecycle events and non-stream bodies are mended as text in Rust (`mend_response`); the
-Python rules on parsed JSON (`event_output._mend`) are the oracle. Every event deepseek-recipe writes, over
+Python rules on parsed JSON (`doors/responses.py` `_mend`) are the oracle. Every event deepseek-recipe writes, over
 requests whose client-chosen parts spell the members that are cut (metadata, instructions, tool schemas, formats),
 must come out the same, in the same key order, as the parsed path gives."""
 
@@ -22,7 +22,7 @@ from deepseek_recipe import (
 
 from deepinfer_server._native import mend_response
 from deepinfer_server.decoding import dumps
-from deepinfer_server.event_output import _mend, _mend_response, _mend_response_event
+from deepinfer_server.doors.responses import _mend, _mend_response, _mend_response_event
 
 MODEL = "m"
 OPTIONS = ConversionOptions().with_model_alias(MODEL, ModelVersion.DeepseekV41Flash)

@@ -108,7 +108,7 @@ def test_a_seeded_answer_is_the_same_every_time() -> None:
 
 
 def test_quiet_steps_are_those_that_start_and_end_nothing() -> None:
-    """The rank publishes a quiet step without waking the server (engine/rank.py): a step that gives a request its
+    """The rank publishes a quiet step without waking the server (engine/loop.py): a step that gives a request its
     first token or ends one must never be quiet."""
     e = engine(max_num_seqs=4)
     submit(e, 1, 5, max_tokens=3)

@@ -131,9 +131,9 @@ def test_the_first_token_of_every_answer_is_visible(make_server: Callable[..., S
 
 
 def test_quiet_steps_wake_the_server_within_its_stream_interval() -> None:
-    """A rank publishes a step that starts and ends nothing without waking the server (engine/rank.py), which is
+    """A rank publishes a step that starts and ends nothing without waking the server (engine/loop.py), which is
     only safe because the server holds such tokens for its stream interval: the wake bound follows the interval."""
-    from deepinfer_server.engine.rank import WakePolicy
+    from deepinfer_server.engine.loop import WakePolicy
 
     every_step = WakePolicy(0.0)  # tokens are sent as they come: every step wakes the server
     assert all(every_step(True, 5.0 + i * 1e-5) for i in range(10))

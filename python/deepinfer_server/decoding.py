@@ -1,12 +1,11 @@
-"""The output side shared by every protocol: engine token IDs -> text (by byte table or `tokenizers`) -> the
-deepseek-recipe StreamProcessor, with the engine's EOS, `ignore_eos` and reasoning-token counting around it.
+"""The output side shared by every protocol: engine token IDs -> text (the vocabulary's detokenizer) -> the
+deepseek-recipe StreamProcessor, with the engine's EOS, `ignore_eos` and reasoning-token counting around it. Each
+door's decoder (doors/) turns the processor's chunks into its wire output.
 
 Output tokens are detokenized here and fed to the StreamProcessor as text with their token counts. With a tokenizer
 attached, the processor re-tokenizes the whole reasoning text at the finish to report `reasoning_tokens` (about
 0.8 us per output token, in one call that stalls the rank's other streams); counting the engine's reasoning token
-IDs gives the true figure for free. A byte-level BPE tokenizer (DeepSeek's) detokenizes by table: each token is a
-fixed byte string, so a batch is one join and an incremental UTF-8 decode. Any other tokenizer goes through
-`tokenizers.DecodeStream`, one Rust call per batch.
+IDs gives the true figure for free. How tokens become text is the vocabulary's business (vocabulary.py).
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from __future__ import annotations
 import codecs
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Union, cast
+from typing import Protocol, Union, cast
 
 from deepseek_recipe import (
     ChatCompletionChunk,
@@ -30,16 +29,12 @@ from deepseek_recipe import (
     SpecialToken,
     StreamProcessor,
 )
-from tokenizers import Tokenizer as HFTokenizer
-from tokenizers.decoders import DecodeStream
 
 from deepinfer_server import _native
 from deepinfer_server.engine.base import TokenLogprob
+from deepinfer_server.vocabulary import Vocabulary
 
-if TYPE_CHECKING:
-    from deepinfer_server.codec import Codec
-
-# Decode results, read by Rust (rust/codec.rs).
+# Decode results, read by Rust (rust/codec/).
 RUNNING, FINISHED, STOPPED_EARLY = 0, 1, 2
 
 _ENGINE_FINISH = {
@@ -51,93 +46,20 @@ Generator = Union[ChatCompletionChunkGenerator, MessagesChunkGenerator, Response
 Chunk = Union[ChatCompletionChunk, MessagesStreamEvent, ResponsesStreamEvent]  # noqa: UP007
 
 
-def byte_level_table(tokenizer_json: dict[str, object]) -> list[bytes] | None:
-    """Each token ID's bytes when the tokenizer's decoder is plain ByteLevel, else None.
+class Decoder(Protocol):
+    """One request's output side, as Rust drives it: `start` once, then `push` per batch (`codec.decode_batch`)."""
 
-    Mirrors the ByteLevel decoder: a token whose characters all map to bytes (the GPT-2 byte alphabet) becomes
-    those bytes; any other token (a special token such as <｜end▁of▁sentence｜>) stays its UTF-8 text. An added
-    token's spelling wins over a model token with the same ID, as in the tokenizer's own decoding.
-    """
-    decoder, model = tokenizer_json.get("decoder"), tokenizer_json.get("model")
-    if not isinstance(decoder, dict) or decoder.get("type") != "ByteLevel" or not isinstance(model, dict):
-        return None
-    added = tokenizer_json.get("added_tokens") or []
-    vocab = model.get("vocab") or {}
-    if not isinstance(vocab, dict) or not isinstance(added, list):
-        return None
-    entries = [*vocab.items(), *((str(t["content"]), int(t["id"])) for t in added)]
-    char_to_byte = {c: b for b, c in enumerate(_byte_alphabet())}
-    table = [b""] * (max((i for _, i in entries), default=-1) + 1)
-    for token, i in entries:
-        try:
-            table[i] = bytes([char_to_byte[c] for c in token])
-        except KeyError:
-            table[i] = token.encode("utf-8")
-    return table
+    def start(self) -> list[str]:
+        """Events to send before any token (streams only)."""
 
-
-def _byte_alphabet() -> list[str]:
-    """The character GPT-2's byte-level BPE uses for each byte 0..255."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = [], 0
-    for b in range(256):
-        if b in printable:
-            chars.append(chr(b))
-        else:
-            chars.append(chr(256 + extra))
-            extra += 1
-    return chars
-
-
-def detokenizer(codec: Codec) -> _TableText | _StreamText:
-    """An incremental detokenizer for one request: by byte table where the tokenizer has one."""
-    if codec.token_bytes is not None:
-        return _TableText(codec.token_bytes)
-    return _StreamText(cast(HFTokenizer, codec.detokenizer))
-
-
-class _TableText:
-    """Byte-level detokenizing: join the tokens' bytes, decode UTF-8 holding back an unfinished character."""
-
-    __slots__ = ("table", "utf8")
-
-    def __init__(self, table: list[bytes]) -> None:
-        self.table = table
-        self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-
-    def feed(self, tokens: list[int]) -> str:
-        table = self.table
-        try:
-            data = b"".join([table[t] for t in tokens])
-        except IndexError:  # an ID past the vocabulary (a padded output layer): no text, as tokenizer.decode does
-            data = b"".join([table[t] for t in tokens if t < len(table)])
-        return str(self.utf8.decode(data))
-
-    def flush(self) -> str:
-        return str(self.utf8.decode(b"", True))  # an unfinished character becomes U+FFFD
-
-
-class _StreamText:
-    """Any other tokenizer: `tokenizers.DecodeStream`, which holds a whole batch that ends inside a character."""
-
-    __slots__ = ("held", "stream", "tokenizer")
-
-    def __init__(self, tokenizer: HFTokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.stream = DecodeStream(skip_special_tokens=False)
-        self.held: list[int] = []
-
-    def feed(self, tokens: list[int]) -> str:
-        text = self.stream.step(self.tokenizer, tokens[0] if len(tokens) == 1 else tokens)  # an int is 2x faster
-        if text is None:
-            self.held += tokens
-            return ""
-        self.held = []
-        return text
-
-    def flush(self) -> str:
-        text, self.held = self.tokenizer.decode(self.held, False) if self.held else "", []
-        return text
+    def push(
+        self,
+        tokens: list[int],
+        finish: int,
+        logprobs: list[TokenLogprob] | None = None,
+        prompt_logprobs: list[float] | None = None,
+    ) -> tuple[int, list[str] | str]:
+        """One batch of engine tokens -> (state, output): a stream's events, or a non-stream's whole body."""
 
 
 class TokenStrings:
@@ -225,7 +147,7 @@ class BaseDecoder:
     )
 
     def __init__(
-        self, codec: Codec, conv: ConversationRequest, generator: Generator, n_prompt: int, ignore_eos: bool
+        self, vocab: Vocabulary, conv: ConversationRequest, generator: Generator, n_prompt: int, ignore_eos: bool
     ) -> None:
         options = conv.parsing_options
         opts = conv.inference_options
@@ -234,20 +156,20 @@ class BaseDecoder:
         if self.logprobs is None:
             self.proc = StreamProcessor(generator, options)  # text in: see the module docstring
         else:
-            self.proc = StreamProcessor(generator, options, codec.recipe_tokenizer)
-        self.text = detokenizer(codec)
+            self.proc = StreamProcessor(generator, options, vocab.recipe_tokenizer)
+        self.text = vocab.text()
         self.text_ids = 0  # token IDs fed since the last text went out: that text's token count
         stage = options.thinking_initial_stage
         # Reasoning tokens: None outside thinking mode; counted until the engine's </think> when it starts in one.
         self.reasoning: int | None = None if stage is None else 0
         in_reasoning = stage is not None and stage.starts_in_reasoning()
-        self.think_end_id: int | None = codec.think_end_id if in_reasoning else None
+        self.think_end_id: int | None = vocab.think_end_id if in_reasoning else None
         self.stream: bool = conv.stream
         self.n_prompt = n_prompt
         self.n_out = 0
         self.dropped_eos = 0
-        self.eos_id = codec.eos_id
-        self.fingerprint = codec.fingerprint
+        self.eos_id = vocab.eos_id
+        self.fingerprint = vocab.fingerprint
         self.ignore_eos = ignore_eos
         self.done = False
 

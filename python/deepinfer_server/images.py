@@ -8,7 +8,7 @@ connection.
 
 The preprocessed images go to the ranks in one file per request under the server's media directory (tmpfs), not
 through the token rings: the SUBMIT record names the file and each image's size (`write_blob`); the rank reads it
-once and unlinks it (`engine/rank.py`).
+once and unlinks it (engine/base.py `load_images`).
 """
 
 from __future__ import annotations

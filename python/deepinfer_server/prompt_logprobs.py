@@ -9,20 +9,11 @@ from __future__ import annotations
 
 import codecs
 import json
-from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from deepinfer_server.codec import Codec
+from deepinfer_server.vocabulary import Vocabulary
 
 # One legacy logprobs entry: (token text, logprob or None, alternatives {text: logprob} or None, text offset).
 LegacyEntry = tuple[str, float | None, dict[str, float] | None, int]
-
-
-def token_bytes(table: list[bytes] | None, tokenizer: Any, token: int) -> bytes:
-    """A token's bytes: from the byte-level table, else as the tokenizer decodes it alone."""
-    if table is not None:
-        return table[token] if token < len(table) else b""
-    return str(tokenizer.decode([token], False)).encode()
 
 
 class PromptTokens:
@@ -31,10 +22,10 @@ class PromptTokens:
 
     __slots__ = ("ids", "texts")
 
-    def __init__(self, codec: Codec, ids: list[int], hide_first: bool = False) -> None:
+    def __init__(self, vocab: Vocabulary, ids: list[int], hide_first: bool = False) -> None:
         utf8 = codecs.getincrementaldecoder("utf-8")("replace")
         self.ids = ids
-        self.texts = [str(utf8.decode(token_bytes(codec.token_bytes, codec.detokenizer, t))) for t in ids]
+        self.texts = [str(utf8.decode(vocab.bytes_of(t))) for t in ids]
         if hide_first and self.texts:
             self.texts[0] = ""  # the BOS the server put before a text prompt: not part of the echoed text
 

@@ -99,7 +99,7 @@ class Engine(Protocol):
     """What the rank loop drives. All calls happen on the rank's single engine thread."""
 
     # True when the last step gave no request its first token and ended none: the rank may publish it without
-    # waking the server (engine/rank.py). An engine that cannot tell keeps it False.
+    # waking the server (engine/loop.py). An engine that cannot tell keeps it False.
     quiet_step: bool
 
     def add(self, req: Submit) -> list[Output]:

@@ -25,7 +25,7 @@ from pathlib import Path
 from llguidance import LLMatcher, LLTokenizer
 
 from deepinfer_server.engine.base import TokenLogprob
-from deepinfer_server.engine.sampling import IMPOSSIBLE, Vocabulary, distribution, draw
+from deepinfer_server.engine.sampling import IMPOSSIBLE, Spelling, distribution, draw
 from deepinfer_server.grammar import GrammarError, llguidance_grammar
 
 # What DeepInfer reports when a grammar fails to compile or to run (csrc/engine/sequence.hpp).
@@ -46,7 +46,7 @@ class SimGrammars:
     """One rank's grammar compiler: an llguidance tokenizer of the serving vocabulary and compiled matchers by
     grammar (bounded LRU)."""
 
-    def __init__(self, tokenizer_path: str | Path, eos: int, vocab: Vocabulary, capacity: int = 64) -> None:
+    def __init__(self, tokenizer_path: str | Path, eos: int, vocab: Spelling, capacity: int = 64) -> None:
         tj = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))
         for added in tj.get("added_tokens") or []:
             if added.get("content") in TEXT_TOKENS:

@@ -17,8 +17,8 @@ Any exception out of the loop ends the rank at once (engine/rank.py `die`), neve
 When the whole group is idle, each rank sleeps on the group's doorbell (rust/ring/doorbell.rs) until something
 rings it: the server after every request record, and a rank that finds records in its own ring (a peer that read
 the bell after the server rang may be asleep, and the rank cannot step until that peer reaches the all-reduce).
-Nothing polls: an idle group makes no collectives at all. The sleep is bounded by `IDLE_WAIT_S` so a closed ring
-is noticed.
+Nothing polls: an idle group makes no collectives at all. The sleep is bounded by `IDLE_WAIT_S` (engine/loop.py) so
+a closed ring is noticed.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Protocol, cast
 
 from deepinfer_server import _native
 from deepinfer_server.engine.base import Engine, Output
-from deepinfer_server.engine.rank import GroupSleep, Status, first_token_times, take_requests
+from deepinfer_server.engine.loop import GroupSleep, Status, first_token_times, take_requests
 
 log = logging.getLogger("deepinfer_server.lockstep")
 

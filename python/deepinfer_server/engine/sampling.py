@@ -12,16 +12,14 @@ a tool call's markup would break it). As in DeepInfer, an impossible token's log
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import random
 import zlib
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
 
-from deepinfer_server.decoding import byte_level_table
 from deepinfer_server.engine.base import Submit, TokenLogprob
+from deepinfer_server.vocabulary import Vocabulary
 
 # DeepInfer clamps token logprobs at -9999: what an impossible token reports.
 IMPOSSIBLE = -9999.0
@@ -30,16 +28,17 @@ GREEDY_BELOW = 1e-5
 DISTRACTORS = 4  # other tokens per step, at least (more when more alternatives are asked for)
 
 
-class Vocabulary:
-    """Token bytes both ways, and which tokens are special (a grammar or the sampler never splits those)."""
+class Spelling:
+    """The vocabulary's token bytes both ways, and which tokens are special (a grammar or the sampler never splits
+    those)."""
 
-    def __init__(self, tokenizer_path: str | Path) -> None:
-        tokenizer_json = json.loads(Path(tokenizer_path).read_text(encoding="utf-8"))
-        table = byte_level_table(tokenizer_json)
+    def __init__(self, vocab: Vocabulary) -> None:
+        table = vocab.token_bytes
         if table is None:
             raise ValueError("the simulated engine's sampler needs a byte-level BPE tokenizer")
+        self.vocab = vocab
         self.bytes = table
-        self.special = {int(t["id"]) for t in tokenizer_json.get("added_tokens") or []}
+        self.special = vocab.special
         self.by_bytes = {b: i for i, b in enumerate(table) if b and i not in self.special}
         self.plain = sorted(self.by_bytes.values())
         # Other tokens offered as alternatives: whole characters (a lone continuation byte is no likely guess).
@@ -69,7 +68,7 @@ class Sampler:
 
     __slots__ = ("cursor", "free_end", "pending", "plan", "rng", "temperature", "top", "top_k", "top_p", "vocab")
 
-    def __init__(self, vocab: Vocabulary, plan: list[int], free_end: int, req: Submit, rng: random.Random) -> None:
+    def __init__(self, vocab: Spelling, plan: list[int], free_end: int, req: Submit, rng: random.Random) -> None:
         self.vocab = vocab
         self.plan = plan
         self.free_end = free_end  # scripted tokens from here on are markup: no stray alternatives

@@ -1,9 +1,9 @@
 """Simulated engine (`--engine sim`): batched steps, chunked prefill and a cost model, emitting real text.
 
 Output is text from a bundled corpus tokenized by the serving tokenizer, deterministic for the same prompt and
-seed. Like a real model it reads the prompt: a prompt ending in `<think>` gets a reasoning part and `</think>`
-first; a prompt that offers tools (and does not end in a tool result) gets a well-formed DSML tool call. The
-engine's EOS token ends the output at a plausible length unless `ignore_eos`.
+seed. Like a real model it reads the prompt (sim_script.py): a prompt ending in `<think>` gets a reasoning part and
+`</think>` first; a prompt that offers tools (and does not end in a tool result) gets a well-formed DSML tool call.
+The engine's EOS token ends the output at a plausible length unless `ignore_eos`.
 
 A request that asks for logprobs is sampled, token by token, from a distribution (`sampling.py`): the scripted
 token is the most likely, its shorter spellings (prefixes of its bytes) and a few other tokens less so, with the
@@ -16,29 +16,21 @@ Images cost their tokens in prefill, as the engine's expanded prompt would. A pr
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import random
-import re
 import time
-import zlib
-from array import array
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
-
-from tokenizers import Tokenizer
 
 from deepinfer_server import _native
-from deepinfer_server.engine.base import Images, Output, Submit
+from deepinfer_server.engine.base import Output, Submit
 from deepinfer_server.engine.constrained import GRAMMAR_FAILED, GrammarRun, SimGrammars
-from deepinfer_server.engine.sampling import Sampler, Vocabulary, prompt_logprobs
+from deepinfer_server.engine.sampling import Sampler, Spelling, prompt_logprobs
+from deepinfer_server.engine.sim_script import Script
+from deepinfer_server.vocabulary import Vocabulary
 
 log = logging.getLogger("deepinfer_server.sim")
-CORPUS = Path(__file__).with_name("sim_corpus.txt")
 ANCHOR_SLACK_S = 0.001
-_TOOLS_SECTION = re.compile(r"### Available Tool Schemas\n\n(.*?)\n\nYou MUST strictly follow", re.S)
 
 
 @dataclass(frozen=True)
@@ -98,25 +90,11 @@ class SimEngine:
 
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
-        self.tok = Tokenizer.from_file(cfg.tokenizer_path)
-        vocab = self.tok.get_vocab(with_added_tokens=True)
-        self.max_id = max(vocab.values())
-        self.eos = vocab["<｜end▁of▁sentence｜>"]
-        self.think_start = vocab.get("<think>")
-        self.think_end = vocab.get("</think>")
-        self.dsml = vocab.get("｜DSML｜")
-        self.corpus = self.tok.encode(CORPUS.read_text(encoding="utf-8"), add_special_tokens=False).ids
-        # Starting points at sentence boundaries, past any line breaks, so every answer begins with a word. (An answer
-        # that began with a newline would show its first token one step late: the parser drops leading newlines.)
-        self.starts = []
-        for i, t in enumerate(self.corpus[:-1]):
-            if self.tok.id_to_token(t) in (".", ".Ċ"):
-                j = i + 1
-                while j < len(self.corpus) and not (self.tok.id_to_token(self.corpus[j]) or "").strip("Ċ"):
-                    j += 1
-                self.starts.append(j % len(self.corpus))
-        self.words = [w for w in re.findall(r"[A-Za-z]{4,}", CORPUS.read_text(encoding="utf-8"))]
-        self.vocab = Vocabulary(cfg.tokenizer_path)
+        vocab = Vocabulary.load(cfg.tokenizer_path)
+        self.max_id = vocab.vocab_size - 1
+        self.script = Script(cfg.tokenizer_path, vocab)
+        self.eos, self.corpus = self.script.eos, self.script.corpus
+        self.vocab = Spelling(vocab)
         self._grammars: SimGrammars | None = None  # built on the first constrained request
         self.waiting: deque[_Seq] = deque()
         # Admitted requests, split so a step's batch is one list concatenation: past their prompt (decoding), and
@@ -131,7 +109,6 @@ class SimEngine:
         self._steps = 0  # group steps taken (idle rides included), for the vote points
         self._step_t0 = 0.0  # when the step being planned starts
         self._firsts: list[tuple[int, float, float]] = []  # see first_token_times
-        self._entropy = random.Random()  # seeds unseeded requests without an os.urandom read each
         self._prompt_logprobs: dict[int, list[float]] = {}  # asked for, until the request's first token
 
     # -- request side --------------------------------------------------------------------------------------------
@@ -145,13 +122,14 @@ class SimEngine:
         if n_prompt >= self.cfg.max_model_len:
             return [(req.request_id, [], _native.FINISH_ERROR, "prompt_length_exceeded")]
         max_tokens = max(1, min(req.max_tokens, self.cfg.max_model_len - n_prompt))
-        rng = self._rng(req)
-        plan = self._plan(prompt, rng, req.ignore_eos)
-        if req.images is not None and "sim:images" in self.tok.decode(prompt, skip_special_tokens=False):
-            plan = self._describe(req.images) + ([] if req.ignore_eos else [self.eos])
+        script = self.script
+        rng = script.rng(req)
+        plan = script.plan(prompt, rng, req.ignore_eos)
+        if req.images is not None and script.wants_images(prompt):
+            plan = script.describe(req.images) + ([] if req.ignore_eos else [self.eos])
         seq = _Seq(req.request_id, n_prompt, max_tokens, plan, rng.randrange(1 << 30))
         if req.logprobs is not None:
-            seq.sampler = Sampler(self.vocab, plan, self._free_text(plan), req, random.Random(rng.getrandbits(64)))
+            seq.sampler = Sampler(self.vocab, plan, script.free_text(plan), req, random.Random(rng.getrandbits(64)))
         if req.so_args is not None:
             if self._grammars is None:
                 self._grammars = SimGrammars(self.cfg.tokenizer_path, self.eos, self.vocab)
@@ -373,13 +351,6 @@ class SimEngine:
         del self.by_id[s.rid]
         return True
 
-    def _free_text(self, plan: list[int]) -> int:
-        """Where a plan's free text ends (a tool call's markup, which a stray token would break, starts)."""
-        if self.dsml is None or self.dsml not in plan:
-            return len(plan)
-        k = plan.index(self.dsml)
-        return max(0, k - 4)  # the call's opening "\n\n<" comes just before
-
     @staticmethod
     def wait_until(t0: float, cost_ms: float) -> None:
         """Take `cost_ms` of wall time for the step, as the GPU would (sleeping, not spinning)."""
@@ -387,84 +358,3 @@ class SimEngine:
             left = t0 + cost_ms / 1000.0 - time.perf_counter()
             if left > 0:
                 time.sleep(left)
-
-    # -- output script -------------------------------------------------------------------------------------------
-    def _rng(self, req: Submit) -> random.Random:
-        if req.seed is None and req.temperature > 0:
-            return self._entropy  # unseeded: not reproducible, as with a real model
-        digest = zlib.crc32(array("I", req.prompt).tobytes())
-        return random.Random(digest * 1_000_003 + (req.seed or 0))
-
-    def _text(self, rng: random.Random, n: int) -> list[int]:
-        start = rng.choice(self.starts) if self.starts else 0
-        c = self.corpus
-        out = c[start : start + n]
-        while len(out) < n:  # wraps around the corpus
-            out += c[: n - len(out)]
-        return out
-
-    def _plan(self, prompt: list[int], rng: random.Random, ignore_eos: bool) -> list[int]:
-        plan: list[int] = []
-        if self.think_start is not None and prompt[-1] == self.think_start and self.think_end is not None:
-            plan += self._text(rng, rng.randint(8, 96))
-            plan.append(self.think_end)
-        call = self._tool_call(prompt, rng) if self.dsml is not None and self.dsml in prompt else None
-        plan += call if call is not None else self._text(rng, rng.randint(16, 200))
-        if not ignore_eos:
-            plan.append(self.eos)
-        return plan
-
-    def _describe(self, images: Images) -> list[int]:
-        """What the rank received, for tests to check the images arrived intact."""
-        seen = [
-            f"{w}x{h}/{len(d)}/{hashlib.sha256(d).hexdigest()[:16]}"
-            for (w, h), d in zip(images.sizes, images.data, strict=True)
-        ]
-        text = f"images={len(seen)} " + " ".join(seen) + f" extra_tokens={images.extra_tokens}"
-        return self.tok.encode(text, add_special_tokens=False).ids
-
-    def _tool_call(self, prompt: list[int], rng: random.Random) -> list[int] | None:
-        """A DSML tool call for one of the offered tools, unless the last turn is already a tool result."""
-        text = self.tok.decode(prompt, skip_special_tokens=False)
-        last_user = text.rfind("<｜User｜>")
-        if "</tool_result>" in text[last_user:]:
-            return None
-        m = _TOOLS_SECTION.search(text)
-        if not m:
-            return None
-        tools = []
-        for line in m.group(1).splitlines():
-            try:
-                tools.append(json.loads(line))
-            except ValueError:
-                continue
-        if not tools:
-            return None
-        tool = tools[rng.randrange(len(tools))]
-        schema = tool.get("parameters") or {}
-        props = schema.get("properties") or {}
-        names = list(schema.get("required") or props)[:4]
-        d = "｜DSML｜"
-        lines = [f"\n\n<{d} calls>", f'<{d} invoke name="{tool.get("name", "tool")}">']
-        for name in names:
-            value, is_string = self._argument(name, (props.get(name) or {}).get("type"), rng)
-            lines.append(
-                f'<{d} parameter name="{name}" string="{"true" if is_string else "false"}">{value}</{d} parameter>'
-            )
-        lines += [f"</{d} invoke>", f"</{d} calls>"]
-        return self.tok.encode("\n".join(lines), add_special_tokens=False).ids
-
-    def _argument(self, name: str, kind: object, rng: random.Random) -> tuple[str, bool]:
-        if kind == "integer":
-            return str(rng.randint(1, 10)), False
-        if kind == "number":
-            return f"{rng.randint(1, 99) / 4}", False
-        if kind == "boolean":
-            return rng.choice(("true", "false")), False
-        if kind == "array":
-            return "[]", False
-        if kind == "object":
-            return "{}", False
-        if "city" in name.lower():
-            return "Paris", True
-        return rng.choice(self.words) if self.words else "value", True

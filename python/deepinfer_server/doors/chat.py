@@ -1,32 +1,88 @@
-"""Chat Completions output: deepseek-recipe's chunks with the OpenAI wire details around them (usage chunk,
-continuous usage, `refusal`, no partial tool-call markup)."""
+"""OpenAI Chat Completions (`POST /v1/chat/completions`): deepseek-recipe's `ChatCompletionRequest` conversion, and
+its chunks with the OpenAI wire details around them (usage chunk, continuous usage, `refusal`, no partial tool-call
+markup, vLLM's `prompt_logprobs`)."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import Any, cast
 
-from deepseek_recipe import ChatCompletionChunk, ChatCompletionResponse, ConversationRequest
+from deepseek_recipe import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ConversationRequest,
+    ConversionOptions,
+)
 
 from deepinfer_server.decoding import BaseDecoder, Chunk, Generator, cut_partial_tag, dumps
+from deepinfer_server.doors.base import Request
+from deepinfer_server.doors.conversation import ConversationDoor, Converted
 from deepinfer_server.prompt_logprobs import PromptTokens
+from deepinfer_server.vocabulary import Vocabulary
 
-if TYPE_CHECKING:
-    from deepinfer_server.codec import Codec
+
+class ChatDoor(ConversationDoor):
+    code = 0  # rust/doors/ `Spec::CODE`
+    schema_param = "response_format"
+    takes_prompt_logprobs = True
+
+    def convert(self, body: bytes, options: ConversionOptions) -> Converted:
+        c = ChatCompletionRequest(body).convert(options)
+        return Converted(c, lambda rid, model: ChatCompletionRequest.chunk_generator(c, rid, model), c.conversation)
+
+    def client_schema(self, body: bytes) -> str | None:
+        """`response_format.json_schema.schema`."""
+        if b'"json_schema"' not in body:
+            return None
+        fmt = json.loads(body).get("response_format")
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+            return None
+        schema = (fmt.get("json_schema") or {}).get("schema")
+        return None if schema is None else dumps(schema)
+
+    def tool_function(self, tool: dict[str, Any]) -> object:
+        return tool.get("function")
+
+    def decoder(
+        self,
+        vocab: Vocabulary,
+        conv: ConversationRequest,
+        generator: Generator,
+        req: Request,
+        n_prompt: int,
+        prompt: PromptTokens | None,
+    ) -> BaseDecoder:
+        stream_usage = req.include_usage and conv.stream
+        decoder = ChatDecoder(
+            vocab,
+            conv,
+            generator,
+            req.response_id,
+            req.model,
+            n_prompt,
+            req.ignore_eos,
+            stream_usage,
+            req.continuous_usage,
+        )
+        if prompt is not None:
+            decoder.want_prompt_logprobs(prompt)
+        return decoder
+
 
 _dumps = dumps
 
 
-class Decoder(BaseDecoder):
+class ChatDecoder(BaseDecoder):
     """One Chat Completions request's output."""
 
     __slots__ = ("continuous", "final", "include_usage", "prompt", "prompt_json")
 
     def __init__(
         self,
-        codec: Codec,
+        vocab: Vocabulary,
         conv: ConversationRequest,
         generator: Generator,
         response_id: str,
@@ -36,7 +92,7 @@ class Decoder(BaseDecoder):
         include_usage: bool,
         continuous_usage: bool,
     ) -> None:
-        super().__init__(codec, conv, generator, n_prompt, ignore_eos)
+        super().__init__(vocab, conv, generator, n_prompt, ignore_eos)
         self.final = None if self.stream else ChatCompletionResponse(response_id, model, int(time.time()), n_prompt, 0)
         self.include_usage = include_usage
         self.continuous = continuous_usage and include_usage

@@ -1,5 +1,6 @@
-"""Anthropic Messages and OpenAI Responses output: deepseek-recipe's events as named SSE events
-(`event: <name>\ndata: <JSON>`), or accumulated into the whole response for a non-stream."""
+"""The event doors' output (Anthropic Messages, OpenAI Responses): deepseek-recipe's events as named SSE events
+(`event: <name>\ndata: <JSON>`), or accumulated into the whole response for a non-stream. What each door mends on
+the way out is its own (`EventWire`, in doors/messages.py and doors/responses.py)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,14 @@ import json
 import re
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, cast
+from dataclasses import dataclass
+from typing import cast
 
 from deepseek_recipe import ConversationRequest, MessagesResponse, MessagesStreamEvent, ResponsesResponse
 
-from deepinfer_server._native import mend_response
-from deepinfer_server.decoding import BaseDecoder, Chunk, Generator, cut_partial_tag, dumps
+from deepinfer_server.decoding import BaseDecoder, Chunk, Generator, dumps
+from deepinfer_server.vocabulary import Vocabulary
 
-if TYPE_CHECKING:
-    from deepinfer_server.codec import Codec
-
-Accumulator = type[MessagesResponse] | type[ResponsesResponse]
 # Only a Responses usage object has this key; deepseek-recipe leaves it 0 without a tokenizer attached.
 _NO_REASONING = '"output_tokens_details":{"reasoning_tokens":0}'
 _ITEM_ADDED = "event: response.output_item.added\n"
@@ -26,39 +24,52 @@ _USAGE_EVENTS = ("event: message_delta\n", "event: response.completed\n", "event
 # Only usage objects have these keys unescaped (a JSON string escapes its quotes).
 _OUTPUT_TOKENS = re.compile(r'("(?:output_tokens|total_tokens)":)(\d+)')
 _TEXT_EVENTS = ("event: response.output_text.delta", "event: response.output_text.done")
-# deepseek-recipe puts the message's service tier in `message_delta`'s usage too, where Anthropic's type has none.
-_DELTA_TIER = ',"service_tier":"standard"'
+
+
+@dataclass(frozen=True)
+class EventWire:
+    """An event door's output: its accumulator, and what it mends on the way out."""
+
+    accumulator: type[MessagesResponse] | type[ResponsesResponse]
+    mend_event: Callable[[str], str]  # the opening and closing events (the whole response, the final usage)
+    mend_body: Callable[[str], str] | None = None  # a non-stream's whole response
+    trim_flushed: Callable[[str], str] | None = None  # a stream's events flushed at the finish
+    names_calls: bool = False  # `function_call_arguments.done` gets the call's name (Responses)
 
 
 class EventDecoder(BaseDecoder):
     """One Messages or Responses request's output."""
 
-    __slots__ = ("calls", "final", "mend", "name", "opened")
+    __slots__ = ("calls", "final", "mend", "mend_body", "name", "opened", "trim")
 
     def __init__(
         self,
-        codec: Codec,
+        vocab: Vocabulary,
         conv: ConversationRequest,
         generator: Generator,
-        kind: Accumulator,
+        wire: EventWire,
         response_id: str,
         model: str,
         n_prompt: int,
         ignore_eos: bool,
     ) -> None:
-        super().__init__(codec, conv, generator, n_prompt, ignore_eos)
+        super().__init__(vocab, conv, generator, n_prompt, ignore_eos)
+        kind = wire.accumulator
         self.name = kind.sse_event_name
         self.final = None if self.stream else kind(response_id, model, int(time.time()), n_prompt, 0)
-        self.mend: Callable[[str], str] = _mend_response_event if kind is ResponsesResponse else _mend_delta
+        self.mend = wire.mend_event
+        self.mend_body = wire.mend_body
+        self.trim = wire.trim_flushed
         self.opened = False  # whether the opening events (message_start, response.created ...) went out
-        self.calls: dict[str, str] | None = {} if kind is ResponsesResponse else None  # function call id -> name
+        self.calls: dict[str, str] | None = {} if wire.names_calls else None  # function call id -> name
 
     def _flushed(self, chunks: list[Chunk]) -> Sequence[object]:
-        # A Responses stream: what the finish flushes is where a cut-off call's held-back tag would surface.
-        if not self.stream or self.mend is not _mend_response_event:
+        # A stream: what the finish flushes is where a cut-off call's held-back tag would surface.
+        trim = self.trim
+        if not self.stream or trim is None:
             return chunks
         name = self.name
-        return [_trim_event(f"event: {name(ev)}\ndata: {ev.to_json()}") for ev in chunks]  # type: ignore[arg-type]
+        return [trim(f"event: {name(ev)}\ndata: {ev.to_json()}") for ev in chunks]  # type: ignore[arg-type]
 
     def _emit(self, chunks: Sequence[object], last: bool) -> list[str] | str:
         if self.opened and not last and self.final is None and self.token_strings is None:
@@ -110,7 +121,7 @@ class EventDecoder(BaseDecoder):
             if not last:
                 return []
             body = self.final.to_json()
-            body = _mend_response(body) if isinstance(self.final, ResponsesResponse) else body
+            body = self.mend_body(body) if self.mend_body is not None else body
             return self._usage(body)
         name = self.name
         out = [ev if isinstance(ev, str) else f"event: {name(ev)}\ndata: {ev.to_json()}" for ev in events]  # type: ignore[arg-type]
@@ -153,72 +164,3 @@ class EventDecoder(BaseDecoder):
             add = self.dropped_eos
             js = _OUTPUT_TOKENS.sub(lambda m: f"{m.group(1)}{int(m.group(2)) + add}", js)
         return js
-
-
-def _mend_delta(event: str) -> str:
-    return event.replace(_DELTA_TIER, "", 1) if event.startswith("event: message_delta\n") else event
-
-
-# Keys deepseek-recipe writes in a Response that OpenAI's published schema does not have, and fields it writes as
-# null where the schema has no null (absent instead).
-_UNDECLARED = ("content_filters", "frequency_penalty", "moderation", "presence_penalty", "store")
-_NOT_NULL = ("user", "safety_identifier", "prompt_cache_key", "usage")
-_LIFECYCLE = ("event: response.created\n", "event: response.in_progress\n", "event: response.completed\n")
-_LIFECYCLE_END = ("event: response.incomplete\n", "event: response.failed\n")
-
-
-def _mend_response_event(event: str) -> str:
-    """The events that carry the whole Response (created, in progress, completed ...) as OpenAI's schema has it:
-    cut as text in Rust (`mend_response`), parsed here only when a function call's arguments may need trimming."""
-    if not event.startswith(_LIFECYCLE) and not event.startswith(_LIFECYCLE_END):
-        return event
-    head, _, data = event.partition("\ndata: ")
-    mended = mend_response(data, True)
-    if mended is None:
-        d = json.loads(data)
-        _mend(d["response"])
-        mended = dumps(d)
-    return f"{head}\ndata: {mended}"
-
-
-def _mend_response(body: str) -> str:
-    mended = mend_response(body, False)
-    if mended is not None:
-        return mended
-    d = json.loads(body)
-    _mend(d)
-    return dumps(d)
-
-
-def _mend(response: dict[str, object]) -> None:
-    for key in _UNDECLARED:
-        response.pop(key, None)
-    for key in _NOT_NULL:
-        if response.get(key, "") is None:
-            del response[key]
-    for item in cast(list[dict[str, object]], response.get("output") or []):
-        _trim_arguments(item)
-    fmt = cast(dict[str, object], response.get("text") or {}).get("format")
-    if isinstance(fmt, dict) and fmt.get("description", "") is None:
-        del fmt["description"]  # echoed from a json_schema format; OpenAI's schema has it a string when present
-
-
-def _trim_arguments(item: dict[str, object]) -> None:
-    if isinstance(item.get("arguments"), str):
-        item["arguments"] = cut_partial_tag(cast(str, item["arguments"]))
-
-
-def _trim_event(event: str) -> str:
-    """A flushed Responses event without a partial DSML tag at the end of a function call's arguments."""
-    if '"arguments"' not in event and not event.startswith("event: response.function_call_arguments.delta\n"):
-        return event
-    head, _, data = event.partition("\ndata: ")
-    d = json.loads(data)
-    if isinstance(d.get("delta"), str):
-        d["delta"] = cut_partial_tag(d["delta"])
-    _trim_arguments(d)
-    if isinstance(d.get("item"), dict):
-        _trim_arguments(d["item"])
-    if isinstance(d.get("response"), dict):
-        _mend(d["response"])
-    return f"{head}\ndata: {dumps(d)}"

@@ -1,20 +1,119 @@
-"""OpenAI Completions output: raw text, no reasoning or tool parsing, with stop strings matched here (the text is
-not the model's chat turn, so deepseek-recipe's stream processor has nothing to parse)."""
+"""OpenAI (legacy) Completions (`POST /v1/completions`): a raw prompt, text or token IDs, with `suffix` as
+fill-in-the-middle; `echo`, and the prompt's logprobs (the echo's, or vLLM's `prompt_logprobs`). deepseek-recipe has
+no conversion for it: the text is not the model's chat turn, so nothing is parsed out of the output either (no
+reasoning or tool calls), and stop strings are matched here."""
 
 from __future__ import annotations
 
 import codecs
 import json
 import time
-from typing import TYPE_CHECKING
 
 from deepinfer_server import _native
-from deepinfer_server.decoding import FINISHED, RUNNING, STOPPED_EARLY, detokenizer
+from deepinfer_server.decoding import FINISHED, RUNNING, STOPPED_EARLY
+from deepinfer_server.doors.base import Context, Door, Prepared, Prompt, Request
 from deepinfer_server.engine.base import TokenLogprob
-from deepinfer_server.prompt_logprobs import LegacyEntry, PromptTokens, token_bytes
+from deepinfer_server.prompt_encoder import PromptTooLong
+from deepinfer_server.prompt_logprobs import LegacyEntry, PromptTokens
+from deepinfer_server.refusals import Refusal, error_body, too_long
+from deepinfer_server.vocabulary import Vocabulary
 
-if TYPE_CHECKING:
-    from deepinfer_server.codec import Codec
+
+class CompletionsDoor(Door):
+    code = 1  # rust/doors/ `Spec::CODE`
+
+    def prepare(self, ctx: Context, body: bytes, req: Request) -> Prepared | Refusal:
+        """A raw prompt (text, or token IDs that Rust checked), with `suffix` as fill-in-the-middle."""
+        d = json.loads(body)
+        prompt, suffix = d["prompt"], d.get("suffix")
+        ids = self._ids(ctx, prompt, suffix)
+        if isinstance(ids, tuple):
+            return ids
+        vocab = ctx.vocab
+        n_prompt, max_tokens = len(ids), int(d["max_tokens"])
+        if n_prompt + max(1, max_tokens) > ctx.max_model_len:
+            return 400, error_body(
+                f"This model's maximum context length is {ctx.max_model_len} tokens. However, you requested "
+                f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the completion). "
+                "Please reduce the length of the prompt or the completion.",
+                code="context_length_exceeded",
+                param="max_tokens",
+            )
+        stop = d.get("stop")
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        echo = "" if not d.get("echo") else prompt if isinstance(prompt, str) else vocab.text_of(ids)
+        stream = bool(d.get("stream"))
+        logprobs = d.get("logprobs")
+        # The prompt's logprobs: the echo's (`echo` with `logprobs`, OpenAI's scoring idiom) or vLLM's extension.
+        vllm_prompt = d.get("prompt_logprobs") is not None
+        scored = (bool(echo) and logprobs is not None) or vllm_prompt
+        decoder = CompletionDecoder(
+            vocab,
+            req.response_id,
+            req.model,
+            n_prompt,
+            stream,
+            req.ignore_eos,
+            req.include_usage,
+            req.continuous_usage,
+            stops,
+            echo,
+            logprobs,
+            prompt=PromptTokens(vocab, ids, hide_first=isinstance(prompt, str) and ids[:1] == [vocab.bos_id])
+            if scored
+            else None,
+            vllm_prompt_logprobs=vllm_prompt,
+            discard=max_tokens == 0,
+        )
+        temperature, top_p = d.get("temperature"), d.get("top_p")
+        if scored:  # the model's own distribution (the front end turned top-k off and checked the rest)
+            temperature = top_p = None
+        return Prepared(
+            prompt_ids=ids,
+            max_tokens=max(1, max_tokens),  # max_tokens 0: the engine makes one token, which is dropped
+            temperature=round(1.0 if temperature is None else float(temperature), 6),
+            top_p=round(1.0 if top_p is None else float(top_p), 6),
+            decoder=decoder,
+            first_chunks=decoder.start(),
+            incremental=stream or bool(stops),
+            logprobs=logprobs,
+            prompt_logprobs=scored,
+        )
+
+    def prompt_tokens(self, ctx: Context, body: bytes, images: dict[str, bytes] | None) -> Prompt | Refusal:
+        d = json.loads(body)
+        prompt = d.get("prompt")
+        if not isinstance(prompt, (str, list)):
+            return 400, error_body("'prompt' (a string or token IDs) is required", param="prompt")
+        ids = self._ids(ctx, prompt, d.get("suffix"))
+        return ids if isinstance(ids, tuple) else Prompt(ids)
+
+    @staticmethod
+    def _ids(ctx: Context, prompt: str | list[int], suffix: str | None) -> list[int] | Refusal:
+        try:
+            ids = completion_prompt(ctx, prompt, suffix)
+        except PromptTooLong as e:
+            return 400, too_long(ctx.max_model_len, f"at least {e.at_least}", "prompt")
+        except ValueError as e:
+            return 400, error_body(str(e), param="suffix" if suffix is not None else "prompt")
+        vocab_size = ctx.vocab.vocab_size
+        if any(i >= vocab_size for i in ids):
+            return 400, error_body(f"token IDs must be below the vocabulary size {vocab_size}", param="prompt")
+        return ids
+
+
+def completion_prompt(ctx: Context, prompt: str | list[int], suffix: str | None) -> list[int]:
+    """Prompt IDs of a raw prompt: BOS and the text as plain text (special-token spellings stay text), or the IDs
+    as given; with a suffix, DeepSeek's fill-in-the-middle layout."""
+    bos = ctx.vocab.bos_id
+    ids = list(prompt) if isinstance(prompt, list) else [bos, *ctx.encoder.encode_text(prompt)]
+    if suffix is None:
+        return ids
+    if ctx.vocab.fim is None:
+        raise ValueError("'suffix' (fill-in-the-middle) needs FIM tokens, and this model's tokenizer has none")
+    begin, hole, end = ctx.vocab.fim
+    head = ids[1:] if ids[:1] == [bos] else ids
+    return [bos, begin, *head, hole, *ctx.encoder.encode_text(suffix), end]
 
 
 def _json(s: str) -> str:
@@ -52,7 +151,7 @@ class CompletionDecoder:
 
     def __init__(
         self,
-        codec: Codec,
+        vocab: Vocabulary,
         response_id: str,
         model: str,
         n_prompt: int,
@@ -67,8 +166,8 @@ class CompletionDecoder:
         vllm_prompt_logprobs: bool = False,
         discard: bool = False,
     ) -> None:
-        self.text = detokenizer(codec)
-        self.logprobs = _Logprobs(codec, len(echo)) if logprobs is not None else None
+        self.text = vocab.text()
+        self.logprobs = _Logprobs(vocab, len(echo)) if logprobs is not None else None
         self.top = logprobs or 0
         # The prompt's tokens when its logprobs were asked for: in the echo's logprobs (`echo` with `logprobs`),
         # and/or as vLLM's `prompt_logprobs` (`vllm_prompt_logprobs`). They come with the first tokens.
@@ -78,11 +177,11 @@ class CompletionDecoder:
         self.discard = discard  # max_tokens 0: the engine's one token is not part of the answer
         created = int(time.time())
         common = f'"id":{_json(response_id)},"object":"text_completion","created":{created},"model":{_json(model)}'
-        fingerprint = f'"system_fingerprint":{_json(codec.fingerprint)}'
+        fingerprint = f'"system_fingerprint":{_json(vocab.fingerprint)}'
         self.head = f'{{{common},{fingerprint},"choices":[{{"index":0,"text":'
         self.usage_head = f'{{{common},{fingerprint},"choices":[],"usage":'
         self.n_prompt, self.n_out, self.dropped_eos = n_prompt, 0, 0
-        self.stream, self.ignore_eos, self.eos_id = stream, ignore_eos, codec.eos_id
+        self.stream, self.ignore_eos, self.eos_id = stream, ignore_eos, vocab.eos_id
         self.include_usage = include_usage
         self.continuous = continuous_usage and include_usage
         self.stop = [s for s in stop if s]
@@ -216,20 +315,16 @@ class _Logprobs:
     went out. A token's string is the text it adds: a character split across tokens belongs to the token that
     completes it. Tokens past a stop string, whose text never goes out, are not reported."""
 
-    __slots__ = ("done", "entries", "offset", "out", "table", "tokenizer", "utf8", "visible")
+    __slots__ = ("_bytes", "done", "entries", "offset", "out", "utf8", "visible")
 
-    def __init__(self, codec: Codec, echo_len: int) -> None:
-        self.table = codec.token_bytes
-        self.tokenizer = codec.detokenizer
+    def __init__(self, vocab: Vocabulary, echo_len: int) -> None:
+        self._bytes = vocab.bytes_of  # a token's bytes
         self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")
         self.offset = echo_len  # where the next token's text starts (the echoed prompt comes first)
         self.visible = echo_len  # how much of the text went out
         self.entries: list[LegacyEntry] = []  # not sent yet
         self.out: list[LegacyEntry] = []
         self.done = False
-
-    def _bytes(self, token: int) -> bytes:
-        return token_bytes(self.table, self.tokenizer, token)
 
     def visible_prompt(self, entries: list[LegacyEntry]) -> None:
         """The echoed prompt's entries (its text went out first): ahead of every token's."""

@@ -1,0 +1,99 @@
+"""What a door is to the codec: the interface every wire protocol implements (`Door`), what it works with
+(`Context`, the codec's shared parts) and what it hands back to Rust (`Prepared`, or a refusal).
+
+Rust calls the codec with a protocol code (rust/doors/ `Spec::CODE`); the codec finds the door registered
+under it (doors/__init__.py `DOORS`) and calls one of three methods. Nothing else in the codec tests which door a
+request came through.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
+
+from deepseek_recipe import ConversionOptions
+
+from deepinfer_server.decoding import Decoder
+from deepinfer_server.images import Images
+from deepinfer_server.prompt_encoder import Encoder
+from deepinfer_server.refusals import Refusal
+from deepinfer_server.request_grammar import RequestGrammars
+from deepinfer_server.vocabulary import Vocabulary
+
+
+@dataclass(frozen=True)
+class Context:
+    """The codec's parts a door works with. Built once at start-up; thread-safe."""
+
+    vocab: Vocabulary
+    options: ConversionOptions  # deepseek-recipe's conversion options (model aliases, default thinking mode)
+    encoder: Encoder  # the prompt encoder (conversation -> IDs; raw text -> IDs)
+    max_model_len: int
+    images: Images | None  # None: image input is refused
+    grammars: RequestGrammars
+
+
+class Request(NamedTuple):
+    """`Codec.prepare`'s arguments beside the body: what the Rust front end decided about the request. (A named
+    tuple: one is made per request, and builds in a third of a frozen dataclass's time.)"""
+
+    response_id: str
+    model: str
+    ignore_eos: bool
+    include_usage: bool
+    continuous_usage: bool
+    # A tool choice that forces a call ("" any tool, else its name; Rust checked it names one of the tools).
+    forced_tool: str | None = None
+    parallel_tools: bool = True
+    images: dict[str, bytes] | None = None  # the request's image URLs the front end fetched, and their bytes
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What `Codec.prepare` hands to the dispatcher (rust/codec/ reads these attributes by name)."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    decoder: Decoder
+    first_chunks: list[str]
+    incremental: bool  # decode as tokens arrive (streams, stop sequences), or once at the end
+    logprobs: int | None = None  # logprobs asked for: alternatives per token
+    prompt_logprobs: bool = False  # the prompt tokens' logprobs asked for (with the first token)
+    constraint: tuple[int, str, list[int], int | None] | None = None  # (schema_type, schema, triggers, bound)
+    # The request's images for the rank: (file, prompt tokens beyond the placeholders, [(width, height, bytes)]).
+    images: tuple[str, int, list[tuple[int, int, int]]] | None = None
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A request's prompt as the engine gets it: its IDs, and the tokens its images take beyond their placeholders."""
+
+    ids: list[int]
+    image_tokens: int = 0
+
+
+class Door(ABC):
+    """One wire protocol's part of the codec: from its request body to the engine's prompt and the decoder of its
+    output. `body` was validated and normalized by the Rust front end (model checked, developer -> system,
+    max_completion_tokens -> max_tokens, unsupported features rejected)."""
+
+    code: ClassVar[int]  # the protocol's code, as Rust sends it (rust/doors/ `Spec::CODE`)
+    schema_param: ClassVar[str] = "response_format"  # the request field its response format is in
+
+    @abstractmethod
+    def prepare(self, ctx: Context, body: bytes, req: Request) -> Prepared | Refusal:
+        """The request converted and encoded, with its decoder, or `(status, error envelope)`."""
+
+    def check_constraint(
+        self, ctx: Context, body: bytes, forced_tool: str | None, parallel_tools: bool
+    ) -> Refusal | None:
+        """The request's grammar built and checked (compiled, cached for its `prepare`): None, or the refusal of a
+        grammar that cannot be enforced. A door without response formats or tools has none."""
+        return None
+
+    @abstractmethod
+    def prompt_tokens(self, ctx: Context, body: bytes, images: dict[str, bytes] | None) -> Prompt | Refusal:
+        """The prompt a request would have (what its `prepare` would count), or why it has none."""

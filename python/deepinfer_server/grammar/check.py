@@ -1,0 +1,176 @@
+"""Grammars compiled and checked with llguidance, as the engine would compile them with xgrammar: this module's EBNF
+through `ebnf_to_lark` (a linear rewrite, not llguidance's general GBNF parser), JSON schemas in xgrammar's strict
+mode, regexes; and the bounded cache of checked grammars (`GrammarCache`)."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+import llguidance
+from llguidance import LLMatcher
+
+from deepinfer_server.grammar.base import GrammarError, GrammarLimits, GrammarTooCostly, cpu_message
+from deepinfer_server.grammar.schemas import strict_schema
+
+# llguidance options closest to xgrammar's compile_json_schema: unknown keywords and formats are ignored (xgrammar
+# warns and goes on), whitespace between tokens is free (any_whitespace=True).
+_JSON_OPTIONS: Any = {"lenient": True}
+
+# One rule per line, `name ::= body`, as `tool_calls_ebnf` writes them (and `#` comment lines).
+_EBNF_RULE = re.compile(r"([a-z][a-z0-9_]*) ::= (.*)")
+# A body's pieces: a string literal, a character class, a rule name, or anything else (operators, parentheses,
+# repetition counts, spaces).
+_EBNF_PIECE = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|[a-z][a-z0-9_]*|[^"\[a-z]+')
+
+
+def ebnf_to_lark(ebnf: str) -> str:
+    """The Lark grammar (llguidance's syntax) of an EBNF grammar, in one linear pass for the dialect
+    `tool_calls_ebnf` writes, else through llguidance's general GBNF converter. As that converter does, `root`
+    becomes `start`, a character class a regex, and a rule built only of literals, classes and such rules a
+    terminal (upper case: one lexeme)."""
+    rules: dict[str, list[str]] = {}
+    for line in ebnf.split("\n"):
+        if not line.strip() or line.startswith("#"):
+            continue
+        m = _EBNF_RULE.fullmatch(line)
+        if m is None or m.group(1) in rules:
+            return str(llguidance.grammar_from("ebnf", ebnf))
+        pieces = _EBNF_PIECE.findall(m.group(2))
+        if "".join(pieces) != m.group(2):
+            return str(llguidance.grammar_from("ebnf", ebnf))
+        rules[m.group(1)] = pieces
+    if "root" not in rules:
+        return str(llguidance.grammar_from("ebnf", ebnf))
+    refs = {name: {p for p in pieces if p[0].isalpha()} for name, pieces in rules.items()}
+    if any(not r <= rules.keys() for r in refs.values()):
+        return str(llguidance.grammar_from("ebnf", ebnf))
+    terminal: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, r in refs.items():
+            if name != "root" and name not in terminal and r <= terminal:
+                terminal.add(name)
+                changed = True
+    rename = {name: "start" if name == "root" else name.upper() if name in terminal else name for name in rules}
+    out = ["%llguidance {}", ""]
+    for name, pieces in rules.items():
+        body = "".join(rename[p] if p[0].isalpha() else _lark_class(p) if p[0] == "[" else p for p in pieces)
+        out.append(f"{rename[name]}: {body}")
+    return "\n".join(out) + "\n"
+
+
+def _lark_class(cls: str) -> str:
+    """An EBNF character class as a Lark regex: `/` and an inner `[` escaped, escapes kept."""
+    out, i = ["/["], 1
+    while i < len(cls) - 1:
+        c = cls[i]
+        if c == "\\":
+            out.append(cls[i : i + 2])
+            i += 2
+            continue
+        out.append("\\" + c if c in "/[" else c)
+        i += 1
+    out.append("]/")
+    return "".join(out)
+
+
+# -- compiling, with a bounded cache -----------------------------------------------------------------------------
+
+
+def llguidance_grammar(schema_type: str, schema: str) -> str:
+    """The llguidance grammar for DeepInfer's so_args (json with xgrammar's strict mode, regex, or ebnf)."""
+    if schema_type == "json":
+        try:
+            parsed = json.loads(schema)
+        except ValueError as e:
+            raise GrammarError(f"the schema is not valid JSON: {e}") from None
+        if not isinstance(parsed, (dict, bool)):
+            raise GrammarError("a JSON schema must be an object or a boolean")
+        return LLMatcher.grammar_from_json_schema(json.dumps(strict_schema(parsed)), _JSON_OPTIONS)
+    if schema_type == "regex":
+        return LLMatcher.grammar_from_regex(schema)
+    if schema_type == "ebnf":
+        try:
+            return ebnf_to_lark(schema)
+        except ValueError as e:
+            raise GrammarError(str(e)) from None
+    raise GrammarError(f"unsupported schema_type {schema_type!r}")
+
+
+class GrammarCache:
+    """Checked grammars by (schema_type, schema): the llguidance grammar, or why it failed. An LRU bounded in
+    bytes (`limits.cache_bytes`); a grammar over `limits.max_bytes` is refused before any work."""
+
+    def __init__(self, limits: GrammarLimits | None = None) -> None:
+        self.limits = limits or GrammarLimits()
+        self.parser_limits = self.limits.parser_limits()
+        self.entries: OrderedDict[tuple[str, str], tuple[str | None, str | None]] = OrderedDict()
+        self.bytes = 0
+        self.lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def check(self, schema_type: str, schema: str) -> str:
+        """The compiled grammar; raises GrammarError (cached too) for one that fails."""
+        size = len(schema.encode())
+        if size > self.limits.max_bytes:
+            raise GrammarTooCostly(
+                f"the grammar is {size} bytes; this server takes at most {self.limits.max_bytes} (--max-grammar-bytes)"
+            )
+        key = (schema_type, schema)
+        with self.lock:
+            hit = self.entries.get(key)
+            if hit is not None:
+                self.entries.move_to_end(key)
+                self.hits += 1
+        if hit is None:
+            self.misses += 1
+            hit = self._compile(schema_type, schema)
+            self._store(key, hit)
+        grammar, error = hit
+        if error is not None:
+            raise GrammarError(error)
+        assert grammar is not None
+        return grammar
+
+    def _compile(self, schema_type: str, schema: str) -> tuple[str | None, str | None]:
+        """(grammar, None) or (None, why), within the CPU-time limit (a grammar past it is refused)."""
+        started = time.thread_time()
+        try:
+            grammar = llguidance_grammar(schema_type, schema)
+            is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, limits=self.parser_limits)
+        except ValueError as e:  # GrammarError included
+            return None, str(e)
+        if is_error:
+            return None, _first_line(messages[0] if messages else "invalid grammar")
+        if time.thread_time() - started > self.limits.cpu_seconds:
+            return None, cpu_message(self.limits)
+        return grammar, None
+
+    def _store(self, key: tuple[str, str], hit: tuple[str | None, str | None]) -> None:
+        cost = _entry_bytes(key, hit)
+        if cost > self.limits.cache_bytes:
+            return
+        with self.lock:
+            if key in self.entries:
+                return
+            self.entries[key] = hit
+            self.bytes += cost
+            while self.bytes > self.limits.cache_bytes:
+                old_key, old = self.entries.popitem(last=False)
+                self.bytes -= _entry_bytes(old_key, old)
+
+
+def _entry_bytes(key: tuple[str, str], hit: tuple[str | None, str | None]) -> int:
+    """What an entry holds: its key's text and its grammar or error (Python strings, about a byte a character)."""
+    return 128 + len(key[1]) + len(hit[0] or "") + len(hit[1] or "")
+
+
+def _first_line(message: str) -> str:
+    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip() and not ln.strip().startswith("^")]
+    return " ".join(lines[:3])[:500]

@@ -1,0 +1,87 @@
+"""The tree's shape: no import circle among the package's modules (TYPE_CHECKING imports included: a circle there is
+one a reader has to untangle all the same), and no file that names a test file that is not there."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "python" / "deepinfer_server"
+
+
+def imports() -> dict[str, set[str]]:
+    """Each module of the package, and the package's modules it imports."""
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("deepinfer_server"):
+                deps |= {
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                    for a in node.names
+                }
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.startswith("deepinfer_server")}
+        graph[name] = {d for d in deps if d in modules and d != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The circles: groups of modules that each reach all the others through their imports."""
+    reach = {m: reachable(graph, m) for m in graph}
+    found: list[set[str]] = []
+    for m in graph:
+        component = {n for n in reach[m] if m in reach[n]}
+        if component and component not in found:
+            found.append(component)
+    return found
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for dep in graph[todo.pop()]:
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
+def test_no_module_of_the_package_imports_itself_back() -> None:
+    graph = imports()
+    assert {"deepinfer_server.codec", "deepinfer_server.doors.chat", "deepinfer_server.engine.rank"} <= set(graph)
+    assert not circles(graph)
+
+
+def test_the_checker_finds_a_circle() -> None:
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+
+
+# Where the tree names test files: scripts, docs, deployment files, sources and tests.
+NAMING = ("README.md", "BENCHMARKS.md", "Makefile", "scripts", "docs", "deploy", "python", "rust", "tests", "bench")
+TEST_FILE = re.compile(r"\btests/[\w/]+\.py\b")
+
+
+def test_every_test_file_the_tree_names_exists() -> None:
+    named: dict[str, set[str]] = {}
+    for top in NAMING:
+        base = ROOT / top
+        for path in [base] if base.is_file() else base.rglob("*") if base.is_dir() else []:
+            if not path.is_file() or path.suffix in (".so", ".png", ".gz") or "__pycache__" in path.parts:
+                continue
+            try:
+                text = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                continue
+            for name in TEST_FILE.findall(text):
+                named.setdefault(name, set()).add(str(path.relative_to(ROOT)))
+    assert "tests/test_observability.py" in named, "the scan finds what scripts/test.sh names"
+    missing = {name: sorted(where) for name, where in named.items() if not (ROOT / name).is_file()}
+    assert not missing, missing
