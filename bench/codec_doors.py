@@ -26,6 +26,7 @@ from deepinfer_server import _native
 from deepinfer_server.codec import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Codec
 from deepinfer_server.engine.sim_script import CORPUS
 from deepinfer_server.launcher import BUNDLED_TOKENIZER
+from deepinfer_server.refusals import Refusal
 
 PROTOCOL = {"chat": CHAT, "completions": COMPLETIONS, "messages": MESSAGES, "responses": RESPONSES}
 
@@ -35,7 +36,7 @@ def one_request(codec: Codec, door: str, raw: bytes, tokens: list[int], batch: i
     t0 = time.perf_counter_ns()
     p = codec.prepare(raw, "resp_1", MODEL, True, False, False, PROTOCOL[door])
     t1 = time.perf_counter_ns()
-    assert not isinstance(p, tuple), p
+    assert not isinstance(p, Refusal), p
     dec = p.decoder
     n = len(tokens)
     for k in range(0, n, batch):

@@ -39,6 +39,7 @@ from deepinfer_server.codec import (
 from deepinfer_server.doors.chat import ChatDecoder
 from deepinfer_server.grammar import SCHEMA_NAMES
 from deepinfer_server.launcher import BUNDLED_TOKENIZER
+from deepinfer_server.refusals import Refusal
 
 MODEL = "deepseek-v4.1-flash"
 # The oracle's side: deepseek-recipe's tokenizer and encoding (the codec keeps neither once fastokens is verified).
@@ -329,8 +330,8 @@ def test_a_custom_tool_inside_a_namespace_is_refused_naming_its_place(codec: Cod
     ns = {"type": "namespace", "name": "ns", "description": "d", "tools": tools}
     body = {"model": "DeepSeek-V4.1-Flash", "max_output_tokens": 4, "input": "hi", "tools": [ns]}
     got = codec.prepare(json.dumps(body).encode(), "resp", MODEL, False, False, False, protocol=RESPONSES)
-    assert isinstance(got, tuple) and got[0] == 400
-    err = json.loads(got[1])["error"]
+    assert isinstance(got, Refusal) and got.status == 400
+    err = json.loads(got.body)["error"]
     assert err["param"] == "tools[0].tools[1]" and "custom tool 'c'" in err["message"]
     # An input item's tools are named the same way.
     said = "Currently custom tools are not allowed inside a namespace. Found custom tool 'x' in input[0].tools[1]."
@@ -390,6 +391,6 @@ def test_a_messages_schema_refusal_names_the_field_it_came_from(field: str, para
     fmt = {"type": "json_schema", "schema": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}}
     body = with_format(field, fmt)
     got = codec.prepare(body, "msg_1", MODEL, False, False, False, MESSAGES)
-    assert isinstance(got, tuple) and got[0] == 400
-    err = json.loads(got[1])["error"]
+    assert isinstance(got, Refusal) and got.status == 400
+    err = json.loads(got.body)["error"]
     assert err["param"] == f"{param}.schema" and "'minimum'" in err["message"], err

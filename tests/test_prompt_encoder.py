@@ -32,6 +32,7 @@ from deepinfer_server.prompt_encoder import (
     probe_texts,
     verify,
 )
+from deepinfer_server.refusals import Refusal
 from deepinfer_server.vocabulary import byte_level_table
 
 API_MODEL = "DeepSeek-V4.1-Flash"
@@ -225,8 +226,8 @@ def test_a_missing_special_token_is_still_a_clear_400(tmp_path: Path) -> None:
     codec = Codec(path, [MODEL], 1 << 20)
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
     out = codec.prepare(body, "id", MODEL, False, False, False)
-    assert isinstance(out, tuple) and out[0] == 400
-    assert "<｜System｜>" in json.loads(out[1])["error"]["message"]
+    assert isinstance(out, Refusal) and out.status == 400
+    assert "<｜System｜>" in json.loads(out.body)["error"]["message"]
 
 
 def test_both_encoders_serve_the_same_prompt_over_http(make_server: Callable[..., Server]) -> None:
@@ -266,8 +267,9 @@ def test_a_prompt_far_too_long_is_refused_before_encoding(choice: str) -> None:
     with pytest.raises(PromptTooLong) as e:
         codec.encoder.encode(conversation(codec, "x" * (guard.max_chars + 1)))
     assert e.value.at_least >= 4096
-    status, body = codec.prepare(request_body("word " * 2_000_000), "id", MODEL, False, False, False)
-    assert status == 400 and "at least" in body and "context_length_exceeded" in body
+    out = codec.prepare(request_body("word " * 2_000_000), "id", MODEL, False, False, False)
+    assert isinstance(out, Refusal) and out.status == 400
+    assert "at least" in out.body and "context_length_exceeded" in out.body
     # The longest token repeated: the prompt with the fewest tokens for its length, right under the bound.
     longest = max((b for b in codec.vocab.token_bytes if b.isascii() and b.strip().isalpha()), key=len).decode()
     fits = conversation(codec, longest * ((guard.max_chars - 200) // len(longest)))

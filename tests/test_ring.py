@@ -20,6 +20,7 @@ from deepinfer_server._native import (
     RingClosed,
     RingError,
 )
+from ring_records import drained
 
 
 def test_create_open_errors(ring_path) -> None:
@@ -50,7 +51,7 @@ def test_request_round_trip(ring_path) -> None:
     prod.push_shutdown()
     assert prod.used_bytes > 0
     assert cons.wait(0)
-    got = cons.drain_requests()
+    got = drained(cons)
     assert got == [
         (1, 7, [1, 2, 3, 2**32 - 1], 128, 0.7, 0.95, 40, 1234, True, (None, False), None, None),
         (1, 8, [5, 6], 16, 0.0, 1.0, -1, None, False, (None, False), None, None),
@@ -63,7 +64,7 @@ def test_request_round_trip(ring_path) -> None:
     # A request's images travel as a file name and sizes, never their bytes.
     pics = ("/dev/shm/deepinfer-x-media/chatcmpl-1", 650, [(1036, 1036, 2006), (8, 9, 10)])
     prod.push_submit(10, [129264, 5, 129264], 4, images=pics)
-    (got_images,) = cons.drain_requests()
+    (got_images,) = drained(cons)
     assert got_images[-1] == (pics[0], 650, [[1036, 1036, 2006], [8, 9, 10]]) and got_images[2] == [129264, 5, 129264]
     assert prod.used_bytes == 0
     with pytest.raises(ValueError):
@@ -191,7 +192,7 @@ def test_wait_timeout_then_data(ring_path) -> None:
     assert cons.wait(5.0) is True
     assert time.monotonic() - t0 < 4
     timer.join()
-    assert cons.drain_requests() == [(2, 42)]
+    assert drained(cons) == [(2, 42)]
     # A closed ring is always "readable".
     prod.close()
     assert cons.wait(None) is True
@@ -200,7 +201,7 @@ def test_wait_timeout_then_data(ring_path) -> None:
 CHILD_ECHO = textwrap.dedent(
     """
     import sys
-    from deepinfer_server._native import Ring, FINISH_STOP
+    from deepinfer_server._native import Abort, Ring, Shutdown, FINISH_STOP
     req = Ring.open(sys.argv[1])
     out = Ring.open(sys.argv[2])
     out.set_aux(0, 1)  # tell the parent both rings are open
@@ -209,14 +210,13 @@ CHILD_ECHO = textwrap.dedent(
         batch = []
         stop = False
         for r in req.drain_requests():
-            if r[0] == 3:
+            if isinstance(r, Shutdown):
                 stop = True
-            elif r[0] == 2:
-                batch.append((r[1], [], 3))
+            elif isinstance(r, Abort):
+                batch.append((r.request_id, [], 3))
             else:
-                _, rid, prompt, max_tokens, temp, top_p, top_k, seed, ignore_eos = r[:9]
-                echo = [max_tokens, top_k & 0xFFFFFFFF, seed or 0, int(ignore_eos)]
-                batch.append((rid, prompt[::-1] + echo, FINISH_STOP))
+                echo = [r.max_tokens, r.top_k & 0xFFFFFFFF, r.seed or 0, int(r.ignore_eos)]
+                batch.append((r.request_id, r.prompt[::-1] + echo, FINISH_STOP))
         for k in range(0, len(batch), 32):  # keep each record well under capacity / 2
             out.publish(batch[k : k + 32])
         if stop:

@@ -2,7 +2,9 @@
 
 from collections.abc import Callable, Sequence
 from os import PathLike
-from typing import Any
+from typing import Any, final
+
+from deepinfer_server.decoding import Decoder
 
 KIND_SUBMIT: int
 KIND_ABORT: int
@@ -41,13 +43,19 @@ STATE_LOADING: int
 STATE_READY: int
 STATE_FAILED: int
 STATE_STOPPED: int
+# Each door's protocol code (rust/doors/, `Spec::CODE`).
+DOOR_CHAT: int
+DOOR_COMPLETIONS: int
+DOOR_MESSAGES: int
+DOOR_RESPONSES: int
+# What `decode_batch` says of each request (rust/codec/decode.rs, `DecodeState`).
+DECODE_RUNNING: int
+DECODE_FINISHED: int
+DECODE_STOPPED_EARLY: int
 
 class RingClosed(Exception): ...
 class RingError(Exception): ...
 
-# (1, request_id, prompt_ids, max_tokens, temperature, top_p, top_k, seed, ignore_eos, (logprobs, prompt_logprobs),
-#  constraint, images) | (2, request_id) | (3,)
-RequestTuple = tuple[Any, ...]
 # (request_id, tokens, finish) or (request_id, tokens, finish, reason)
 # One token's logprob and its alternatives (token id, logprob), best first.
 TokenLogprob = tuple[float, Sequence[tuple[int, float]]]
@@ -60,8 +68,103 @@ OutputEntry = (
 # (schema_type, schema, trigger token ids, bound token id)
 ConstraintTuple = tuple[int, str, Sequence[int], int | None]
 # (file holding the encoded images back to back, prompt tokens beyond the placeholders, [(width, height, bytes)])
-ImagesTuple = tuple[str, int, Sequence[tuple[int, int, int]]]
+ImagesTuple = tuple[str, int, Sequence[Sequence[int]]]
 
+# What the codec hands back to Rust (rust/codec/seam.rs).
+@final
+class Prepared:
+    """A request converted and encoded, with its decoder."""
+
+    def __new__(
+        cls,
+        *,
+        prompt_ids: Sequence[int],
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        decoder: Decoder,
+        first_chunks: Sequence[str],
+        incremental: bool,
+        logprobs: int | None = None,
+        prompt_logprobs: bool = False,
+        constraint: ConstraintTuple | None = None,
+        images: ImagesTuple | None = None,
+    ) -> Prepared: ...
+    @property
+    def prompt_ids(self) -> list[int]: ...
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def top_p(self) -> float: ...
+    @property
+    def decoder(self) -> Decoder: ...
+    @property
+    def first_chunks(self) -> list[str]: ...
+    @property
+    def incremental(self) -> bool: ...
+    @property
+    def logprobs(self) -> int | None: ...
+    @property
+    def prompt_logprobs(self) -> bool: ...
+    @property
+    def constraint(self) -> tuple[int, str, list[int], int | None] | None: ...
+    @property
+    def images(self) -> tuple[str, int, list[list[int]]] | None: ...
+
+@final
+class Refusal:
+    """A request the codec will not run: its HTTP status and error envelope (OpenAI's)."""
+
+    def __new__(cls, status: int, body: str) -> Refusal: ...
+    @property
+    def status(self) -> int: ...
+    @property
+    def body(self) -> str: ...
+
+# What a rank reads from its request ring (rust/ring/py/requests.rs).
+@final
+class Submit:
+    """A generation request."""
+
+    @property
+    def request_id(self) -> int: ...
+    @property
+    def prompt(self) -> list[int]: ...
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def top_p(self) -> float: ...
+    @property
+    def top_k(self) -> int: ...
+    @property
+    def seed(self) -> int | None: ...
+    @property
+    def ignore_eos(self) -> bool: ...
+    @property
+    def logprobs(self) -> int | None: ...
+    @property
+    def prompt_logprobs(self) -> bool: ...
+    @property
+    def constraint(self) -> tuple[int, str, list[int], int | None] | None: ...
+    @property
+    def images(self) -> tuple[str, int, list[list[int]]] | None: ...
+
+@final
+class Abort:
+    """Stop generating a request."""
+
+    @property
+    def request_id(self) -> int: ...
+
+@final
+class Shutdown:
+    """Finish what is running and exit."""
+
+@final
 class Ring:
     """A single-producer single-consumer shared-memory ring of records in /dev/shm."""
 
@@ -89,7 +192,7 @@ class Ring:
         max_tokens: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
-        top_k: int = -1,
+        top_k: int = ...,
         seed: int | None = None,
         ignore_eos: bool = False,
         timeout: float | None = None,
@@ -100,7 +203,7 @@ class Ring:
     ) -> None: ...
     def push_abort(self, request_id: int, timeout: float | None = None) -> None: ...
     def push_shutdown(self, timeout: float | None = None) -> None: ...
-    def drain_requests(self, max_bytes: int = ...) -> list[RequestTuple]: ...
+    def drain_requests(self, max_bytes: int = ...) -> list[Submit | Abort | Shutdown]: ...
     def publish(
         self,
         entries: Sequence[OutputEntry],
@@ -111,6 +214,7 @@ class Ring:
     def wake_consumer(self) -> None: ...
     def drain_tokens(self, max_bytes: int = ...) -> list[tuple[Any, ...]]: ...
 
+@final
 class Lockstep:
     """A cross-process barrier: simulated DP ranks step together, each step as long as the slowest rank's."""
 
@@ -121,6 +225,7 @@ class Lockstep:
     def close(self) -> None: ...
     def sync(self, busy: bool, cost_ms: float) -> tuple[bool, float]: ...
 
+@final
 class Doorbell:
     """Wakes a lockstep rank group out of its idle sleep: a shared counter that ranks sleep on (futex)."""
 

@@ -121,7 +121,7 @@ class Codec:
         parallel_tools: bool = True,
         images: dict[str, bytes] | None = None,
     ) -> Prepared | Refusal:
-        """Convert and encode one request. Returns `Prepared`, or `(status, error envelope)` for a bad request.
+        """Convert and encode one request. Returns `Prepared`, or the `Refusal` of a bad request.
 
         `body` was validated and normalized by the Rust front end (model checked, developer -> system,
         max_completion_tokens -> max_tokens, unsupported features rejected). Error envelopes are OpenAI's; Rust
@@ -136,13 +136,12 @@ class Codec:
 
     def check_constraint(
         self, body: bytes, protocol: int, forced_tool: str | None = None, parallel_tools: bool = True
-    ) -> Refusal:
-        """A request's grammar checked (compiled, cached) before it waits for a slot: (200, "") or (400, envelope).
-        Its prepare then finds the grammar in the cache."""
-        refused = DOORS[protocol].check_constraint(self.ctx, body, forced_tool, parallel_tools)
-        return (200, "") if refused is None else refused
+    ) -> Refusal | None:
+        """A request's grammar checked (compiled, cached) before it waits for a slot: None, or its refusal. Its
+        prepare then finds the grammar in the cache."""
+        return DOORS[protocol].check_constraint(self.ctx, body, forced_tool, parallel_tools)
 
-    def tokenize(self, body: bytes, protocol: int, images: dict[str, bytes] | None = None) -> tuple[int, str]:
+    def tokenize(self, body: bytes, protocol: int, images: dict[str, bytes] | None = None) -> str | Refusal:
         """vLLM's `POST /tokenize`: a chat body's prompt IDs (what its request would count), or a raw prompt's. An
         image is one placeholder ID in `tokens`; `count` adds the tokens the engine expands it to."""
         d = json.loads(body)
@@ -155,29 +154,29 @@ class Codec:
         else:
             raw = d.get("prompt")
             if not isinstance(raw, str):
-                return 400, error_body("'prompt' (a string) or 'messages' is required", param="prompt")
+                return Refusal(400, error_body("'prompt' (a string) or 'messages' is required", param="prompt"))
             try:
                 text = self.encoder.encode_text(raw)
             except PromptTooLong as e:
-                return 400, too_long(self.max_model_len, f"at least {e.at_least}", "prompt")
+                return Refusal(400, too_long(self.max_model_len, f"at least {e.at_least}", "prompt"))
             ids = [self.vocab.bos_id, *text] if d.get("add_special_tokens", True) else text
         out = {"count": len(ids) + extra, "max_model_len": self.max_model_len, "tokens": ids, "token_strs": None}
-        return 200, json.dumps(out)
+        return json.dumps(out)
 
-    def detokenize(self, body: bytes, protocol: int) -> tuple[int, str]:
+    def detokenize(self, body: bytes, protocol: int) -> str | Refusal:
         """vLLM's `POST /detokenize`."""
         tokens, n = json.loads(body).get("tokens"), self.vocab.vocab_size
         if not isinstance(tokens, list) or not all(type(t) is int and 0 <= t < n for t in tokens):
-            return 400, error_body(f"'tokens' must be a list of token IDs below {n}", param="tokens")
-        return 200, json.dumps({"prompt": self.vocab.text_of(tokens)}, ensure_ascii=False)
+            return Refusal(400, error_body(f"'tokens' must be a list of token IDs below {n}", param="tokens"))
+        return json.dumps({"prompt": self.vocab.text_of(tokens)}, ensure_ascii=False)
 
-    def count_tokens(self, body: bytes, protocol: int, images: dict[str, bytes] | None = None) -> tuple[int, str]:
+    def count_tokens(self, body: bytes, protocol: int, images: dict[str, bytes] | None = None) -> str | Refusal:
         """`POST /v1/messages/count_tokens`: the prompt length of a request (its images' tokens included), from the
         encoder that serves it."""
         prompt = DOORS[protocol].prompt_tokens(self.ctx, body, images)
         if not isinstance(prompt, Prompt):
             return prompt
-        return 200, json.dumps({"input_tokens": len(prompt.ids) + prompt.image_tokens})
+        return json.dumps({"input_tokens": len(prompt.ids) + prompt.image_tokens})
 
 
 DecodeItem = Union[  # noqa: UP007

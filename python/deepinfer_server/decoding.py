@@ -34,8 +34,8 @@ from deepinfer_server import _native
 from deepinfer_server.engine.base import TokenLogprob
 from deepinfer_server.vocabulary import Vocabulary
 
-# Decode results, read by Rust (rust/codec/).
-RUNNING, FINISHED, STOPPED_EARLY = 0, 1, 2
+# Decode results, read by Rust (rust/codec/decode.rs `DecodeState`, which defines them).
+RUNNING, FINISHED, STOPPED_EARLY = _native.DECODE_RUNNING, _native.DECODE_FINISHED, _native.DECODE_STOPPED_EARLY
 
 _ENGINE_FINISH = {
     _native.FINISH_STOP: InferenceFinishReason.Stop,

@@ -34,6 +34,8 @@ from deepseek_recipe import (
     ReqwestImageFetcher,
 )
 
+from deepinfer_server.refusals import Refusal
+
 # deepseek-recipe's ImageError kinds -> (code, what the client is told). Its own message is one generic sentence
 # for all decode failures; the client should learn which problem it has.
 _KINDS: dict[str, tuple[str, str]] = {
@@ -85,13 +87,16 @@ class Images:
         fetcher = ReqwestImageFetcher.with_max_bytes(max(1, max_image_bytes)).with_destination_filter(_refuse)
         self.resolver = ImageResolver(fetcher, OpenCvImagePreprocessor())
 
-    def resolve(self, sources: list[ImageSource], fetched: dict[str, bytes]) -> ResolvedImages | tuple[int, str]:
-        """Preprocess `sources` (URL ones from `fetched`). Returns the images, or (400, error envelope)."""
+    def resolve(self, sources: list[ImageSource], fetched: dict[str, bytes]) -> ResolvedImages | Refusal:
+        """Preprocess `sources` (URL ones from `fetched`). Returns the images, or their refusal."""
         if len(sources) > self.max_images:
-            return 400, error(
-                "too_many_images",
-                f"The request has {len(sources)} images; this server takes at most {self.max_images} per request.",
-                param(sources[self.max_images]),
+            return Refusal(
+                400,
+                error(
+                    "too_many_images",
+                    f"The request has {len(sources)} images; this server takes at most {self.max_images} per request.",
+                    param(sources[self.max_images]),
+                ),
             )
         local: list[ImageSource] = []
         total = 0
@@ -99,27 +104,33 @@ class Images:
             data = fetched.get(src.url) if src.kind == "url" and src.url is not None else src.data
             if data is not None:
                 if len(data) > self.max_image_bytes:
-                    return 400, error(
-                        "image_too_large",
-                        f"An image is {len(data)} bytes; the limit is {self.max_image_bytes} bytes per image.",
-                        param(src),
+                    return Refusal(
+                        400,
+                        error(
+                            "image_too_large",
+                            f"An image is {len(data)} bytes; the limit is {self.max_image_bytes} bytes per image.",
+                            param(src),
+                        ),
                     )
                 total += len(data)
                 src = BytesImageSource(data, src.detail, path=src.path)
             local.append(src)
         if total > self.max_total_bytes:
-            return 400, error(
-                "image_too_large",
-                f"The request's images add up to {total} bytes; the limit is {self.max_total_bytes} bytes.",
-                param(sources[0]),
+            return Refusal(
+                400,
+                error(
+                    "image_too_large",
+                    f"The request's images add up to {total} bytes; the limit is {self.max_total_bytes} bytes.",
+                    param(sources[0]),
+                ),
             )
         try:
             mm = self.resolver.resolve(local, ImageQuota())
             extra = mm.image_token_adjustment()
         except ImageError as e:
-            return 400, image_error(e, sources)
+            return Refusal(400, image_error(e, sources))
         except CalcResizeError as e:
-            return 400, error("invalid_image", f"An image's token count could not be computed: {e}", None)
+            return Refusal(400, error("invalid_image", f"An image's token count could not be computed: {e}", None))
         return ResolvedImages([i.data for i in mm.images], [(i.width, i.height) for i in mm.images], extra)
 
     def write_blob(self, images: ResolvedImages) -> str:

@@ -1,5 +1,6 @@
-"""The codec's refusals: `(status, OpenAI error envelope)`, which Rust answers with (re-wrapped for the Messages
-door), and the table that names the field at fault in deepseek-recipe's own refusals.
+"""The codec's refusals: `Refusal(status, OpenAI error envelope)` (a record Rust defines, rust/codec/seam.rs),
+which Rust answers with (re-wrapped for the Messages door), and the table that names the field at fault in
+deepseek-recipe's own refusals.
 
 deepseek-recipe refuses a request with a readable message and `param` null. Clients (and OpenAI's SDKs) show
 `param`, so the table below reads it back out of the message; a message that names no field keeps `param` null.
@@ -10,8 +11,9 @@ from __future__ import annotations
 import json
 import re
 
-# A refusal: (HTTP status, the error envelope as JSON text).
-Refusal = tuple[int, str]
+from deepinfer_server._native import Refusal
+
+__all__ = ["Refusal", "error_body", "too_long", "with_param"]
 
 
 def error_body(

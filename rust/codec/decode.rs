@@ -9,12 +9,32 @@ use bytes::BytesMut;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 
-/// Result states of `codec.decode_batch`, as defined in python/deepinfer_server/codec.py.
+/// Result states of `codec.decode_batch`: exported as `_native.DECODE_*` (seam.rs), which the decoders return.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub enum DecodeState {
-    Running,
-    Finished,
-    StoppedEarly,
+    Running = 0,
+    Finished = 1,
+    /// Ended by the decoder before the engine did (a stop sequence matched): the rank is told to abort it.
+    StoppedEarly = 2,
+}
+
+impl DecodeState {
+    pub const ALL: [DecodeState; 3] = [DecodeState::Running, DecodeState::Finished, DecodeState::StoppedEarly];
+
+    pub fn export_name(self) -> &'static str {
+        match self {
+            DecodeState::Running => "DECODE_RUNNING",
+            DecodeState::Finished => "DECODE_FINISHED",
+            DecodeState::StoppedEarly => "DECODE_STOPPED_EARLY",
+        }
+    }
+
+    fn from_code(code: u8) -> PyResult<Self> {
+        Self::ALL.into_iter().find(|s| *s as u8 == code).ok_or_else(|| {
+            pyo3::exceptions::PyValueError::new_err(format!("decode_batch returned an unknown state {code}"))
+        })
+    }
 }
 
 /// One decoded item: framed SSE bytes for a stream, or the whole JSON body of a non-stream.
@@ -53,11 +73,7 @@ impl Codec {
         let mut decoded = Vec::with_capacity(items.len());
         for item in out.cast::<PyList>()?.iter() {
             let t = item.cast::<PyTuple>()?;
-            let state = match t.get_item(0)?.extract::<u8>()? {
-                0 => DecodeState::Running,
-                1 => DecodeState::Finished,
-                _ => DecodeState::StoppedEarly,
-            };
+            let state = DecodeState::from_code(t.get_item(0)?.extract::<u8>()?)?;
             let payload = t.get_item(1)?;
             let mut bytes = BytesMut::new();
             if let Ok(body) = payload.cast::<PyString>() {

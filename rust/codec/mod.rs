@@ -9,13 +9,14 @@
 
 mod decode;
 mod prepare;
+pub mod seam;
 
 use crate::doors::{Door, ForcedTool};
 use crate::error::ApiError;
-use axum::http::StatusCode;
 use prepare::{fetched_to_py, forced_args};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+use seam::{Answer, PyRefusal};
 use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::thread;
 use std::time::Duration;
@@ -128,22 +129,22 @@ impl Codec {
                     let args = (PyBytes::new(py, &body), door.code(), forced, parallel);
                     let out =
                         codec.codec.bind(py).call_method1("check_constraint", args).map_err(|e| internal(py, e))?;
-                    out.extract::<(u16, String)>().map_err(|e| internal(py, e))
+                    out.extract::<Option<PyRefusal>>().map_err(|e| internal(py, e.into()))
                 })
             })
             .await?;
-        accepted(answer).map(drop)
+        answer.map_or(Ok(()), |refused| Err(refused.into()))
     }
 
     /// Call a method of the Python `Codec` on the codec pool (counting tokens, rendering): `(body, door)` in,
-    /// the method's `(status, body)` answer out.
+    /// the body of its answer out, or its refusal as the request's error.
     pub async fn call(
         &self,
         method: &'static str,
         body: Vec<u8>,
         door: Door,
         fetched: Option<Vec<(String, bytes::Bytes)>>,
-    ) -> Result<(u16, String), ApiError> {
+    ) -> Result<String, ApiError> {
         let pool = if fetched.is_some() { Pool::Images } else { Pool::Text };
         let job = move |codec: &Codec| {
             Python::attach(|py| {
@@ -154,7 +155,7 @@ impl Codec {
                         .and_then(|images| codec.codec.bind(py).call_method1(method, (body, door.code(), images))),
                 }
                 .map_err(|e| internal(py, e))?;
-                out.extract::<(u16, String)>().map_err(|e| internal(py, e))
+                out.extract::<Answer>().map_err(|e| internal(py, e))?.accepted()
             })
         };
         self.run(pool, job).await
@@ -203,14 +204,6 @@ impl Codec {
             let _ = self.prepared.wait_timeout_while(pending, PREPARE_PRIORITY_WAIT, |n| *n > 0);
         }
     }
-}
-
-/// A codec method's `(status, body)` answer: the body when 200, else the codec's refusal as the request's error.
-pub fn accepted((status, body): (u16, String)) -> Result<String, ApiError> {
-    if status == 200 {
-        return Ok(body);
-    }
-    Err(ApiError::Codec { status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST), body })
 }
 
 /// Run a thread's loop with a Python thread state kept for its whole life (the GIL released), so each

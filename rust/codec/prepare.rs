@@ -1,15 +1,15 @@
 //! Preparing a request: its body goes through the Python codec (conversion, encoding, grammar, decoder choice) and
-//! comes back converted and encoded, or refused.
+//! comes back converted and encoded (a `Prepared` record), or refused (a `Refusal`; both in seam.rs).
 
+use super::seam::{PyPrepared, PyRefusal};
 use super::{Codec, internal};
 use crate::doors::sse::frame_into;
 use crate::doors::{Door, ForcedTool};
 use crate::error::ApiError;
 use crate::ring::records::{Constraint, ImageSet};
-use axum::http::StatusCode;
 use bytes::BytesMut;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict};
 
 /// What the HTTP layer asks the codec to prepare.
 pub struct PrepareRequest {
@@ -73,35 +73,27 @@ impl Codec {
             req.has_images.then(|| fetched_to_py(py, &req.fetched)).transpose().map_err(|e| internal(py, e))?,
         );
         let out = self.codec.bind(py).call_method1("prepare", args).map_err(|e| internal(py, e))?;
-        if let Ok(t) = out.cast::<PyTuple>() {
-            let (status, body): (u16, String) = t.extract().map_err(|e| internal(py, e))?;
-            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
-            return Err(ApiError::Codec { status, body });
+        if let Ok(refusal) = out.cast::<PyRefusal>() {
+            return Err(refusal.get().clone().into());
         }
-        let get = |name: &str| out.getattr(name).map_err(|e| internal(py, e));
+        let record = out.cast::<PyPrepared>().map_err(|e| internal(py, e.into()))?;
+        let mut r = record.try_borrow_mut().map_err(|e| internal(py, e.into()))?;
         let mut first = BytesMut::new();
-        for s in get("first_chunks")?.cast::<PyList>().map_err(|e| internal(py, e.into()))?.iter() {
-            let s = s.cast::<PyString>().map_err(|e| internal(py, e.into()))?;
-            frame_into(&mut first, s.to_str().map_err(|e| internal(py, e))?.as_bytes());
+        for s in &r.first_chunks {
+            frame_into(&mut first, s.as_bytes());
         }
         Ok(Prepared {
-            prompt: get("prompt_ids")?.extract().map_err(|e| internal(py, e))?,
-            max_tokens: get("max_tokens")?.extract().map_err(|e| internal(py, e))?,
-            temperature: get("temperature")?.extract().map_err(|e| internal(py, e))?,
-            top_p: get("top_p")?.extract().map_err(|e| internal(py, e))?,
-            logprobs: get("logprobs")?.extract().map_err(|e| internal(py, e))?,
-            prompt_logprobs: get("prompt_logprobs")?.extract().map_err(|e| internal(py, e))?,
-            constraint: get("constraint")?
-                .extract::<Option<(u32, String, Vec<u32>, Option<u32>)>>()
-                .map_err(|e| internal(py, e))?
-                .map(|(schema_type, schema, triggers, bound)| Constraint { schema_type, schema, triggers, bound }),
-            decoder: get("decoder")?.unbind(),
-            incremental: get("incremental")?.extract().map_err(|e| internal(py, e))?,
+            prompt: std::mem::take(&mut r.prompt),
+            max_tokens: r.max_tokens,
+            temperature: r.temperature,
+            top_p: r.top_p,
+            logprobs: r.logprobs,
+            prompt_logprobs: r.prompt_logprobs,
+            constraint: r.constraint.take(),
+            decoder: r.decoder.clone_ref(py),
+            incremental: r.incremental,
             first,
-            images: get("images")?
-                .extract::<Option<(String, u32, Vec<[u32; 3]>)>>()
-                .map_err(|e| internal(py, e))?
-                .map(|(path, extra_tokens, sizes)| ImageSet { path, extra_tokens, sizes }),
+            images: r.images.take(),
         })
     }
 }

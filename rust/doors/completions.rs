@@ -13,6 +13,7 @@ pub struct Completions;
 
 impl Spec for Completions {
     const PATH: &'static str = "/v1/completions";
+    const NAME: &'static str = "completions";
     const CODE: u8 = 1;
     const ID_PREFIX: &'static str = "cmpl-";
     const DONE: &'static [u8] = sse::DONE;

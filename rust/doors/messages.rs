@@ -19,6 +19,7 @@ const PING: &[u8] = b"event: ping\ndata: {\"type\": \"ping\"}\n\n";
 
 impl Spec for Messages {
     const PATH: &'static str = "/v1/messages";
+    const NAME: &'static str = "messages";
     const CODE: u8 = 2;
     const ID_PREFIX: &'static str = "msg_";
     const DONE: &'static [u8] = b"";

@@ -33,7 +33,10 @@ pub type PinThinking = fn(&mut Map<String, Value>, bool);
 pub trait Spec {
     /// Its route (`POST`); the pre-handler refusals of every path under it use its envelope too.
     const PATH: &'static str;
-    /// The code the Python codec knows it by (python/deepinfer_server/codec.py, `CHAT` ...).
+    /// Its name, lower case: exported with its code as `_native.DOOR_<NAME>`.
+    const NAME: &'static str;
+    /// The code the Python codec knows it by: exported as `_native.DOOR_<NAME>` (codec/seam.rs), which the
+    /// codec's door table is keyed by (python/deepinfer_server/doors/).
     const CODE: u8;
     /// Prefix of its response ids, as the provider spells them.
     const ID_PREFIX: &'static str;
@@ -112,6 +115,10 @@ impl Door {
         spec!(self, D => D::CODE)
     }
 
+    pub fn name(self) -> &'static str {
+        spec!(self, D => D::NAME)
+    }
+
     pub fn id_prefix(self) -> &'static str {
         spec!(self, D => D::ID_PREFIX)
     }
@@ -163,6 +170,7 @@ mod tests {
         for (i, a) in Door::ALL.iter().enumerate() {
             for b in &Door::ALL[i + 1..] {
                 assert_ne!(a.code(), b.code());
+                assert_ne!(a.name(), b.name());
                 assert_ne!(a.path(), b.path());
                 assert_ne!(a.id_prefix(), b.id_prefix());
             }

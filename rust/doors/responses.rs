@@ -15,6 +15,7 @@ pub struct Responses;
 
 impl Spec for Responses {
     const PATH: &'static str = "/v1/responses";
+    const NAME: &'static str = "responses";
     const CODE: u8 = 3;
     const ID_PREFIX: &'static str = "resp_";
     const DONE: &'static [u8] = b"";

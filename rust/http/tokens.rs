@@ -6,7 +6,6 @@
 
 use super::AppState;
 use super::body::RawBody;
-use crate::codec::accepted;
 use crate::doors::{Door, fields};
 use crate::error::ApiError;
 use axum::extract::State;
@@ -24,7 +23,7 @@ async fn count(st: &AppState, door: Door, RawBody(body): RawBody) -> Result<Resp
     let req = door.parse(&body, &st.config.served_model_names)?;
     let _slot = st.admission.admit(0).await?;
     let images = fetch_images(st, &req.images).await?;
-    let out = accepted(st.codec.call("count_tokens", req.body, door, images).await?)?;
+    let out = st.codec.call("count_tokens", req.body, door, images).await?;
     Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
 }
 
@@ -69,7 +68,7 @@ async fn tokens_call(st: &AppState, method: &'static str, RawBody(body): RawBody
         fields::body_and_model(&raw, served)?;
         (raw, None)
     };
-    let out = accepted(st.codec.call(method, body, Door::Chat, images).await?)?;
+    let out = st.codec.call(method, body, Door::Chat, images).await?;
     Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
 }
 

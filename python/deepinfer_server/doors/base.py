@@ -1,9 +1,10 @@
 """What a door is to the codec: the interface every wire protocol implements (`Door`), what it works with
-(`Context`, the codec's shared parts) and what it hands back to Rust (`Prepared`, or a refusal).
+(`Context`, the codec's shared parts) and what it hands back to Rust: `Prepared` or `Refusal`, records Rust defines
+(rust/codec/seam.rs) and exports with their stubs in `_native.pyi`.
 
-Rust calls the codec with a protocol code (rust/doors/ `Spec::CODE`); the codec finds the door registered
-under it (doors/__init__.py `DOORS`) and calls one of three methods. Nothing else in the codec tests which door a
-request came through.
+Rust calls the codec with a protocol code (`_native.DOOR_*`, each door's `Spec::CODE` in rust/doors/); the codec
+finds the door registered under it (doors/__init__.py `DOORS`) and calls one of three methods. Nothing else in the
+codec tests which door a request came through.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from typing import ClassVar, NamedTuple
 
 from deepseek_recipe import ConversionOptions
 
-from deepinfer_server.decoding import Decoder
+from deepinfer_server._native import Prepared
 from deepinfer_server.images import Images
 from deepinfer_server.prompt_encoder import Encoder
 from deepinfer_server.refusals import Refusal
 from deepinfer_server.request_grammar import RequestGrammars
 from deepinfer_server.vocabulary import Vocabulary
+
+__all__ = ["Context", "Door", "Prepared", "Prompt", "Refusal", "Request"]
 
 
 @dataclass(frozen=True)
@@ -50,24 +53,6 @@ class Request(NamedTuple):
 
 
 @dataclass(frozen=True)
-class Prepared:
-    """What `Codec.prepare` hands to the dispatcher (rust/codec/ reads these attributes by name)."""
-
-    prompt_ids: list[int]
-    max_tokens: int
-    temperature: float
-    top_p: float
-    decoder: Decoder
-    first_chunks: list[str]
-    incremental: bool  # decode as tokens arrive (streams, stop sequences), or once at the end
-    logprobs: int | None = None  # logprobs asked for: alternatives per token
-    prompt_logprobs: bool = False  # the prompt tokens' logprobs asked for (with the first token)
-    constraint: tuple[int, str, list[int], int | None] | None = None  # (schema_type, schema, triggers, bound)
-    # The request's images for the rank: (file, prompt tokens beyond the placeholders, [(width, height, bytes)]).
-    images: tuple[str, int, list[tuple[int, int, int]]] | None = None
-
-
-@dataclass(frozen=True)
 class Prompt:
     """A request's prompt as the engine gets it: its IDs, and the tokens its images take beyond their placeholders."""
 
@@ -80,7 +65,7 @@ class Door(ABC):
     output. `body` was validated and normalized by the Rust front end (model checked, developer -> system,
     max_completion_tokens -> max_tokens, unsupported features rejected)."""
 
-    code: ClassVar[int]  # the protocol's code, as Rust sends it (rust/doors/ `Spec::CODE`)
+    code: ClassVar[int]  # the protocol's code, as Rust sends it: `_native.DOOR_*`
     schema_param: ClassVar[str] = "response_format"  # the request field its response format is in
 
     @abstractmethod

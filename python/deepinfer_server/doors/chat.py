@@ -17,6 +17,7 @@ from deepseek_recipe import (
     ConversionOptions,
 )
 
+from deepinfer_server import _native
 from deepinfer_server.decoding import BaseDecoder, Chunk, Generator, cut_partial_tag, dumps
 from deepinfer_server.doors.base import Request
 from deepinfer_server.doors.conversation import ConversationDoor, Converted
@@ -25,7 +26,7 @@ from deepinfer_server.vocabulary import Vocabulary
 
 
 class ChatDoor(ConversationDoor):
-    code = 0  # rust/doors/ `Spec::CODE`
+    code = _native.DOOR_CHAT
     schema_param = "response_format"
     takes_prompt_logprobs = True
 

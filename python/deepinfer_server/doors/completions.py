@@ -20,24 +20,27 @@ from deepinfer_server.vocabulary import Vocabulary
 
 
 class CompletionsDoor(Door):
-    code = 1  # rust/doors/ `Spec::CODE`
+    code = _native.DOOR_COMPLETIONS
 
     def prepare(self, ctx: Context, body: bytes, req: Request) -> Prepared | Refusal:
         """A raw prompt (text, or token IDs that Rust checked), with `suffix` as fill-in-the-middle."""
         d = json.loads(body)
         prompt, suffix = d["prompt"], d.get("suffix")
         ids = self._ids(ctx, prompt, suffix)
-        if isinstance(ids, tuple):
+        if isinstance(ids, Refusal):
             return ids
         vocab = ctx.vocab
         n_prompt, max_tokens = len(ids), int(d["max_tokens"])
         if n_prompt + max(1, max_tokens) > ctx.max_model_len:
-            return 400, error_body(
-                f"This model's maximum context length is {ctx.max_model_len} tokens. However, you requested "
-                f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the completion). "
-                "Please reduce the length of the prompt or the completion.",
-                code="context_length_exceeded",
-                param="max_tokens",
+            return Refusal(
+                400,
+                error_body(
+                    f"This model's maximum context length is {ctx.max_model_len} tokens. However, you requested "
+                    f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the completion). "
+                    "Please reduce the length of the prompt or the completion.",
+                    code="context_length_exceeded",
+                    param="max_tokens",
+                ),
             )
         stop = d.get("stop")
         stops = [stop] if isinstance(stop, str) else list(stop or [])
@@ -84,21 +87,21 @@ class CompletionsDoor(Door):
         d = json.loads(body)
         prompt = d.get("prompt")
         if not isinstance(prompt, (str, list)):
-            return 400, error_body("'prompt' (a string or token IDs) is required", param="prompt")
+            return Refusal(400, error_body("'prompt' (a string or token IDs) is required", param="prompt"))
         ids = self._ids(ctx, prompt, d.get("suffix"))
-        return ids if isinstance(ids, tuple) else Prompt(ids)
+        return ids if isinstance(ids, Refusal) else Prompt(ids)
 
     @staticmethod
     def _ids(ctx: Context, prompt: str | list[int], suffix: str | None) -> list[int] | Refusal:
         try:
             ids = completion_prompt(ctx, prompt, suffix)
         except PromptTooLong as e:
-            return 400, too_long(ctx.max_model_len, f"at least {e.at_least}", "prompt")
+            return Refusal(400, too_long(ctx.max_model_len, f"at least {e.at_least}", "prompt"))
         except ValueError as e:
-            return 400, error_body(str(e), param="suffix" if suffix is not None else "prompt")
+            return Refusal(400, error_body(str(e), param="suffix" if suffix is not None else "prompt"))
         vocab_size = ctx.vocab.vocab_size
         if any(i >= vocab_size for i in ids):
-            return 400, error_body(f"token IDs must be below the vocabulary size {vocab_size}", param="prompt")
+            return Refusal(400, error_body(f"token IDs must be below the vocabulary size {vocab_size}", param="prompt"))
         return ids
 
 

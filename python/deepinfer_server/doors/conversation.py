@@ -126,9 +126,9 @@ class ConversationDoor(Door):
         try:
             max_tokens = conv.resolve_max_tokens(n_prompt, ctx.max_model_len)
         except ConversionError as e:
-            return e.status_code, with_param(e.body, self.schema_param)
+            return Refusal(e.status_code, with_param(e.body, self.schema_param))
         constraint = self.request_constraint(ctx, conv, body, req.forced_tool, req.parallel_tools)
-        if isinstance(constraint, tuple):
+        if isinstance(constraint, Refusal):
             return constraint
         opts = conv.inference_options
         generator = encoded.generator(req.response_id, req.model)
@@ -137,7 +137,7 @@ class ConversationDoor(Door):
         scored = scored and json.loads(body).get("prompt_logprobs") is not None
         if scored and encoded.images is not None:
             msg = "'prompt_logprobs' is not available for a prompt with images (their tokens are the engine's own)"
-            return 400, error_body(msg, param="prompt_logprobs")
+            return Refusal(400, error_body(msg, param="prompt_logprobs"))
         prompt = PromptTokens(ctx.vocab, ids) if scored else None
         decoder = self.decoder(ctx.vocab, conv, generator, req, n_prompt, prompt)
         pictures, blob = encoded.images, None
@@ -167,7 +167,7 @@ class ConversationDoor(Door):
         if not isinstance(converted, Converted):
             return converted
         got = self.request_constraint(ctx, converted.conv, body, forced_tool, parallel_tools)
-        return got if isinstance(got, tuple) else None
+        return got if isinstance(got, Refusal) else None
 
     def prompt_tokens(self, ctx: Context, body: bytes, images: dict[str, bytes] | None) -> Prompt | Refusal:
         encoded = self.encode(ctx, body, False, images)
@@ -186,22 +186,22 @@ class ConversationDoor(Door):
         try:
             ids = ctx.encoder.encode(converted.conversation)
         except RuntimeError as e:
-            return 400, error_body(f"the conversation cannot be encoded: {e}")
+            return Refusal(400, error_body(f"the conversation cannot be encoded: {e}"))
         except PromptTooLong as e:
-            return 400, too_long(ctx.max_model_len, f"at least {e.at_least}")
+            return Refusal(400, too_long(ctx.max_model_len, f"at least {e.at_least}"))
         resolved = None
         # Only a body that names an image can have one (reading the conversation's messages back costs a copy).
         sources = sources_of(conv.conversation.messages) if b"image" in body else []
         if sources:
             if ctx.images is None:
-                return 400, error_body("Image input is not enabled on this server.", code="images_disabled")
+                return Refusal(400, error_body("Image input is not enabled on this server.", code="images_disabled"))
             got = ctx.images.resolve(sources, images or {})
-            if isinstance(got, tuple):
+            if isinstance(got, Refusal):
                 return got
             resolved = got
         n = len(ids) + (resolved.extra_tokens if resolved is not None else 0)
         if n >= ctx.max_model_len:
-            return 400, too_long(ctx.max_model_len, str(n))
+            return Refusal(400, too_long(ctx.max_model_len, str(n)))
         return _Encoded(conv, ids, generator, resolved)
 
     def converted(self, ctx: Context, body: bytes, forced: bool) -> Converted | Refusal:
@@ -229,9 +229,9 @@ class ConversationDoor(Door):
                     body = json.dumps(d).encode()
             return self.convert(body, ctx.options)
         except ConversionError as e:
-            return e.status_code, with_param(e.body, self.schema_param)
+            return Refusal(e.status_code, with_param(e.body, self.schema_param))
         except (ValueError, TypeError, OverflowError, RecursionError) as e:
-            return 400, error_body(str(e))
+            return Refusal(400, error_body(str(e)))
 
     def request_constraint(
         self, ctx: Context, conv: ConversationRequest, body: bytes, forced_tool: str | None, parallel_tools: bool
@@ -240,7 +240,7 @@ class ConversationDoor(Door):
         schema = self.client_schema(body)
         if schema is not None and (problem := self.schema_problem(schema)):
             param = self.schema_field(body)
-            return 400, error_body(f"Invalid '{param}.schema': {problem}.", param=f"{param}.schema")
+            return Refusal(400, error_body(f"Invalid '{param}.schema': {problem}.", param=f"{param}.schema"))
         try:
             answer = self.answer_format(conv, schema)
             return ctx.grammars.constraint(conv, forced_tool, parallel_tools, answer, self.strict_tools(body))
@@ -250,4 +250,6 @@ class ConversationDoor(Door):
                 about_format = isinstance(e, FormatBesideTools) or schema is not None
                 param = "tools" if oc.kind.startswith("tool_call") and not about_format else param
             code = "grammar_too_complex" if isinstance(e, GrammarTooCostly) else "invalid_grammar"
-            return 400, error_body(f"Invalid '{param}': the grammar cannot be enforced: {e}", code=code, param=param)
+            return Refusal(
+                400, error_body(f"Invalid '{param}': the grammar cannot be enforced: {e}", code=code, param=param)
+            )

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from deepseek_recipe import Conversation, ConversationRequest, ConversionOptions, MessagesRequest, MessagesResponse
 
+from deepinfer_server import _native
 from deepinfer_server.decoding import BaseDecoder, Generator, dumps
 from deepinfer_server.doors.base import Request
 from deepinfer_server.doors.conversation import ConversationDoor, Converted
@@ -29,7 +30,7 @@ _DELTA_TIER = ',"service_tier":"standard"'
 
 
 class MessagesDoor(ConversationDoor):
-    code = 2  # rust/doors/ `Spec::CODE`
+    code = _native.DOOR_MESSAGES
     schema_param = "output_config.format"
     tool_choice_auto: ClassVar[Any] = {"type": "auto"}
 

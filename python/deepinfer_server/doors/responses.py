@@ -8,6 +8,7 @@ from typing import cast
 
 from deepseek_recipe import ConversationRequest, ConversionOptions, ResponsesRequest, ResponsesResponse
 
+from deepinfer_server import _native
 from deepinfer_server._native import mend_response
 from deepinfer_server.decoding import BaseDecoder, Generator, cut_partial_tag, dumps
 from deepinfer_server.doors.base import Request
@@ -18,7 +19,7 @@ from deepinfer_server.vocabulary import Vocabulary
 
 
 class ResponsesDoor(ConversationDoor):
-    code = 3  # rust/doors/ `Spec::CODE`
+    code = _native.DOOR_RESPONSES
     schema_param = "text.format"
 
     def convert(self, body: bytes, options: ConversionOptions) -> Converted:

@@ -8,6 +8,8 @@ import os
 from dataclasses import dataclass
 from typing import Protocol
 
+from deepinfer_server import _native
+
 log = logging.getLogger("deepinfer_server.engine")
 
 
@@ -55,10 +57,11 @@ Output = (
     | tuple[int, list[int] | int, int, str | None, list[TokenLogprob] | None, list[float]]
 )
 
-SCHEMA_TYPES = {1: "json", 2: "regex", 3: "ebnf"}  # _native.SCHEMA_* -> so_args' schema_type
+# The ring's schema codes (rust/ring/records.rs, exported) -> so_args' schema_type.
+SCHEMA_TYPES = {_native.SCHEMA_JSON: "json", _native.SCHEMA_REGEX: "regex", _native.SCHEMA_EBNF: "ebnf"}
 
 
-def load_images(record: tuple[str, int, list[tuple[int, int, int]]] | None) -> Images | str | None:
+def load_images(record: _native.ImagesTuple | None) -> Images | str | None:
     """A SUBMIT record's images: read from the file it names, which is then unlinked. A string: why they could not
     be read (the request fails with it)."""
     if record is None:
@@ -82,7 +85,7 @@ def load_images(record: tuple[str, int, list[tuple[int, int, int]]] | None) -> I
     return Images(data, [(w, h) for w, h, _ in sizes], extra_tokens)
 
 
-def so_args(constraint: tuple[int, str, list[int], int | None] | None) -> dict[str, object] | None:
+def so_args(constraint: _native.ConstraintTuple | None) -> dict[str, object] | None:
     """A SUBMIT record's constraint as DeepInfer's `SamplingParams.so_args`."""
     if constraint is None:
         return None

@@ -109,32 +109,29 @@ def take_requests(engine: Engine, requests: _native.Ring) -> tuple[list[Output],
     aborts: list[int] = []
     stop = False
     for msg in requests.drain_requests():
-        tag = msg[0]
-        if tag == _native.KIND_SUBMIT:
-            _, rid, prompt, max_tokens, temperature, top_p, top_k, seed, ignore_eos, logprobs, constraint, pics = msg
-            logprobs, prompt_logprobs = logprobs
-            images = load_images(pics)
+        if isinstance(msg, _native.Submit):
+            images = load_images(msg.images)
             if isinstance(images, str):
-                published.append((rid, [], _native.FINISH_ERROR, images))
+                published.append((msg.request_id, [], _native.FINISH_ERROR, images))
                 continue
             req = Submit(
-                rid,
-                prompt,
-                max_tokens,
-                temperature,
-                top_p,
-                top_k,
-                seed,
-                ignore_eos,
-                logprobs,
-                so_args(constraint),
-                images,
-                prompt_logprobs,
+                request_id=msg.request_id,
+                prompt=msg.prompt,
+                max_tokens=msg.max_tokens,
+                temperature=msg.temperature,
+                top_p=msg.top_p,
+                top_k=msg.top_k,
+                seed=msg.seed,
+                ignore_eos=msg.ignore_eos,
+                logprobs=msg.logprobs,
+                so_args=so_args(msg.constraint),
+                images=images,
+                prompt_logprobs=msg.prompt_logprobs,
             )
             published += engine.add(req)
-        elif tag == _native.KIND_ABORT:
-            aborts.append(msg[1])
-        elif tag == _native.KIND_SHUTDOWN:
+        elif isinstance(msg, _native.Abort):
+            aborts.append(msg.request_id)
+        else:  # Shutdown
             stop = True
     if aborts:
         engine.abort(aborts)

@@ -18,6 +18,7 @@ pub struct Chat;
 
 impl Spec for Chat {
     const PATH: &'static str = "/v1/chat/completions";
+    const NAME: &'static str = "chat";
     const CODE: u8 = 0;
     const ID_PREFIX: &'static str = "chatcmpl-";
     const DONE: &'static [u8] = sse::DONE;

@@ -3,14 +3,16 @@
 //! and wake up every `SIGNAL_POLL` to let Ctrl-C / signal handlers run.
 //!
 //! One module per job: [`ring`] (the ring), [`entries`] (what Python hands
-//! the ring, parsed into records), [`logprobs`] (records' logprobs as Python
-//! reads them, which the server's codec uses too), [`lockstep`] and
+//! the ring, parsed into records), [`requests`] (the typed records a rank
+//! reads), [`logprobs`] (records' logprobs as Python reads them, which the
+//! server's codec uses too), [`lockstep`] and
 //! [`doorbell`]; this one holds their errors and GIL-free waits.
 
 mod doorbell;
 mod entries;
 mod lockstep;
 pub mod logprobs;
+mod requests;
 mod ring;
 
 use std::io;
@@ -42,6 +44,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRing>()?;
     m.add_class::<PyLockstep>()?;
     m.add_class::<PyDoorbell>()?;
+    m.add_class::<requests::PySubmit>()?;
+    m.add_class::<requests::PyAbort>()?;
+    m.add_class::<requests::PyShutdown>()?;
     m.add("RingClosed", py.get_type::<RingClosed>())?;
     m.add("RingError", py.get_type::<RingError>())?;
     for (name, v) in [

@@ -11,16 +11,12 @@ use pyo3::types::PyList;
 
 use super::entries::{Parsed, prompt_ids};
 use super::logprobs::{logprobs_to_py, prompt_logprobs_to_py};
+use super::requests::{PyAbort, PyShutdown, PySubmit};
 use super::{RingError, SIGNAL_POLL, blocking, duration, io_err, ring_err, wait_until};
 use crate::ring::layout::AUX_WORDS;
 use crate::ring::records::{self, Constraint, ImageSet, Request, Submit};
 use crate::ring::status::monotonic_us;
 use crate::ring::{Ring, RingError as CoreError};
-
-/// f32 -> the shortest f64 that prints the same (0.7f32 -> 0.7, not 0.699999988).
-fn f32_to_py(x: f32) -> f64 {
-    x.to_string().parse().unwrap_or(f64::from(x))
-}
 
 /// Shared-memory SPSC ring (see the Rust `ring` module docs).
 #[pyclass(name = "Ring", module = "deepinfer_server._native", frozen)]
@@ -200,12 +196,8 @@ impl PyRing {
         self.push_with(py, records::SHUTDOWN, 0, timeout, |_| {})
     }
 
-    /// Consumes available request records: `(1, request_id, prompt_ids,
-    /// max_tokens, temperature, top_p, top_k, seed|None, ignore_eos,
-    /// (logprobs top|None, prompt_logprobs), (schema_type, schema, triggers, bound|None)|None,
-    /// (path, extra_tokens, [(width, height, bytes)])|None)`,
-    /// `(2, request_id)`, `(3,)`. A malformed record (a peer bug) raises
-    /// `RingError`; everything drained by that call is consumed and lost.
+    /// Consumes available request records, as `Submit`, `Abort` and `Shutdown` records (requests.rs). A
+    /// malformed record (a peer bug) raises `RingError`; everything drained by that call is consumed and lost.
     #[pyo3(signature = (max_bytes=1 << 26))]
     fn drain_requests<'py>(&self, py: Python<'py>, max_bytes: usize) -> PyResult<Bound<'py, PyList>> {
         let out = PyList::empty(py);
@@ -216,29 +208,12 @@ impl PyRing {
                     return;
                 }
                 let item = match records::decode_request(kind, payload) {
-                    Ok(Request::Submit(s)) => PyList::new(py, s.prompt.iter()).and_then(|prompt| {
-                        (
-                            records::SUBMIT,
-                            s.request_id,
-                            prompt,
-                            s.max_tokens,
-                            f32_to_py(s.temperature),
-                            f32_to_py(s.top_p),
-                            s.top_k,
-                            s.seed,
-                            s.ignore_eos,
-                            (s.logprobs, s.prompt_logprobs),
-                            s.constraint.map(|c| (c.schema_type, c.schema, c.triggers, c.bound)),
-                            s.images.map(|im| (im.path, im.extra_tokens, im.sizes)),
-                        )
-                            .into_pyobject(py)
-                            .map(Bound::into_any)
-                    }),
-                    Ok(Request::Abort(a)) => (records::ABORT, a.request_id).into_pyobject(py).map(Bound::into_any),
-                    Ok(Request::Shutdown) => (records::SHUTDOWN,).into_pyobject(py).map(Bound::into_any),
+                    Ok(Request::Submit(s)) => PySubmit::from_record(py, s).and_then(|s| out.append(s)),
+                    Ok(Request::Abort(a)) => out.append(PyAbort::new(a.request_id)),
+                    Ok(Request::Shutdown) => out.append(PyShutdown),
                     Err(e) => Err(RingError::new_err(e.to_string())),
                 };
-                if let Err(e) = item.and_then(|i| out.append(i)) {
+                if let Err(e) = item {
                     err = Some(e);
                 }
             })
