@@ -55,6 +55,12 @@ pub struct ServerConfig {
     /// (in all), and to take a share of a response it is sent (`listener::WRITE_PROGRESS` bytes).
     #[pyo3(default = 30.0)]
     pub client_timeout_s: f64,
+    /// The state store (`--state-store`): a SQLite path or URL, `memory`, or a PostgreSQL URL; empty: none.
+    #[pyo3(default)]
+    pub state_store: String,
+    /// Keep Responses that do not say `store: false` (off: `--disable-response-store`).
+    #[pyo3(default = true)]
+    pub store_responses: bool,
     /// Client connections open at once (`--max-connections`); 0: no limit.
     #[pyo3(default = 0)]
     pub max_connections: usize,
@@ -174,6 +180,8 @@ impl ServerConfig {
             stream_interval_ms: 0.0,
             client_timeout_s: 30.0,
             max_connections: 0,
+            state_store: String::new(),
+            store_responses: true,
             allowed_origins: Vec::new(),
             allowed_methods: Vec::new(),
             allowed_headers: Vec::new(),

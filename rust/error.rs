@@ -54,6 +54,12 @@ pub enum ApiError {
     Media { message: String, code: &'static str, param: String, retryable: bool },
     #[error("Not found: {}", clip(.0, ECHO_MAX))]
     RouteNotFound(String),
+    /// A stored object (a response) the request names is not there.
+    #[error("{what} with id '{}' not found.", clip(.id, ECHO_MAX))]
+    NotFound { what: &'static str, id: String, param: Option<&'static str> },
+    /// The state store failed (its database is down or refused the query); what failed is logged, not sent.
+    #[error("The state store failed. Retry later.")]
+    Store,
     #[error("Method not allowed.")]
     MethodNotAllowed,
     #[error("Invalid or missing API key: send 'Authorization: Bearer <key>'.")]
@@ -158,7 +164,9 @@ impl ApiError {
                 (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable_error", "insufficient_system_resource")
             }
             Media { code, .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", code),
-            RouteNotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", "not_found"),
+            RouteNotFound(_) | NotFound { .. } => (StatusCode::NOT_FOUND, "invalid_request_error", "not_found"),
+            // Not a 503: gateways take a replica that answers 503 out of rotation, and the store is shared.
+            Store => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", "store_error"),
             MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed"),
             Unauthorized => (StatusCode::UNAUTHORIZED, "invalid_request_error", "invalid_api_key"),
             Internal => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error"),
@@ -184,6 +192,7 @@ impl ApiError {
             ApiError::BadRequest { param, .. } => param.clone(),
             ApiError::ModelNotFound(_) => Some("model".to_string()),
             ApiError::Media { param, .. } => Some(param.clone()),
+            ApiError::NotFound { param, .. } => param.map(str::to_string),
             _ => None,
         };
         json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}}).to_string()

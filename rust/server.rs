@@ -53,26 +53,46 @@ pub fn serve(
     let codec = Codec::start(codec, decode_batch, config.codec_threads);
     let capacity = dispatcher.ranks.len() * config.max_num_seqs as usize;
     let media = crate::media::Fetcher::new(&config).map_err(pyo3::exceptions::PyValueError::new_err)?;
-    let state = Arc::new(AppState {
-        media,
-        admission: Admission::with_queue(capacity, config.max_queued_requests, config.queue_timeout()),
-        codec: codec.clone(),
-        dispatcher: dispatcher.clone(),
-        draining: Default::default(),
-        started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-        config,
-    });
+    let admission = Admission::with_queue(capacity, config.max_queued_requests, config.queue_timeout());
     py.detach(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(state.config.http_workers.max(1))
+            .worker_threads(config.http_workers.max(1))
             .thread_name("http")
             .enable_all()
             .build()?;
+        let responses = rt.block_on(open_store(&config, rt.handle()))?;
+        let state = Arc::new(AppState {
+            media,
+            admission,
+            codec: codec.clone(),
+            dispatcher: dispatcher.clone(),
+            responses,
+            draining: Default::default(),
+            started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            config,
+        });
         let code = rt.block_on(run(state, pids));
         rt.shutdown_timeout(Duration::from_secs(1));
         code
     })
     .map_err(|e: std::io::Error| PyOSError::new_err(e.to_string()))
+}
+
+/// The state store the config names, migrated and ready; None when storing is off. A store that cannot be opened
+/// stops the start-up with a message that names it (its password cut).
+async fn open_store(
+    config: &ServerConfig,
+    runtime: &tokio::runtime::Handle,
+) -> std::io::Result<Option<Arc<crate::store::responses::Responses>>> {
+    if config.state_store.is_empty() || !config.store_responses {
+        return Ok(None);
+    }
+    let store = crate::store::open(&config.state_store).await.map_err(|e| {
+        let name = crate::store::redacted(&config.state_store);
+        std::io::Error::other(format!("cannot open the state store {name}: {e}"))
+    })?;
+    tracing::info!("state store: {}", crate::store::redacted(&config.state_store));
+    Ok(Some(crate::store::responses::Responses::new(store, runtime.clone())))
 }
 
 async fn run(state: Arc<AppState>, pids: Vec<i32>) -> std::io::Result<i32> {

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -22,6 +23,10 @@ import wire_schema
 from openai import OpenAI
 
 MODEL = "deepseek-v4.1-flash"
+# The servers the tests start keep their state (stored responses) under this run's own directory, by the default
+# rule (state.sqlite3 under $XDG_STATE_HOME), never the user's.
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="deepinfer-tests-state-")
+os.environ.pop("DEEPINFER_SERVER_STATE_STORE", None)
 LISTENING = re.compile(r"listening on http://([\d.]+):(\d+)")
 
 

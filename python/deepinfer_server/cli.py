@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from deepinfer_server import __version__, edge_args, limits_args, media_args
+from deepinfer_server import __version__, edge_args, limits_args, media_args, state_args
 from deepinfer_server.engine import sim_faults
 from deepinfer_server.prompt_encoder import CHOICES as PROMPT_ENCODERS
 
@@ -215,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     limits_args.add_arguments(p.add_argument_group("limits on what one client may cost"))
     edge_args.add_arguments(p.add_argument_group("browsers (CORS)"))
     media_args.add_arguments(p.add_argument_group("image input"))
+    state_args.add_arguments(p.add_argument_group("state (stored responses)"))
     sim = p.add_argument_group("simulated engine (--engine sim)")
     # The cost flags default to the --sim-profile's values (sim_faults.resolve fills them in).
     sim.add_argument("--sim-prefill-ms-per-1k-tokens", type=float, default=None, help="Prefill cost; 0 = free.")
@@ -282,6 +283,7 @@ def check_args(args: argparse.Namespace) -> str | None:
         or media_args.resolve(args)
         or limits_args.resolve(args)
         or edge_args.resolve(args)
+        or state_args.resolve(args)
     )
     if err:
         return err

@@ -32,7 +32,12 @@ pub struct Inflight {
     /// its last bytes go to the client, who may send its next request the moment it has them. A client that is
     /// still (slowly) reading must not hold engine capacity either.
     pub(super) permit: Mutex<Option<Permit>>,
+    /// Called with its last bytes as it succeeds, before they go to the client (a stored response is recorded).
+    pub(super) on_finish: Mutex<Option<OnFinish>>,
 }
+
+/// What to do with a request's last bytes as it succeeds.
+pub type OnFinish = Box<dyn FnOnce(&[u8]) + Send>;
 
 /// Tokens held for a later decode.
 #[derive(Default)]
@@ -81,6 +86,13 @@ pub(super) struct Timing {
 }
 
 impl Inflight {
+    /// Hand the request's last bytes to its finish hook, if it has one (once).
+    pub fn finished_with(&self, last: &[u8]) {
+        if let Some(f) = self.on_finish.lock().unwrap().take() {
+            f(last);
+        }
+    }
+
     /// Record that tokens arrived now; returns (time to first token if this was the first, gap since the last).
     pub fn tokens_arrived(&self, now: Instant, n: usize) -> (Option<Duration>, Option<Duration>) {
         let mut t = self.timing.lock().unwrap();
@@ -206,6 +218,7 @@ mod tests {
             held: Mutex::default(),
             timing: Mutex::default(),
             permit: Mutex::new(Some(admission.try_admit().unwrap())),
+            on_finish: Mutex::default(),
         }
     }
 

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
-pub use inflight::{Inflight, TokenLogprobs};
+pub use inflight::{Inflight, OnFinish, TokenLogprobs};
 pub use rank::RankLink;
 pub use ticket::Ticket;
 
@@ -38,6 +38,8 @@ pub struct RequestMeta {
     /// When its body had been checked, and when it got its admission slot.
     pub parsed: Instant,
     pub admitted: Instant,
+    /// Called with its last bytes as it succeeds (`Inflight::finished_with`).
+    pub on_finish: Option<OnFinish>,
 }
 
 pub struct Dispatcher {
@@ -108,7 +110,7 @@ impl Dispatcher {
     ) -> Result<Ticket, ApiError> {
         let rank = self.pick().ok_or_else(|| ApiError::Unavailable("no engine rank is running".into()))?;
         let encoded = Instant::now(); // the codec calls this right after converting and encoding the request
-        let RequestMeta { id, request_id, arrival, parsed, admitted } = meta;
+        let RequestMeta { id, request_id, arrival, parsed, admitted, on_finish } = meta;
         // The tokens the engine prefills: an image's placeholder stands for many (as usage counts them).
         let images = job.submit.images.as_ref().map_or(0, |im| im.extra_tokens as usize);
         let prompt_tokens = job.submit.prompt.len() + images;
@@ -125,6 +127,7 @@ impl Dispatcher {
             held: Mutex::default(),
             timing: Mutex::default(),
             permit: Mutex::new(Some(permit)),
+            on_finish: Mutex::new(on_finish),
         });
         rank.inflight.lock().unwrap().insert(id, entry.clone());
         // Stored before the count rises, so a watchdog that sees the new count sees the new time too.

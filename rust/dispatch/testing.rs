@@ -46,7 +46,14 @@ pub fn submit(d: &Arc<Dispatcher>, admission: &Admission) -> Ticket {
         images: None,
     };
     let now = Instant::now();
-    let meta = RequestMeta { id: d.next_id(), request_id: "r".into(), arrival: now, parsed: now, admitted: now };
+    let meta = RequestMeta {
+        id: d.next_id(),
+        request_id: "r".into(),
+        arrival: now,
+        parsed: now,
+        admitted: now,
+        on_finish: None,
+    };
     let permit = admission.try_admit().unwrap();
     d.submit(meta, Job { submit, incremental: true }, decoder, outlet, permit).unwrap()
 }

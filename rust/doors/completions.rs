@@ -120,6 +120,8 @@ fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
         forced_tool: None,
         priority,
         images: Vec::new(), // a raw prompt has no image parts
+        store: false,
+        previous_response_id: None,
         body: serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?,
     })
 }

@@ -23,6 +23,10 @@ pub struct GenerateRequest {
     pub priority: i64,
     /// The request's images (fetched, for URLs, after admission).
     pub images: Vec<ImageRef>,
+    /// Keep the response (Responses' `store`, on by default there; no other door stores).
+    pub store: bool,
+    /// The stored response whose chain this request continues (Responses' `previous_response_id`).
+    pub previous_response_id: Option<String>,
     pub body: Vec<u8>,
 }
 
@@ -65,6 +69,8 @@ pub fn plain<D: Spec>(
         forced_tool,
         priority,
         images,
+        store: false,
+        previous_response_id: None,
         body: serde_json::to_vec(&body).map_err(|_| ApiError::Internal)?,
     })
 }

@@ -158,25 +158,32 @@ fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
         check_input(input)?;
     }
     let obj = v.as_object().ok_or(ApiError::Internal)?;
-    // There is no response store: deepseek-recipe would drop these silently, and the client would think them kept.
-    for key in ["previous_response_id", "conversation"] {
-        if set(obj, key) {
+    let previous_response_id = match obj.get("previous_response_id") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(id)) if !id.is_empty() && id.len() <= 256 => Some(id.clone()),
+        Some(_) => {
             return Err(ApiError::bad_param(
-                key,
-                format!("'{key}' is not supported: the server keeps no responses; send the whole input instead."),
+                "previous_response_id",
+                "Invalid 'previous_response_id': expected the id of a stored response.",
             ));
         }
+    };
+    if set(obj, "conversation") {
+        return Err(ApiError::bad_param(
+            "conversation",
+            "'conversation' is not supported yet; use 'previous_response_id' or send the whole input.",
+        ));
     }
     if set(obj, "prompt") {
         return Err(ApiError::bad_param("prompt", "Stored prompt templates are not supported; send 'input'."));
     }
-    for key in ["store", "background"] {
-        if obj.get(key) == Some(&Value::Bool(true)) {
-            return Err(ApiError::bad_param(
-                key,
-                format!("'{key}: true' is not supported: the server keeps no responses."),
-            ));
-        }
+    if obj.get("background") == Some(&Value::Bool(true)) {
+        return Err(ApiError::bad_param("background", "'background: true' is not supported yet."));
+    }
+    // Stored unless the request says `store: false`, as OpenAI's default is.
+    let store = !matches!(obj.get("store"), Some(Value::Bool(false)));
+    if !matches!(obj.get("store"), None | Some(Value::Null | Value::Bool(_))) {
+        return Err(ApiError::bad_param("store", "'store' must be a boolean"));
     }
     if let Some(Value::Array(tools)) = obj.get("tools") {
         for (i, tool) in tools.iter().enumerate() {
@@ -219,7 +226,10 @@ fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
             }
         }
     }
-    plain::<Responses>(raw, v, model, top_k, forced_tool)
+    let mut req = plain::<Responses>(raw, v, model, top_k, forced_tool)?;
+    req.store = store;
+    req.previous_response_id = previous_response_id;
+    Ok(req)
 }
 
 #[cfg(test)]
@@ -237,12 +247,23 @@ mod tests {
     }
 
     #[test]
+    fn responses_are_stored_unless_the_request_says_not() {
+        let parse = |v: Value| Responses::parse(v.to_string().as_bytes(), &names()).unwrap();
+        let req = parse(json!({"model": "m", "input": "hi"}));
+        assert!(req.store && req.previous_response_id.is_none());
+        assert!(!parse(json!({"model": "m", "input": "hi", "store": false})).store);
+        let req = parse(json!({"model": "m", "input": "hi", "previous_response_id": "resp_1"}));
+        assert_eq!(req.previous_response_id.as_deref(), Some("resp_1"));
+    }
+
+    #[test]
     fn responses_refuse_what_no_server_state_can_do() {
         let base = json!({"model": "m", "input": "hi"});
         assert!(Responses::parse(base.to_string().as_bytes(), &names()).is_ok());
         for (extra, field) in [
-            (json!({"previous_response_id": "resp_1"}), "previous_response_id"),
-            (json!({"store": true}), "store"),
+            (json!({"previous_response_id": 7}), "previous_response_id"),
+            (json!({"conversation": "conv_1"}), "conversation"),
+            (json!({"store": "yes"}), "store"),
             (json!({"background": true}), "background"),
             (json!({"tools": [{"type": "web_search"}]}), "tools[0].type"),
             (json!({"tools": [{"type": "function", "name": "f"}, {"type": "file_search"}]}), "tools[1].type"),

@@ -11,10 +11,11 @@ use super::body::RawBody;
 use super::request_id::RequestId;
 use super::sse::SseBody;
 use crate::codec::PrepareRequest;
-use crate::dispatch::{Job, RequestMeta};
-use crate::doors::Door;
+use crate::dispatch::{Job, OnFinish, RequestMeta};
+use crate::doors::{Door, GenerateRequest};
 use crate::error::ApiError;
 use crate::ring::records::{ImageSet, Submit};
+use crate::store::responses::Keep;
 use crate::stream::{Outlet, StreamBuf};
 use axum::Extension;
 use axum::body::{Body, Bytes};
@@ -67,6 +68,7 @@ async fn handle(
     if let Some(&on) = st.config.thinking_pins.get(&req.model) {
         req.body = door.pin_thinking(&req.body, on)?;
     }
+    let keep = stored(st, &mut req).await?;
     let parsed = Instant::now();
     if let Some(err) = st.unavailable() {
         return Err(err);
@@ -99,10 +101,18 @@ async fn handle(
     let has_images = !req.images.is_empty();
     let fetched = if has_images { st.media.fetch(&req.images, deadline).await? } else { Default::default() };
     let id = st.dispatcher.next_id();
+    let response_id = format!("{}{id:x}{:08x}", door.id_prefix(), crate::ids::random_u64() as u32);
+    let on_finish = match (keep, &st.responses) {
+        (Some(keep), Some(responses)) => {
+            let (responses, rid, stream) = (responses.clone(), response_id.clone(), req.stream);
+            Some(Box::new(move |last: &[u8]| responses.record(rid, keep, last, stream)) as OnFinish)
+        }
+        _ => None,
+    };
     let prepare = PrepareRequest {
         door,
         body: req.body,
-        response_id: format!("{}{id:x}{:08x}", door.id_prefix(), rand_u32()),
+        response_id,
         model: req.model,
         ignore_eos: req.ignore_eos,
         include_usage: req.include_usage,
@@ -147,7 +157,7 @@ async fn handle(
                 },
                 incremental: prepared.incremental,
             };
-            let meta = RequestMeta { id, request_id, arrival, parsed, admitted };
+            let meta = RequestMeta { id, request_id, arrival, parsed, admitted, on_finish };
             let images = job.submit.images.clone();
             let sent = dispatcher.submit(meta, job, prepared.decoder, outlet, permit);
             if sent.is_err() {
@@ -194,11 +204,21 @@ fn sse_response(body: SseBody) -> Response {
     (headers, Body::from_stream(body)).into_response()
 }
 
-/// A cheap per-process-random suffix for response ids (uniqueness comes from the request id).
-fn rand_u32() -> u32 {
-    use std::collections::hash_map::RandomState;
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = RandomState::new().build_hasher();
-    h.write_u64(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64));
-    h.finish() as u32
+/// A stored Responses request: the chain it continues put before its input, and what its record will keep (None
+/// for a request not stored).
+async fn stored(st: &AppState, req: &mut GenerateRequest) -> Result<Option<Keep>, ApiError> {
+    if !req.store && req.previous_response_id.is_none() {
+        return Ok(None);
+    }
+    let Some(responses) = &st.responses else {
+        if req.previous_response_id.is_some() {
+            let msg = "This server keeps no responses (its state store is off): send the whole input instead.";
+            return Err(ApiError::bad_param("previous_response_id", msg));
+        }
+        return Ok(None);
+    };
+    let body = std::mem::take(&mut req.body);
+    let (body, keep) = responses.continue_from(body, req.previous_response_id.take()).await?;
+    req.body = body;
+    Ok(req.store.then_some(keep))
 }

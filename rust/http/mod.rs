@@ -9,6 +9,7 @@ pub mod head_limits;
 mod info;
 pub mod request_id;
 mod sse;
+mod stored;
 mod tokens;
 mod worker;
 
@@ -34,6 +35,8 @@ pub struct AppState {
     pub dispatcher: Arc<Dispatcher>,
     /// Fetches image URLs behind the address guard.
     pub media: crate::media::Fetcher,
+    /// Stored responses; None when storing is off (`--state-store off`, `--disable-response-store`).
+    pub responses: Option<Arc<crate::store::responses::Responses>>,
     /// Set on SIGTERM: stop admitting, report 503 on /health, let in-flight requests finish.
     pub draining: AtomicBool,
     pub started_unix: u64,
@@ -66,6 +69,9 @@ pub fn app(state: Arc<AppState>) -> Router {
     let keyed = keyed
         .route("/v1/chat/completions/render", post(worker::render_chat))
         .route("/v1/messages/count_tokens", post(tokens::count_messages_tokens))
+        .route("/v1/responses/{id}", get(stored::get_response).delete(stored::delete_response))
+        .route("/v1/responses/{id}/input_items", get(stored::input_items))
+        .route("/v1/responses/{id}/cancel", post(stored::cancel_response))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize))
         .route("/v1/models", get(info::models))
@@ -135,6 +141,7 @@ mod tests {
             codec: Codec::start(codec, decode, 1),
             dispatcher: Dispatcher::new(Vec::new(), Arc::new(Metrics::new("test-model"))),
             media: crate::media::Fetcher::new(&config).expect("media fetcher"),
+            responses: None,
             draining: AtomicBool::new(false),
             started_unix: 0,
             config,

@@ -210,6 +210,8 @@ fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
         forced_tool,
         priority,
         images,
+        store: false,
+        previous_response_id: None,
         body,
     })
 }

@@ -1,0 +1,78 @@
+"""Where the server keeps state across requests (stored responses): its flags, their check, and what the Rust front
+end is handed (rust/store).
+
+The default is an embedded SQLite file under the user's state directory: nothing to install or start, and it
+survives a restart. Replicas behind a gateway share a PostgreSQL database instead (`--state-store
+postgresql://…`), so a response stored by one is found by all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("deepinfer_server")
+
+
+def default_store() -> str:
+    """`$DEEPINFER_SERVER_STATE_STORE`, else `state.sqlite3` in `$XDG_STATE_HOME/deepinfer-server` (by default
+    `~/.local/state/deepinfer-server`)."""
+    env = os.environ.get("DEEPINFER_SERVER_STATE_STORE")
+    if env:
+        return env
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return str(Path(base) / "deepinfer-server" / "state.sqlite3")
+
+
+def add_arguments(p: argparse._ArgumentGroup) -> None:
+    p.add_argument(
+        "--state-store",
+        default=None,
+        metavar="PATH|URL",
+        help="Where stored responses are kept: a SQLite file (the default: state.sqlite3 under "
+        "$XDG_STATE_HOME/deepinfer-server, or $DEEPINFER_SERVER_STATE_STORE), 'memory' (lost at exit), a "
+        "'postgresql://user:password@host/db' URL shared by replicas, or 'off'.",
+    )
+    p.add_argument(
+        "--disable-response-store",
+        action="store_true",
+        help="Keep no responses, whatever a request's 'store' says ('previous_response_id' is then a 400).",
+    )
+
+
+def store_spec(args: argparse.Namespace) -> str:
+    """The store as the front end takes it: empty when off."""
+    spec = args.state_store if args.state_store is not None else default_store()
+    return "" if spec == "off" or args.disable_response_store else spec
+
+
+def resolve(args: argparse.Namespace) -> str | None:
+    """Why the store's flags cannot work, if they cannot; makes a SQLite file's directory."""
+    spec = store_spec(args)
+    if not spec or spec == "memory" or spec.startswith(("postgres://", "postgresql://", "sqlite::memory:")):
+        return None
+    path = Path(spec.removeprefix("sqlite://").removeprefix("sqlite:").split("?", 1)[0]).expanduser()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as e:
+        if args.state_store is None and "DEEPINFER_SERVER_STATE_STORE" not in os.environ:
+            # The default place is not writable here (a read-only home): keep responses in memory rather than
+            # refuse to start; the operator who wants them kept names a place.
+            log.warning("cannot make %s (%s): stored responses are kept in memory only", path.parent, e.strerror)
+            args.state_store = "memory"
+            return None
+        return f"--state-store: cannot make the directory of {path}: {e.strerror}"
+    if path.is_dir():
+        return f"--state-store: {path} is a directory; name a file"
+    return None
+
+
+def server_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The store entries of the Rust server's config dict (rust/config.rs)."""
+    spec = store_spec(args)
+    if spec and not spec.startswith(("postgres://", "postgresql://", "sqlite:", "memory")):
+        spec = str(Path(spec).expanduser())
+    return {"state_store": spec, "store_responses": bool(spec)}

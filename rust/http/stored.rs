@@ -1,0 +1,119 @@
+//! The stored responses' routes (OpenAI Responses API): `GET` and `DELETE /v1/responses/{id}`,
+//! `GET /v1/responses/{id}/input_items` (paginated) and `POST /v1/responses/{id}/cancel`. Answered from the state
+//! store (`crate::store`): no codec, no rank, no admission slot.
+
+use super::AppState;
+use crate::doors::Door;
+use crate::error::ApiError;
+use crate::store::StoredResponse;
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+/// Most items one page of `input_items` holds (OpenAI's limit).
+const PAGE_MAX: usize = 100;
+
+pub async fn get_response(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    Query(q): Query<GetQuery>,
+) -> Response {
+    answer(async {
+        if q.stream == Some(true) {
+            return Err(ApiError::bad_param("stream", "Streaming a stored response is only for background responses."));
+        }
+        let r = find(&st, &id).await?;
+        Ok(([(header::CONTENT_TYPE, "application/json")], r.response).into_response())
+    })
+    .await
+}
+
+pub async fn delete_response(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    answer(async {
+        let deleted = match &st.responses {
+            Some(responses) => responses.delete(&id).await?,
+            None => false,
+        };
+        if !deleted {
+            return Err(not_found(&id));
+        }
+        Ok(Json(json!({"id": id, "object": "response", "deleted": true})).into_response())
+    })
+    .await
+}
+
+pub async fn cancel_response(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    answer(async {
+        find(&st, &id).await?;
+        Err(ApiError::bad_param("response_id", "Only responses created with 'background: true' can be cancelled."))
+    })
+    .await
+}
+
+pub async fn input_items(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    Query(q): Query<PageQuery>,
+) -> Response {
+    answer(async {
+        let limit = q.limit.unwrap_or(20);
+        if !(1..=PAGE_MAX).contains(&limit) {
+            return Err(ApiError::bad_param("limit", format!("'limit' must be between 1 and {PAGE_MAX}.")));
+        }
+        let ascending = match q.order.as_deref() {
+            None | Some("desc") => false,
+            Some("asc") => true,
+            Some(_) => return Err(ApiError::bad_param("order", "'order' must be 'asc' or 'desc'.")),
+        };
+        let r = find(&st, &id).await?;
+        let mut items: Vec<Value> = serde_json::from_str(&r.input_items).map_err(|_| ApiError::Internal)?;
+        if !ascending {
+            items.reverse();
+        }
+        let start = match &q.after {
+            Some(after) => match items.iter().position(|i| i.get("id").and_then(Value::as_str) == Some(after)) {
+                Some(at) => at + 1,
+                None => return Err(ApiError::bad_param("after", format!("No input item with id '{after}'."))),
+            },
+            None => 0,
+        };
+        let page: Vec<Value> = items.iter().skip(start).take(limit).cloned().collect();
+        let has_more = start + page.len() < items.len();
+        let id_of = |i: Option<&Value>| i.and_then(|i| i.get("id")).cloned().unwrap_or(Value::Null);
+        let (first_id, last_id) = (id_of(page.first()), id_of(page.last()));
+        Ok(Json(
+            json!({"object": "list", "data": page, "first_id": first_id, "last_id": last_id, "has_more": has_more}),
+        )
+        .into_response())
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+pub struct GetQuery {
+    stream: Option<bool>,
+}
+
+#[derive(Deserialize)]
+pub struct PageQuery {
+    limit: Option<usize>,
+    order: Option<String>,
+    after: Option<String>,
+}
+
+async fn find(st: &AppState, id: &str) -> Result<StoredResponse, ApiError> {
+    let Some(responses) = &st.responses else { return Err(not_found(id)) };
+    responses.load(id).await?.ok_or_else(|| not_found(id))
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::NotFound { what: "Response", id: id.to_string(), param: None }
+}
+
+async fn answer(f: impl Future<Output = Result<Response, ApiError>>) -> Response {
+    f.await.unwrap_or_else(|e| Door::Responses.respond(e))
+}

@@ -1,0 +1,212 @@
+//! Stored responses on the request path:
+//! - before the codec, a request that names `previous_response_id` gets the chain's items put before its input
+//!   (`continue_from`); the chain's instructions are not carried over, as OpenAI documents;
+//! - as a stored response finishes, its Response is taken from its last bytes and written (`Recording`), off the
+//!   rank_io thread. The client may name it in its next request the moment it has those bytes, so the id is marked
+//!   as being written first, and a request that names it waits for the write (`load`).
+
+use super::{Store, StoreError, StoredResponse};
+use crate::error::ApiError;
+use serde_json::{Map, Value, json};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Longest a request waits for the response it names to be written.
+const WRITE_WAIT: Duration = Duration::from_secs(10);
+
+pub struct Responses {
+    store: Box<dyn Store>,
+    /// Ids being written: their writes' "done" flags.
+    writing: Mutex<HashMap<String, watch::Receiver<bool>>>,
+    runtime: tokio::runtime::Handle,
+}
+
+/// What a stored request leaves for its response's record.
+pub struct Keep {
+    previous: Option<String>,
+    /// The items before the request's own input (the chain's).
+    context: Vec<Value>,
+    /// The request's body as the client sent it: its own input items are read from it as the record is written.
+    body: Vec<u8>,
+}
+
+impl Responses {
+    pub fn new(store: Box<dyn Store>, runtime: tokio::runtime::Handle) -> Arc<Self> {
+        Arc::new(Responses { store, writing: Mutex::new(HashMap::new()), runtime })
+    }
+
+    /// A stored response, waiting for it if it is being written.
+    pub async fn load(&self, id: &str) -> Result<Option<StoredResponse>, ApiError> {
+        let writing = self.writing.lock().unwrap().get(id).cloned();
+        if let Some(mut done) = writing {
+            let _ = tokio::time::timeout(WRITE_WAIT, done.wait_for(|d| *d)).await;
+        }
+        self.store.get_response(id).await.map_err(failed)
+    }
+
+    pub async fn delete(&self, id: &str) -> Result<bool, ApiError> {
+        self.load(id).await?; // a response being written is deleted once it is there
+        self.store.delete_response(id).await.map_err(failed)
+    }
+
+    /// The body of a Responses request with the chain of `previous` put before its input, and what its own
+    /// record will keep. A request that continues nothing is not parsed here.
+    pub async fn continue_from(&self, body: Vec<u8>, previous: Option<String>) -> Result<(Vec<u8>, Keep), ApiError> {
+        let Some(prev) = previous else {
+            return Ok((body.clone(), Keep { previous: None, context: Vec::new(), body }));
+        };
+        let param = Some("previous_response_id");
+        let not_found = || ApiError::NotFound { what: "Previous response", id: prev.clone(), param };
+        let stored = self.load(&prev).await?.ok_or_else(not_found)?;
+        let context = chain_items(&stored).ok_or(ApiError::Internal)?;
+        let mut v: Value = serde_json::from_slice(&body).map_err(|_| ApiError::Internal)?;
+        let obj = v.as_object_mut().ok_or(ApiError::Internal)?;
+        obj.remove("previous_response_id");
+        let mut input = context.clone();
+        input.extend(own_items(obj.get("input")));
+        obj.insert("input".into(), Value::Array(input));
+        let spliced = serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?;
+        Ok((spliced, Keep { previous: Some(prev), context, body }))
+    }
+
+    /// Record a finished response from its last bytes (a whole body, or a stream's final events). Called on the
+    /// rank_io thread before the bytes go to the client: it marks the id as being written and leaves the rest
+    /// (parsing, writing) to a task.
+    pub fn record(self: &Arc<Self>, id: String, keep: Keep, last: &[u8], stream: bool) {
+        let (done, wait) = watch::channel(false);
+        self.writing.lock().unwrap().insert(id.clone(), wait);
+        let (me, last) = (self.clone(), last.to_vec());
+        self.runtime.spawn(async move {
+            match to_record(keep, &last, stream) {
+                Some(record) => {
+                    if let Err(e) = me.store.put_response(&record).await {
+                        tracing::error!(response_id = %id, "could not store a response: {e}");
+                    }
+                }
+                None => tracing::warn!(response_id = %id, "a stored response's last bytes held no Response"),
+            }
+            me.writing.lock().unwrap().remove(&id);
+            let _ = done.send(true);
+        });
+    }
+}
+
+fn to_record(keep: Keep, last: &[u8], stream: bool) -> Option<StoredResponse> {
+    let mut response = final_response(last, stream)?;
+    let obj = response.as_object_mut()?;
+    if let Some(prev) = &keep.previous {
+        obj.insert("previous_response_id".into(), json!(prev));
+    }
+    let sent: Value = serde_json::from_slice(&keep.body).ok()?;
+    Some(StoredResponse {
+        id: obj.get("id")?.as_str()?.to_string(),
+        created_at: obj.get("created_at").and_then(Value::as_i64).unwrap_or_default(),
+        model: obj.get("model").and_then(Value::as_str).unwrap_or_default().to_string(),
+        previous_response_id: keep.previous,
+        context: Value::Array(keep.context).to_string(),
+        input_items: Value::Array(own_items(sent.get("input"))).to_string(),
+        response: response.to_string(),
+    })
+}
+
+fn failed(e: StoreError) -> ApiError {
+    tracing::error!("{e}");
+    ApiError::Store
+}
+
+/// A request's own input as items, each with an id (a string input is one user message).
+fn own_items(input: Option<&Value>) -> Vec<Value> {
+    let mut items = match input {
+        Some(Value::String(text)) => {
+            vec![json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})]
+        }
+        Some(Value::Array(items)) => items.clone(),
+        _ => Vec::new(),
+    };
+    for item in &mut items {
+        if let Some(obj) = item.as_object_mut() {
+            obj.entry("type").or_insert_with(|| json!("message"));
+            // A message's text as the list of parts OpenAI lists it as (`input_text`; `output_text` for what the
+            // assistant said).
+            if let Some(Value::String(text)) = obj.get("content") {
+                let kind = if obj.get("role").and_then(Value::as_str) == Some("assistant") {
+                    "output_text"
+                } else {
+                    "input_text"
+                };
+                let part = json!([{"type": kind, "text": text}]);
+                obj.insert("content".into(), part);
+            }
+            if !obj.contains_key("id") {
+                obj.insert("id".into(), json!(item_id(obj)));
+            }
+        }
+    }
+    items
+}
+
+fn item_id(item: &Map<String, Value>) -> String {
+    let prefix = match item.get("type").and_then(Value::as_str) {
+        Some("function_call") => "fc",
+        Some("function_call_output") => "fco",
+        Some("reasoning") => "rs",
+        _ => "msg",
+    };
+    crate::ids::random_id(prefix)
+}
+
+/// The items a continuation of `r` starts from: its chain's, its own input's, and its output.
+fn chain_items(r: &StoredResponse) -> Option<Vec<Value>> {
+    let mut items: Vec<Value> = serde_json::from_str(&r.context).ok()?;
+    items.extend(serde_json::from_str::<Vec<Value>>(&r.input_items).ok()?);
+    let response: Value = serde_json::from_str(&r.response).ok()?;
+    if let Some(Value::Array(output)) = response.get("output") {
+        items.extend(output.iter().cloned());
+    }
+    Some(items)
+}
+
+/// The Response in a finished request's last bytes: a non-stream's whole body, or the `response` of a stream's
+/// final lifecycle event.
+fn final_response(last: &[u8], stream: bool) -> Option<Value> {
+    if !stream {
+        return serde_json::from_slice(last).ok();
+    }
+    const ENDS: [&[u8]; 3] = [
+        b"event: response.completed\ndata: ",
+        b"event: response.incomplete\ndata: ",
+        b"event: response.failed\ndata: ",
+    ];
+    let (at, len) = ENDS.iter().find_map(|e| memchr::memmem::rfind(last, e).map(|at| (at, e.len())))?;
+    let data = &last[at + len..];
+    let data = &data[..memchr::memchr(b'\n', data).unwrap_or(data.len())];
+    let mut event: Value = serde_json::from_slice(data).ok()?;
+    event.get_mut("response").map(Value::take)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_streams_response_is_its_final_events() {
+        let last = b"event: response.output_text.done\ndata: {\"x\":1}\n\n\
+            event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\"}}\n\n";
+        assert_eq!(final_response(last, true), Some(json!({"id": "resp_1"})));
+        assert_eq!(final_response(br#"{"id":"resp_2"}"#, false), Some(json!({"id": "resp_2"})));
+        assert_eq!(final_response(b"event: response.output_text.delta\ndata: {}\n\n", true), None);
+    }
+
+    #[test]
+    fn input_becomes_items_with_ids() {
+        let items = own_items(Some(&json!("hi")));
+        assert_eq!(items[0]["content"][0], json!({"type": "input_text", "text": "hi"}));
+        assert!(items[0]["id"].as_str().unwrap().starts_with("msg_"));
+        let kept = own_items(Some(&json!([{"role": "user", "content": "a", "id": "msg_x"}])));
+        assert_eq!(kept[0]["id"], "msg_x");
+        assert_eq!(kept[0]["content"], json!([{"type": "input_text", "text": "a"}]));
+        assert_eq!(kept[0]["type"], "message");
+    }
+}
