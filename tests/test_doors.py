@@ -215,8 +215,8 @@ def test_responses_function_call_round_trip(server: Server) -> None:
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"previous_response_id": "resp_1"}, "previous_response_id"),
-        ({"store": True}, "store"),
+        ({"conversation": "conv_1"}, "conversation"),
+        ({"background": True}, "background"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"tools": [{"type": "file_search", "vector_store_ids": ["v"]}]}, "tools[0].type"),
     ],

@@ -93,7 +93,7 @@ BY_DESIGN: list[tuple[str, Callable[[Body, Error], bool]]] = [
     ("stop: deepseek-recipe takes at most 16 strings, none empty", _param(r"stop(\[\d+\])?")),
     ("the prompt leaves no room in --max-model-len", lambda body, err: err.get("code") == "context_length_exceeded"),
     (
-        "Responses: no response store (previous_response_id, conversation, store/background true)",
+        "Responses: a previous_response_id not stored (404); conversation, background: true (not yet)",
         _param(r"previous_response_id|conversation|store|background"),
     ),
     (
