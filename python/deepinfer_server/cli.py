@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from deepinfer_server import __version__, edge_args, limits_args, media_args
-from deepinfer_server.engine import sim_faults
+from deepinfer_server.engine import sim_config
 from deepinfer_server.prompt_encoder import CHOICES as PROMPT_ENCODERS
 
 API_KEY_ENV = "DEEPINFER_SERVER_API_KEY"
@@ -216,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     edge_args.add_arguments(p.add_argument_group("browsers (CORS)"))
     media_args.add_arguments(p.add_argument_group("image input"))
     sim = p.add_argument_group("simulated engine (--engine sim)")
-    # The cost flags default to the --sim-profile's values (sim_faults.resolve fills them in).
+    # The cost flags default to the --sim-profile's values (sim_config.resolve fills them in).
     sim.add_argument("--sim-prefill-ms-per-1k-tokens", type=float, default=None, help="Prefill cost; 0 = free.")
     sim.add_argument("--sim-decode-step-ms", type=float, default=None, help="Decode step time; 0 = free.")
     sim.add_argument("--sim-decode-ms-per-seq", type=float, default=None, help="Extra step time per decoding sequence.")
@@ -245,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="DP ranks step together, each step as long as the slowest rank's (as DeepInfer's ranks do).",
     )
-    sim_faults.add_arguments(sim)  # --sim-profile and the failures to inject
+    sim_config.add_arguments(sim)  # --sim-profile and the failures to inject
     return p
 
 
@@ -278,7 +278,7 @@ def check_args(args: argparse.Namespace) -> str | None:
     """Every cross-field rule in one place; the message names the flags involved."""
     err = (
         resolve_parallelism(args)
-        or sim_faults.resolve(args)
+        or sim_config.resolve(args)
         or media_args.resolve(args)
         or limits_args.resolve(args)
         or edge_args.resolve(args)

@@ -168,7 +168,7 @@ class Ranks:
                 "doorbell": str(bell_path) if bell_path else None,
             }
             if a.engine == "sim":
-                from deepinfer_server.engine.sim_faults import rank_config
+                from deepinfer_server.engine.sim_config import rank_config
 
                 conf["sim_faults"] = rank_config(a, rank)  # failures to inject (--sim-error-rate ...), or None
             env = self.rank_env(rank)
