@@ -65,14 +65,18 @@ def fake_env(**extra: str) -> dict[str, str]:
 
 
 def _integrated() -> str | None:
-    """The owner's rank.py/ranks.py edits that plug the adapter in (see the report); None when present."""
-    import deepinfer_server.engine.rank as rank_mod
-    import deepinfer_server.ranks as ranks_mod
+    """The adapter's entry in the engine registry, which plugs it in; None when present."""
+    from deepinfer_server.engine import deepinfer_config
+    from deepinfer_server.engine.base import Ability
+    from deepinfer_server.engine.registry import ENGINES
 
-    if "serve_lockstep" not in Path(rank_mod.__file__).read_text():
-        return f"{rank_mod.__file__} does not dispatch --engine deepinfer to lockstep.serve_lockstep"
-    if "dist_env_for_ranks" not in Path(ranks_mod.__file__).read_text():
-        return f"{ranks_mod.__file__} does not set the ranks' CUDA_VISIBLE_DEVICES/MASTER_PORT/engine_rank"
+    entry = ENGINES.get("deepinfer")
+    if entry is None or entry.build != "deepinfer_server.engine.deepinfer:build":
+        return "engine/registry.py has no --engine deepinfer entry that builds engine/deepinfer.py's engine"
+    if Ability.COLLECTIVES not in entry.abilities:
+        return "the deepinfer entry does not step its ranks together (lockstep.serve_lockstep)"
+    if entry.launch is not deepinfer_config.launch:
+        return "the deepinfer entry does not set the ranks' CUDA_VISIBLE_DEVICES/MASTER_PORT/engine_rank"
     return None
 
 

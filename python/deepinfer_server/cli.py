@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from deepinfer_server import __version__, edge_args, limits_args, media_args
 from deepinfer_server.engine import sim_config
+from deepinfer_server.engine.registry import ENGINES, Stepping
 from deepinfer_server.prompt_encoder import CHOICES as PROMPT_ENCODERS
 
 API_KEY_ENV = "DEEPINFER_SERVER_API_KEY"
@@ -172,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--engine",
-        choices=("sim", "deepinfer"),
+        choices=tuple(ENGINES),
         default=os.environ.get("DEEPINFER_SERVER_ENGINE", "sim"),
         help="Engine behind the ranks (default from DEEPINFER_SERVER_ENGINE; the container image sets deepinfer).",
     )
@@ -288,8 +289,12 @@ def check_args(args: argparse.Namespace) -> str | None:
     err = resolve_api_key(args)
     if err:
         return err
-    if args.engine == "deepinfer" and not args.model:
-        return "MODEL is required with --engine deepinfer"
+    engine = ENGINES.get(args.engine)
+    if engine is None:  # argparse checks the choice on the command line, not the default from the environment
+        return f"DEEPINFER_SERVER_ENGINE={args.engine!r} is not an engine ({', '.join(ENGINES)})"
+    err = engine.check(args)
+    if err:
+        return err
     if args.max_model_len < 2:
         return "--max-model-len must be at least 2"
     if args.max_num_seqs < 1:
@@ -330,7 +335,7 @@ def check_args(args: argparse.Namespace) -> str | None:
     if args.sse_keep_alive <= 0:
         return "--sse-keep-alive must be positive"
     if args.dispatch_gather_ms is None:
-        together = args.engine == "deepinfer" or args.sim_lockstep
+        together = engine.stepping(args) is not Stepping.ALONE
         args.dispatch_gather_ms = DEFAULT_GATHER_MS if together else 0.0
     if args.dispatch_gather_ms < 0 or args.dispatch_gather_ms > 1000 or args.dispatch_gather_min_tokens < 0:
         return "--dispatch-gather-ms must be within 0-1000 and --dispatch-gather-min-tokens at least 0"

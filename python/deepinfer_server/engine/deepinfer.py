@@ -35,8 +35,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from deepinfer_server import _native
-from deepinfer_server.engine.base import Output, Submit
-from deepinfer_server.engine.deepinfer_config import ConfigError, rendezvous_hint, serving_env_defaults
+from deepinfer_server.engine.base import ConfigError, Output, Submit
+from deepinfer_server.engine.deepinfer_config import rendezvous_hint, serving_env_defaults
 
 log = logging.getLogger("deepinfer_server.deepinfer")
 

@@ -1,6 +1,6 @@
 """The sim as the server sets it up before any rank starts: its named timing profiles, the failures to inject and
-their flags, and their checks (`--engine sim`). The rank side, the engine that fails on purpose, is
-engine/sim_faults.py, which says what each failure does.
+their flags, their checks, and each rank's engine config (`launch`, which the sim's entry in engine/registry.py
+names). The rank side, the engine that fails on purpose, is engine/sim_faults.py, which says what each failure does.
 
 Operators test gateways, clients, dashboards and alerts against failures, as llm-d-inference-sim allows. Every
 option is off by default; every random choice comes from `--sim-fault-seed`, so a run is reproducible for the same
@@ -8,14 +8,20 @@ order of arrivals on each rank.
 
 Timing profiles (`--sim-profile`) set the defaults of the sim's cost flags; a cost flag given explicitly wins.
 
-Nothing here imports the sim itself: the server runs this, and has no use for the engine.
+Nothing here imports the sim itself: the server runs this, and the ranks of every engine import it with the
+registry.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
+
+from deepinfer_server.engine.base import RankLaunch
+from deepinfer_server.engine.deepinfer_config import prefill_interval
 
 
 @dataclass(frozen=True)
@@ -118,14 +124,17 @@ def resolve(args: argparse.Namespace) -> str | None:
     for flag in ("sim_crash_after", "sim_stall_after"):
         if getattr(args, flag) is not None and getattr(args, flag) < 0:
             return f"--{flag.replace('_', '-')} must not be negative"
-    faults = any(getattr(args, f) for f in ("sim_error_rate", "sim_abort_rate")) or any(
-        getattr(args, f) is not None for f in ("sim_crash_after", "sim_stall_after")
-    )
-    if faults and args.engine != "sim":
-        return "the --sim-* fault flags need --engine sim"
     if not 0 <= args.sim_fault_rank < (args.data_parallel_size or 1):
         return f"--sim-fault-rank must name a rank (0..{(args.data_parallel_size or 1) - 1})"
     return None
+
+
+def refuse_faults(args: argparse.Namespace) -> str | None:
+    """The check of an engine that cannot fail on purpose (its entry's): no fault flag may be given."""
+    faults = any(getattr(args, f) for f in ("sim_error_rate", "sim_abort_rate")) or any(
+        getattr(args, f) is not None for f in ("sim_crash_after", "sim_stall_after")
+    )
+    return "the --sim-* fault flags need --engine sim" if faults else None
 
 
 @dataclass(frozen=True)
@@ -155,3 +164,24 @@ def rank_config(args: argparse.Namespace, rank: int) -> dict[str, Any] | None:
         stall_after=args.sim_stall_after if mine else None,
     )
     return asdict(faults) if faults.active() else None
+
+
+def launch(args: argparse.Namespace, tokenizer: Path, env: Mapping[str, str]) -> list[RankLaunch]:
+    """Each rank's engine config (engine/sim.py `SimConfig`, and under "faults" what it is to do wrong); the sim
+    needs no variables of its own. DeepInfer's prefill-vote intervals count as DeepInfer's do, since the sim models
+    that vote."""
+    config = {
+        "tokenizer_path": str(tokenizer),
+        "max_model_len": args.max_model_len,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "decode_step_ms": args.sim_decode_step_ms,
+        "prefill_ms_per_1k_tokens": args.sim_prefill_ms_per_1k_tokens,
+        "decode_ms_per_seq": args.sim_decode_ms_per_seq,
+        "overlap_prefill": args.sim_overlap_prefill,
+        "prefill_chunk_tokens": args.sim_prefill_chunk_tokens,
+        "vote_ms": args.sim_prefill_vote_ms,
+        "vote_every_all": prefill_interval(args, "prefill_attempt_interval", env),
+        "vote_every_any": prefill_interval(args, "prefill_any_attempt_interval", env),
+    }
+    return [RankLaunch({**config, "faults": rank_config(args, rank)}, {}) for rank in range(args.data_parallel_size)]

@@ -117,8 +117,11 @@ class FaultySimEngine(SimEngine):
         return out
 
 
-def build(cfg: dict[str, Any], faults: dict[str, Any] | None) -> SimEngine:
-    """The rank's sim engine: the plain one unless the rank has faults to inject."""
+def build(engine_config: dict[str, Any]) -> SimEngine:
+    """The sim rank's entry point (engine/registry.py): the plain engine unless its config names failures to inject
+    (sim_config.py `launch`)."""
+    cfg = dict(engine_config)
+    faults = cfg.pop("faults", None)
     if not faults:
         return SimEngine(SimConfig(**cfg))
     return FaultySimEngine(SimConfig(**cfg), Faults(**faults))
