@@ -238,9 +238,9 @@ class DeepInferEngine:
         images = req.images
         if images is None:
             return None
-        processor = getattr(self.engine, "multi_modal_processor", None)
+        processor = self.engine.multi_modal_processor  # None without a vision encoder (llm_engine.py:210-221)
         if processor is None:
-            return "images_unsupported"  # the checkpoint has no vision encoder
+            return "images_unsupported"
         want = int(processor.mm_config.image_token_id)
         have = self.image_placeholder_id
         if have is not None and have != want:

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     partial = int(conf.get("max_num_partial_prefills") or 0)
     long_partial = int(conf.get("max_long_partial_prefills") or 0)
-    if (partial > 0 or long_partial > 0) and callable(getattr(engine, "first_token_times", None)):
+    if (partial > 0 or long_partial > 0) and Ability.FIRST_TOKEN_TIMES in entry.abilities:  # what the gate counts with
         from deepinfer_server.engine.prefill_gate import PrefillGate
 
         engine = PrefillGate(engine, partial, long_partial, int(conf.get("long_prefill_token_threshold") or 0))
@@ -117,14 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     log.info("rank %d ready (engine %s)", rank, conf["engine"])
     try:
         if lock is not None and bell is not None:  # the launcher's barrier: the ranks step together at it
-            serve_sim_lockstep(cast("SimEngine", engine), requests, outputs, lock, bell)
+            serve_sim_lockstep(cast("SimEngine", engine), requests, outputs, lock, bell, abilities=entry.abilities)
         elif Ability.COLLECTIVES in entry.abilities:
             from deepinfer_server.engine.lockstep import serve_lockstep
 
             assert bell is not None, "the launcher gives ranks that step together their group's doorbell"
-            serve_lockstep(engine, requests, outputs, bell)  # DP ranks step together
+            serve_lockstep(engine, requests, outputs, bell, abilities=entry.abilities)  # DP ranks step together
         else:
-            serve_rank(engine, requests, outputs, conf.get("stream_interval_ms", 0.0))
+            serve_rank(engine, requests, outputs, conf.get("stream_interval_ms", 0.0), abilities=entry.abilities)
     except _native.RingClosed:
         pass  # the server is gone or shutting down
     except BaseException:

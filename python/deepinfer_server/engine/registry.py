@@ -88,7 +88,7 @@ ENGINES: dict[str, EngineEntry] = {
             "sim",
             build="deepinfer_server.engine.sim_faults:build",
             launch=sim_config.launch,
-            abilities=frozenset({Ability.BARRIER}),
+            abilities=frozenset({Ability.FIRST_TOKEN_TIMES, Ability.BARRIER}),
             shares_allocator=True,
             # The simulated engine stands in for a GPU: it should not take host CPU from the server's request
             # handling (a real engine's step runs on the device, not on the cores the front end uses).
@@ -99,7 +99,7 @@ ENGINES: dict[str, EngineEntry] = {
             build="deepinfer_server.engine.deepinfer:build",
             launch=deepinfer_config.launch,
             checks=(sim_config.refuse_faults, deepinfer_config.check),
-            abilities=frozenset({Ability.COLLECTIVES}),
+            abilities=frozenset({Ability.FIRST_TOKEN_TIMES, Ability.COUNTERS, Ability.COLLECTIVES}),
         ),
     )
 }
