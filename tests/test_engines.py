@@ -77,12 +77,29 @@ def test_an_entry_launches_every_rank(name: str) -> None:
         (["--sim-lockstep"], Stepping.BARRIER),
         (["--engine", "deepinfer", "--sim-lockstep", "m"], Stepping.COLLECTIVES),  # its own collectives, always
         (["--engine", "deepinfer", "m"], Stepping.COLLECTIVES),
+        (["--engine", "fake-deepinfer", "m"], Stepping.COLLECTIVES),
     ],
 )
 def test_how_the_ranks_step_follows_from_the_abilities(argv: list[str], stepping: Stepping) -> None:
     args = build_parser().parse_args(argv)
     assert check_args(args) is None
     assert ENGINES[args.engine].stepping(args) is stepping
+
+
+def test_the_fake_is_deepinfer_on_tests_fake_deepinfer_and_not_offered(monkeypatch: pytest.MonkeyPatch) -> None:
+    from deepinfer_server.engine import deepinfer_config
+
+    fake, real = ENGINES["fake-deepinfer"], ENGINES["deepinfer"]
+    assert (fake.build, fake.abilities, fake.shares_allocator) == (real.build, real.abilities, real.shares_allocator)
+    assert fake.hidden and "fake-deepinfer" not in build_parser().format_help()
+    args = build_parser().parse_args(["--engine", "fake-deepinfer", "--port", "0", "m"])
+    assert check_args(args) is None
+    args.model_dir = args.model
+    (launched,) = fake.launch(args, BUNDLED_TOKENIZER, {"PYTHONPATH": "/elsewhere"})
+    assert launched.env["PYTHONPATH"] == f"{ROOT / 'tests' / 'fake_deepinfer'}:/elsewhere"
+    monkeypatch.setattr(deepinfer_config, "FAKE_DEEPINFER", ROOT / "no-such-dir")  # an installed package
+    args = build_parser().parse_args(["--engine", "fake-deepinfer", "m"])
+    assert "runs tests/fake_deepinfer of a source checkout" in (check_args(args) or "")
 
 
 def test_an_engine_the_environment_names_must_be_in_the_table(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -174,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--engine",
         choices=tuple(ENGINES),
+        metavar="{" + ",".join(name for name, entry in ENGINES.items() if not entry.hidden) + "}",
         default=os.environ.get("DEEPINFER_SERVER_ENGINE", "sim"),
         help="Engine behind the ranks (default from DEEPINFER_SERVER_ENGINE; the container image sets deepinfer).",
     )

@@ -1,6 +1,8 @@
 """DeepInfer's deployment, as the server checks and derives it before any rank starts: its serving environment
 defaults, the output-pool bound of --max-num-seqs, each rank's GPUs and rendezvous (MASTER_PORT), and what its
-entry in the engine registry (engine/registry.py) names: the command line's checks and each rank's launch.
+entry in the engine registry (engine/registry.py) names: the command line's checks and each rank's launch; the
+same for the tests' fake DeepInfer (`--engine fake-deepinfer`), which differs only in where its ranks import
+deepinfer from.
 
 Nothing here imports numpy, torch or deepinfer: the launcher runs it in the server process, which has none of them.
 The rank side (the engine itself) is engine/deepinfer.py.
@@ -34,6 +36,8 @@ SERVING_ENV_DEFAULTS: dict[str, str] = {
     "DEEPINFER_USE_NEXTN_DECODE": "0",
     "TOKENIZERS_PARALLELISM": "false",
 }
+# deepinfer 0.1.0 and torch as the tests' stand-ins (tests/fake_deepinfer/README.md): in a source checkout only.
+FAKE_DEEPINFER = Path(__file__).resolve().parents[3] / "tests" / "fake_deepinfer"
 # Server flags for DeepInfer's scheduler settings, which it reads from the environment (identical on every rank).
 PREFILL_INTERVAL_FLAGS = {
     "prefill_attempt_interval": "DEEPINFER_PREFILL_ATTEMPT_INTERVAL",
@@ -245,3 +249,18 @@ def launch(args: argparse.Namespace, tokenizer: Path, env: Mapping[str, str]) ->
                 rank_env[var] = str(getattr(args, flag))
         ranks.append(RankLaunch({**config, "engine_rank": rank}, rank_env))
     return ranks
+
+
+def check_fake(args: argparse.Namespace) -> str | None:
+    """The fake's own check: an installed package has no tests/ to run it from."""
+    if FAKE_DEEPINFER.is_dir():
+        return None
+    return f"--engine {args.engine} runs tests/fake_deepinfer of a source checkout; there is none at {FAKE_DEEPINFER}"
+
+
+def launch_fake(args: argparse.Namespace, tokenizer: Path, env: Mapping[str, str]) -> list[RankLaunch]:
+    """DeepInfer's launch with tests/fake_deepinfer first on each rank's import path: the ranks, and the engine's
+    workers they start (which inherit it), import the fake `deepinfer` and `torch`."""
+    path = env.get("PYTHONPATH")
+    first = f"{FAKE_DEEPINFER}{os.pathsep}{path}" if path else str(FAKE_DEEPINFER)
+    return [RankLaunch(cfg, {**rank_env, "PYTHONPATH": first}) for cfg, rank_env in launch(args, tokenizer, env)]

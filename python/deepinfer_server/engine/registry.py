@@ -10,6 +10,8 @@ engine/rank.py builds its engine and picks its loop from them.
   profiles and failures, is engine/sim_config.py.
 - `deepinfer`: DeepInfer (engine/deepinfer.py); its server side, the deployment checks, is
   engine/deepinfer_config.py.
+- `fake-deepinfer`: the same adapter on tests/fake_deepinfer, a faithful fake of deepinfer and torch, so that the
+  tests and bench/prefill_intervals.py run DeepInfer's path without GPUs. Not offered in --help.
 
 Adding an engine: a module with its `Engine` and a `build(engine_config)` for the rank, server-side functions for
 its checks and `launch` in a module that imports nothing heavy (every rank imports this table and what it names),
@@ -19,6 +21,7 @@ and its entry below. Nothing else changes: no other module compares engine names
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -57,6 +60,7 @@ class EngineEntry:
     # The ranks keep the server's preloaded allocator (mimalloc); a GPU engine's get the system's back (CUDA, torch).
     shares_allocator: bool = False
     nice: int = 0  # the rank lowers its CPU priority by this much once started
+    hidden: bool = False  # not offered in --help: a stand-in for tests and benchmarks
 
     def check(self, args: argparse.Namespace) -> str | None:
         """The first of the engine's checks that fails, or None."""
@@ -81,28 +85,33 @@ class EngineEntry:
         return entry
 
 
-ENGINES: dict[str, EngineEntry] = {
-    entry.name: entry
-    for entry in (
-        EngineEntry(
-            "sim",
-            build="deepinfer_server.engine.sim_faults:build",
-            launch=sim_config.launch,
-            abilities=frozenset({Ability.FIRST_TOKEN_TIMES, Ability.BARRIER}),
-            shares_allocator=True,
-            # The simulated engine stands in for a GPU: it should not take host CPU from the server's request
-            # handling (a real engine's step runs on the device, not on the cores the front end uses).
-            nice=10,
-        ),
-        EngineEntry(
-            "deepinfer",
-            build="deepinfer_server.engine.deepinfer:build",
-            launch=deepinfer_config.launch,
-            checks=(sim_config.refuse_faults, deepinfer_config.check),
-            abilities=frozenset({Ability.FIRST_TOKEN_TIMES, Ability.COUNTERS, Ability.COLLECTIVES}),
-        ),
-    )
-}
+SIM = EngineEntry(
+    "sim",
+    build="deepinfer_server.engine.sim_faults:build",
+    launch=sim_config.launch,
+    abilities=frozenset({Ability.FIRST_TOKEN_TIMES, Ability.BARRIER}),
+    shares_allocator=True,
+    # The simulated engine stands in for a GPU: it should not take host CPU from the server's request handling (a
+    # real engine's step runs on the device, not on the cores the front end uses).
+    nice=10,
+)
+DEEPINFER = EngineEntry(
+    "deepinfer",
+    build="deepinfer_server.engine.deepinfer:build",
+    launch=deepinfer_config.launch,
+    checks=(sim_config.refuse_faults, deepinfer_config.check),
+    abilities=frozenset({Ability.FIRST_TOKEN_TIMES, Ability.COUNTERS, Ability.COLLECTIVES}),
+)
+# DeepInfer in all but where its ranks import deepinfer and torch from.
+FAKE_DEEPINFER = dataclasses.replace(
+    DEEPINFER,
+    name="fake-deepinfer",
+    launch=deepinfer_config.launch_fake,
+    checks=(*DEEPINFER.checks, deepinfer_config.check_fake),
+    hidden=True,
+)
+
+ENGINES: dict[str, EngineEntry] = {entry.name: entry for entry in (SIM, DEEPINFER, FAKE_DEEPINFER)}
 
 
 def engine_named(name: str) -> EngineEntry:
