@@ -218,36 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     edge_args.add_arguments(p.add_argument_group("browsers (CORS)"))
     media_args.add_arguments(p.add_argument_group("image input"))
     sim = p.add_argument_group("simulated engine (--engine sim)")
-    # The cost flags default to the --sim-profile's values (sim_config.resolve fills them in).
-    sim.add_argument("--sim-prefill-ms-per-1k-tokens", type=float, default=None, help="Prefill cost; 0 = free.")
-    sim.add_argument("--sim-decode-step-ms", type=float, default=None, help="Decode step time; 0 = free.")
-    sim.add_argument("--sim-decode-ms-per-seq", type=float, default=None, help="Extra step time per decoding sequence.")
-    sim.add_argument(
-        "--sim-overlap-prefill",
-        action="store_true",
-        help="A step costs max(decode, prefill) (memory-bound decode hides a compute-bound prefill chunk) "
-        "instead of their sum.",
-    )
-    sim.add_argument(
-        "--sim-prefill-chunk-tokens",
-        type=int,
-        default=None,
-        help="Largest prefill chunk per request and step; 0 = budget.",
-    )
-    sim.add_argument(
-        "--sim-prefill-vote-ms",
-        type=float,
-        default=None,
-        help="Model DeepInfer's prefill vote: a decoding rank starts new prompts only at vote points, every "
-        "--prefill-any-attempt-interval / --prefill-attempt-interval steps, and each vote point adds this many ms "
-        "(an all-reduce over the DP group). Unset: no vote, prompts start at any step.",
-    )
-    sim.add_argument(
-        "--sim-lockstep",
-        action="store_true",
-        help="DP ranks step together, each step as long as the slowest rank's (as DeepInfer's ranks do).",
-    )
-    sim_config.add_arguments(sim)  # --sim-profile and the failures to inject
+    sim_config.add_arguments(sim)  # its cost model, --sim-profile and the failures to inject
     return p
 
 

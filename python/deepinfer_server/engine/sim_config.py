@@ -1,6 +1,7 @@
-"""The sim as the server sets it up before any rank starts: its named timing profiles, the failures to inject and
-their flags, their checks, and each rank's engine config (`launch`, which the sim's entry in engine/registry.py
-names). The rank side, the engine that fails on purpose, is engine/sim_faults.py, which says what each failure does.
+"""The sim as the server sets it up before any rank starts: its flags (the cost model, its named timing profiles,
+the failures to inject), their checks, and each rank's engine config (`launch`, which the sim's entry in
+engine/registry.py names). The rank side, the engine that fails on purpose, is engine/sim_faults.py, which says
+what each failure does.
 
 Operators test gateways, clients, dashboards and alerts against failures, as llm-d-inference-sim allows. Every
 option is off by default; every random choice comes from `--sim-fault-seed`, so a run is reproducible for the same
@@ -69,7 +70,38 @@ _COST_FLAGS = {
 
 
 def add_arguments(group: argparse._ArgumentGroup) -> None:
-    """The profile and fault flags, in the sim's argument group."""
+    """The sim's flags, in its argument group: its cost model, the profile, the failures to inject."""
+    # The cost flags default to the --sim-profile's values (`resolve` fills them in).
+    group.add_argument("--sim-prefill-ms-per-1k-tokens", type=float, default=None, help="Prefill cost; 0 = free.")
+    group.add_argument("--sim-decode-step-ms", type=float, default=None, help="Decode step time; 0 = free.")
+    group.add_argument(
+        "--sim-decode-ms-per-seq", type=float, default=None, help="Extra step time per decoding sequence."
+    )
+    group.add_argument(
+        "--sim-overlap-prefill",
+        action="store_true",
+        help="A step costs max(decode, prefill) (memory-bound decode hides a compute-bound prefill chunk) "
+        "instead of their sum.",
+    )
+    group.add_argument(
+        "--sim-prefill-chunk-tokens",
+        type=int,
+        default=None,
+        help="Largest prefill chunk per request and step; 0 = budget.",
+    )
+    group.add_argument(
+        "--sim-prefill-vote-ms",
+        type=float,
+        default=None,
+        help="Model DeepInfer's prefill vote: a decoding rank starts new prompts only at vote points, every "
+        "--prefill-any-attempt-interval / --prefill-attempt-interval steps, and each vote point adds this many ms "
+        "(an all-reduce over the DP group). Unset: no vote, prompts start at any step.",
+    )
+    group.add_argument(
+        "--sim-lockstep",
+        action="store_true",
+        help="DP ranks step together, each step as long as the slowest rank's (as DeepInfer's ranks do).",
+    )
     names = ", ".join(f"{k} ({p.description})" for k, p in PROFILES.items())
     group.add_argument(
         "--sim-profile",
