@@ -33,7 +33,7 @@ from deepinfer_server.engine import deepinfer_config, sim_config
 from deepinfer_server.engine.base import Ability, Engine, RankLaunch
 
 # One command-line check of an engine's: an error message naming the flags involved, or None.
-Check = Callable[[argparse.Namespace], "str | None"]
+Check = Callable[[argparse.Namespace], str | None]
 # Each rank's engine config and environment, from the checked arguments, the tokenizer and the server's environment;
 # raises ConfigError (engine/base.py) for a setting the engine cannot run with, before any rank starts.
 Launch = Callable[[argparse.Namespace, Path, Mapping[str, str]], list[RankLaunch]]
