@@ -543,7 +543,7 @@ SEED = {
     },
 }
 # Cost model standing for one node of 8 B200s (DP 8, EP 8), calibrated in BENCHMARKS.md: the sim's named profile
-# (python/deepinfer_server/engine/sim_faults.py, PROFILES["8xb200"]): a decode step of 8.5 ms + 0.1 ms per sequence
+# (python/deepinfer_server/engine/sim_config.py, PROFILES["8xb200"]): a decode step of 8.5 ms + 0.1 ms per sequence
 # (8.7 ms at the original run's ~2 sequences per rank), prefill at 25 ms per 1k tokens, compute-bound prefill chunks
 # of up to 340 tokens hidden under the memory-bound decode step, and the ranks in lockstep.
 REPLAY_SIM = ["--sim-profile", "8xb200"]

@@ -5,9 +5,9 @@ DeepInfer's scheduler admits new prompts only at vote points: every `--prefill-a
 DP ranks must want a prefill, every `--prefill-any-attempt-interval` one is enough, and each vote is an all-reduce
 over the DP group. `--engine sim` runs the sim on the replay's calibrated 8 x B200 cost model (`--sim-lockstep`,
 8.5 ms + 0.1 ms per sequence, 25 ms per 1k prefill tokens overlapped in 340-token chunks) with the vote modelled
-(`--sim-prefill-vote-ms`). `--engine fake` runs `--engine deepinfer` on tests/fake_deepinfer, whose NORMAL
-scheduler makes each step all prefill or all decode (`--step-ms` each) and holds the votes with a cost
-(`FAKE_DEEPINFER_VOTE_MS`).
+(`--sim-prefill-vote-ms`). `--engine fake` runs `--engine fake-deepinfer` (DeepInfer's adapter on
+tests/fake_deepinfer), whose NORMAL scheduler makes each step all prefill or all decode (`--step-ms` each) and
+holds the votes with a cost (`FAKE_DEEPINFER_VOTE_MS`).
 
     python bench/prefill_intervals.py [--engine sim|fake] [--intervals 1,4,16] [--concurrency 16,64]
                                       [--requests 192] [--json-out F]
@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-FAKE = ROOT / "tests" / "fake_deepinfer"
 BUNDLED = ROOT / "python" / "deepinfer_server" / "tokenizer"
 MODEL = "deepseek-v4.1-flash"
 LISTENING = re.compile(r"listening on http://([\d.]+):(\d+)")
@@ -67,13 +66,12 @@ def start(engine: str, ckpt: Path, interval: int, step_ms: float, vote_ms: float
         return launch([*common, *CALIBRATED_SIM, "--sim-prefill-vote-ms", str(vote_ms)], dict(os.environ))
     env = {
         **os.environ,
-        "PYTHONPATH": f"{FAKE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
         "CUDA_VISIBLE_DEVICES": "0,1",
         "DEEPINFER_USE_NEXTN_DECODE": "0",
         "FAKE_DEEPINFER_STEP_MS": str(step_ms),
         "FAKE_DEEPINFER_VOTE_MS": str(vote_ms),
     }
-    return launch([*common, "--engine", "deepinfer", str(ckpt)], env)
+    return launch([*common, "--engine", "fake-deepinfer", str(ckpt)], env)
 
 
 def launch(cmd: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:

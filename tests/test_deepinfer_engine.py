@@ -1,7 +1,8 @@
-"""`--engine deepinfer` end to end against the fake deepinfer (tests/fake_deepinfer), plus adapter unit tests.
+"""DeepInfer's adapter end to end against the fake deepinfer (tests/fake_deepinfer), plus adapter unit tests.
 
-The server runs with tests/fake_deepinfer first on PYTHONPATH, so its rank processes import the fake `deepinfer`
-and `torch` (whose collectives really run across the rank processes, and fail loudly when ranks leave lockstep).
+The server runs with `--engine fake-deepinfer`, DeepInfer's entry in the engine registry but for tests/fake_deepinfer
+first on its ranks' PYTHONPATH, so they import the fake `deepinfer` and `torch` (whose collectives really run across
+the rank processes, and fail loudly when ranks leave lockstep).
 """
 
 from __future__ import annotations
@@ -54,9 +55,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def fake_env(**extra: str) -> dict[str, str]:
-    path = os.environ.get("PYTHONPATH", "")
     env = {
-        "PYTHONPATH": f"{FAKE}{os.pathsep}{path}" if path else str(FAKE),
         "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",  # the fake needs integer ids, like the real engine
         "DEEPINFER_USE_NEXTN_DECODE": "0",
     }
@@ -65,14 +64,18 @@ def fake_env(**extra: str) -> dict[str, str]:
 
 
 def _integrated() -> str | None:
-    """The owner's rank.py/ranks.py edits that plug the adapter in (see the report); None when present."""
-    import deepinfer_server.engine.rank as rank_mod
-    import deepinfer_server.ranks as ranks_mod
+    """The fake's entry in the engine registry, which runs DeepInfer's adapter on the fake; None when present."""
+    from deepinfer_server.engine import deepinfer_config
+    from deepinfer_server.engine.base import Ability
+    from deepinfer_server.engine.registry import ENGINES
 
-    if "serve_lockstep" not in Path(rank_mod.__file__).read_text():
-        return f"{rank_mod.__file__} does not dispatch --engine deepinfer to lockstep.serve_lockstep"
-    if "dist_env_for_ranks" not in Path(ranks_mod.__file__).read_text():
-        return f"{ranks_mod.__file__} does not set the ranks' CUDA_VISIBLE_DEVICES/MASTER_PORT/engine_rank"
+    entry = ENGINES.get("fake-deepinfer")
+    if entry is None or entry.build != "deepinfer_server.engine.deepinfer:build":
+        return "engine/registry.py has no --engine fake-deepinfer entry that builds engine/deepinfer.py's engine"
+    if Ability.COLLECTIVES not in entry.abilities:
+        return "the fake-deepinfer entry does not step its ranks together (lockstep.serve_lockstep)"
+    if entry.launch is not deepinfer_config.launch_fake or deepinfer_config.FAKE_DEEPINFER != FAKE:
+        return "the fake-deepinfer entry does not launch DeepInfer's ranks on tests/fake_deepinfer"
     return None
 
 
@@ -80,10 +83,10 @@ def _integrated() -> str | None:
 def deepinfer_server(make_server, checkpoint):
     missing = _integrated()
     if missing:
-        pytest.fail(f"--engine deepinfer is not wired into the rank process: {missing}")
+        pytest.fail(f"--engine fake-deepinfer is not wired into the rank process: {missing}")
 
     def start(*args: str, **env: str) -> Server:
-        return make_server("--engine", "deepinfer", *args, "--", str(checkpoint), env=fake_env(**env))
+        return make_server("--engine", "fake-deepinfer", *args, "--", str(checkpoint), env=fake_env(**env))
 
     return start
 
@@ -272,7 +275,17 @@ def test_insufficient_system_resource_is_a_503_with_retry_after(deepinfer_server
 
 def failed_start(checkpoint: Path, *args: str, **env: str) -> str:
     """Run a server expected to fail start-up; returns its output (start_server leaks its pipe on failure)."""
-    cmd = [sys.executable, "-m", "deepinfer_server", "--port", "0", "--engine", "deepinfer", *args, str(checkpoint)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepinfer_server",
+        "--port",
+        "0",
+        "--engine",
+        "fake-deepinfer",
+        *args,
+        str(checkpoint),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={**os.environ, **fake_env(**env)})
     assert proc.returncode == 1, proc
     return proc.stdout + proc.stderr

@@ -8,7 +8,8 @@ import sys
 from collections.abc import Sequence
 
 from deepinfer_server import __version__, edge_args, limits_args, media_args, state_args
-from deepinfer_server.engine import sim_faults
+from deepinfer_server.engine import sim_config
+from deepinfer_server.engine.registry import ENGINES, Stepping
 from deepinfer_server.prompt_encoder import CHOICES as PROMPT_ENCODERS
 
 API_KEY_ENV = "DEEPINFER_SERVER_API_KEY"
@@ -172,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--engine",
-        choices=("sim", "deepinfer"),
+        choices=tuple(ENGINES),
+        metavar="{" + ",".join(name for name, entry in ENGINES.items() if not entry.hidden) + "}",
         default=os.environ.get("DEEPINFER_SERVER_ENGINE", "sim"),
         help="Engine behind the ranks (default from DEEPINFER_SERVER_ENGINE; the container image sets deepinfer).",
     )
@@ -217,36 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     media_args.add_arguments(p.add_argument_group("image input"))
     state_args.add_arguments(p.add_argument_group("state (stored responses)"))
     sim = p.add_argument_group("simulated engine (--engine sim)")
-    # The cost flags default to the --sim-profile's values (sim_faults.resolve fills them in).
-    sim.add_argument("--sim-prefill-ms-per-1k-tokens", type=float, default=None, help="Prefill cost; 0 = free.")
-    sim.add_argument("--sim-decode-step-ms", type=float, default=None, help="Decode step time; 0 = free.")
-    sim.add_argument("--sim-decode-ms-per-seq", type=float, default=None, help="Extra step time per decoding sequence.")
-    sim.add_argument(
-        "--sim-overlap-prefill",
-        action="store_true",
-        help="A step costs max(decode, prefill) (memory-bound decode hides a compute-bound prefill chunk) "
-        "instead of their sum.",
-    )
-    sim.add_argument(
-        "--sim-prefill-chunk-tokens",
-        type=int,
-        default=None,
-        help="Largest prefill chunk per request and step; 0 = budget.",
-    )
-    sim.add_argument(
-        "--sim-prefill-vote-ms",
-        type=float,
-        default=None,
-        help="Model DeepInfer's prefill vote: a decoding rank starts new prompts only at vote points, every "
-        "--prefill-any-attempt-interval / --prefill-attempt-interval steps, and each vote point adds this many ms "
-        "(an all-reduce over the DP group). Unset: no vote, prompts start at any step.",
-    )
-    sim.add_argument(
-        "--sim-lockstep",
-        action="store_true",
-        help="DP ranks step together, each step as long as the slowest rank's (as DeepInfer's ranks do).",
-    )
-    sim_faults.add_arguments(sim)  # --sim-profile and the failures to inject
+    sim_config.add_arguments(sim)  # its cost model, --sim-profile and the failures to inject
     return p
 
 
@@ -279,7 +252,7 @@ def check_args(args: argparse.Namespace) -> str | None:
     """Every cross-field rule in one place; the message names the flags involved."""
     err = (
         resolve_parallelism(args)
-        or sim_faults.resolve(args)
+        or sim_config.resolve(args)
         or media_args.resolve(args)
         or limits_args.resolve(args)
         or edge_args.resolve(args)
@@ -290,8 +263,12 @@ def check_args(args: argparse.Namespace) -> str | None:
     err = resolve_api_key(args)
     if err:
         return err
-    if args.engine == "deepinfer" and not args.model:
-        return "MODEL is required with --engine deepinfer"
+    engine = ENGINES.get(args.engine)
+    if engine is None:  # argparse checks the choice on the command line, not the default from the environment
+        return f"DEEPINFER_SERVER_ENGINE={args.engine!r} is not an engine ({', '.join(ENGINES)})"
+    err = engine.check(args)
+    if err:
+        return err
     if args.max_model_len < 2:
         return "--max-model-len must be at least 2"
     if args.max_num_seqs < 1:
@@ -332,7 +309,7 @@ def check_args(args: argparse.Namespace) -> str | None:
     if args.sse_keep_alive <= 0:
         return "--sse-keep-alive must be positive"
     if args.dispatch_gather_ms is None:
-        together = args.engine == "deepinfer" or args.sim_lockstep
+        together = engine.stepping(args) is not Stepping.ALONE
         args.dispatch_gather_ms = DEFAULT_GATHER_MS if together else 0.0
     if args.dispatch_gather_ms < 0 or args.dispatch_gather_ms > 1000 or args.dispatch_gather_min_tokens < 0:
         return "--dispatch-gather-ms must be within 0-1000 and --dispatch-gather-min-tokens at least 0"

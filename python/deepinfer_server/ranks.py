@@ -1,6 +1,8 @@
 """The rank processes and their rings: one process per data-parallel rank (engine/rank.py), its request and output
 rings in /dev/shm, the lockstep and doorbell of ranks that step together, and the reaper that cleans up after a
-killed server. Started before the HTTP port opens, stopped after it closes (launcher.py)."""
+killed server. Started before the HTTP port opens, stopped after it closes (launcher.py). What differs between
+engines (each rank's engine config and environment, how the ranks step) comes from the engine's entry
+(engine/registry.py)."""
 
 from __future__ import annotations
 
@@ -18,26 +20,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from deepseek_recipe import SpecialToken
-
 from deepinfer_server import _native
+from deepinfer_server.engine.base import ConfigError
+from deepinfer_server.engine.registry import ENGINES, Stepping
 from deepinfer_server.malloc import without_preload
 from deepinfer_server.shm import SHM_DIR, claim_instance
 
 log = logging.getLogger("deepinfer_server")
 
 OUTPUT_RING_BYTES = 1 << 20  # ranks run at most a few steps ahead of the server (engine/loop.py)
-# Server flags for DeepInfer's scheduler settings, which it reads from the environment (identical on every rank).
-PREFILL_INTERVAL_FLAGS = {
-    "prefill_attempt_interval": "DEEPINFER_PREFILL_ATTEMPT_INTERVAL",
-    "prefill_any_attempt_interval": "DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL",
-}
-
-
-def prefill_interval(args: argparse.Namespace, flag: str) -> int:
-    """A prefill-vote interval as DeepInfer sees it: the flag, else its environment variable, else 1."""
-    value = getattr(args, flag, None)
-    return int(value if value is not None else os.environ.get(PREFILL_INTERVAL_FLAGS[flag], "1"))
 
 
 class StartupError(Exception):
@@ -64,6 +55,7 @@ class Ranks:
 
     def __init__(self, args: argparse.Namespace, tokenizer: Path) -> None:
         self.args = args
+        self.engine = ENGINES[args.engine]
         self.tokenizer = tokenizer
         self.prefix, self.lock_fd = claim_instance()
         self.paths: list[list[Path]] = []  # each rank's ring files, until it has mapped them
@@ -74,37 +66,6 @@ class Ranks:
         self.bell: Any = None  # the doorbell of ranks that step together
         self.reaper: subprocess.Popen[bytes] | None = None
         self.reaper_pipe = -1  # write end; its EOF tells the reaper the server is gone
-
-    def engine_config(self) -> dict[str, Any]:
-        a = self.args
-        if a.engine == "sim":
-            return {
-                "tokenizer_path": str(self.tokenizer),
-                "max_model_len": a.max_model_len,
-                "max_num_seqs": a.max_num_seqs,
-                "max_num_batched_tokens": a.max_num_batched_tokens,
-                "decode_step_ms": a.sim_decode_step_ms,
-                "prefill_ms_per_1k_tokens": a.sim_prefill_ms_per_1k_tokens,
-                "decode_ms_per_seq": a.sim_decode_ms_per_seq,
-                "overlap_prefill": a.sim_overlap_prefill,
-                "prefill_chunk_tokens": a.sim_prefill_chunk_tokens,
-                "vote_ms": a.sim_prefill_vote_ms,
-                "vote_every_all": prefill_interval(a, "prefill_attempt_interval"),
-                "vote_every_any": prefill_interval(a, "prefill_any_attempt_interval"),
-            }
-        return {
-            "model": a.model_dir,
-            "trust_remote_code": a.trust_remote_code,
-            "expert_parallel_size": a.expert_parallel_size,
-            "data_parallel_size": a.data_parallel_size,
-            "context_parallel_size": a.context_parallel_size,
-            "max_model_len": a.max_model_len,
-            "max_num_seqs": a.max_num_seqs,
-            "max_num_batched_tokens": a.max_num_batched_tokens,
-            "gpu_memory_utilization": a.gpu_memory_utilization,
-            "disable_log_stats": a.disable_log_stats,
-            "image_placeholder_id": image_placeholder_id(self.tokenizer),
-        }
 
     def start_reaper(self) -> None:
         """The process that kills the ranks' leftovers if the server dies (deepinfer_server/reaper.py)."""
@@ -126,25 +87,21 @@ class Ranks:
         # grammar), so that no request that passed the checks is too large for its ring; the server's sender
         # queues anything beyond four in process.
         request_bytes = _pow2_at_least(max(1 << 20, 4 * 2 * largest_submit(a)))
-        dist_envs: list[dict[str, str]] = []
-        if a.engine == "deepinfer":
-            from deepinfer_server.engine.deepinfer_config import ConfigError, check_output_pool, dist_env_for_ranks
-
-            try:  # GPUs per rank and one shared rendezvous port (MASTER_PORT - 50 must be free)
-                check_output_pool(a.max_num_seqs, os.environ)
-                dist_envs = dist_env_for_ranks(a.data_parallel_size, a.context_parallel_size, a.port, os.environ)
-            except ConfigError as e:
-                raise StartupError(str(e)) from e
+        try:  # e.g. DeepInfer's GPUs per rank and its one shared rendezvous port (MASTER_PORT - 50 must be free)
+            launches = self.engine.launch(a, self.tokenizer, os.environ)
+        except ConfigError as e:
+            raise StartupError(str(e)) from e
+        stepping = self.engine.stepping(a)
         lockstep_path = bell_path = None
-        if a.engine == "sim" and a.sim_lockstep and a.data_parallel_size > 1:
+        if stepping is Stepping.BARRIER and a.data_parallel_size > 1:  # a barrier of one rank holds nobody back
             lockstep_path = SHM_DIR / f"{self.prefix}-lockstep"
             self.lockstep = _native.Lockstep.create(str(lockstep_path), a.data_parallel_size)
             self.shared.append(lockstep_path)
-        if a.engine == "deepinfer" or lockstep_path:  # ranks that step together sleep on one doorbell
+        if stepping is Stepping.COLLECTIVES or lockstep_path:  # ranks that step together sleep on one doorbell
             bell_path = SHM_DIR / f"{self.prefix}-bell"
             self.bell = _native.Doorbell.create(str(bell_path))
             self.shared.append(bell_path)
-        for rank in range(a.data_parallel_size):
+        for rank, (engine_config, engine_env) in enumerate(launches):
             req_path = SHM_DIR / f"{self.prefix}-r{rank}-req"
             out_path = SHM_DIR / f"{self.prefix}-r{rank}-out"
             req = _native.Ring.create(str(req_path), request_bytes)
@@ -163,21 +120,12 @@ class Ranks:
                 "max_num_partial_prefills": a.max_num_partial_prefills,
                 "max_long_partial_prefills": a.max_long_partial_prefills,
                 "long_prefill_token_threshold": a.long_prefill_token_threshold,
-                "engine_config": self.engine_config(),
+                "engine_config": engine_config,
                 "lockstep": str(lockstep_path) if lockstep_path else None,
                 "doorbell": str(bell_path) if bell_path else None,
             }
-            if a.engine == "sim":
-                from deepinfer_server.engine.sim_faults import rank_config
-
-                conf["sim_faults"] = rank_config(a, rank)  # failures to inject (--sim-error-rate ...), or None
             env = self.rank_env(rank)
-            if dist_envs:
-                conf["engine_config"]["engine_rank"] = rank
-                env.update(dist_envs[rank])
-                for flag, var in PREFILL_INTERVAL_FLAGS.items():  # the flag wins over the environment
-                    if getattr(a, flag, None) is not None:
-                        env[var] = str(getattr(a, flag))
+            env.update(engine_env)
             cmd = [sys.executable, "-m", "deepinfer_server.engine.rank", "--config", json.dumps(conf)]
             # Each rank leads its own process group, which its engine's children (CP workers, the VE worker) join.
             # A signal to the server's group (`kill -- -PGID`, `tini -g`, dumb-init, a terminal's Ctrl-C) reaches
@@ -193,7 +141,7 @@ class Ranks:
     def rank_env(self, rank: int) -> dict[str, str]:
         env = dict(os.environ)
         # The simulated ranks share the server's allocator; a GPU engine keeps the system's (CUDA, torch).
-        return env if self.args.engine == "sim" else without_preload(env)
+        return env if self.engine.shares_allocator else without_preload(env)
 
     def wait_ready(self, timeout: float) -> None:
         """Block until every rank reports READY; fail naming the rank that exited, failed or timed out."""
@@ -298,10 +246,3 @@ def _exited(proc: subprocess.Popen[bytes], timeout: float) -> bool:
         return bool(select.select([fd], [], [], timeout)[0])
     finally:
         os.close(fd)
-
-
-def image_placeholder_id(tokenizer: Path) -> int | None:
-    """The serving tokenizer's ID for deepseek-recipe's image placeholder `<｜image｜>`, if it has one."""
-    spelling = SpecialToken.Image.default_str()
-    added = json.loads(tokenizer.read_text(encoding="utf-8")).get("added_tokens") or []
-    return next((int(t["id"]) for t in added if t.get("content") == spelling), None)

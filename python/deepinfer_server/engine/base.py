@@ -1,4 +1,6 @@
-"""The interface every engine behind a rank implements (simulated or DeepInfer)."""
+"""The interface every engine behind a rank implements (simulated or DeepInfer), the abilities only some have, and
+what an engine's server side hands the launcher (engine/registry.py holds each engine's entry).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +8,8 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass
-from typing import Protocol
+from enum import Enum
+from typing import Any, NamedTuple, Protocol
 
 from deepinfer_server import _native
 
@@ -128,3 +131,53 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Release the engine."""
+
+
+class Ability(Enum):
+    """What an engine does beyond `Engine`, each named by the members it stands for. An engine's entry in the
+    registry (engine/registry.py) declares its abilities; the launcher and the rank use exactly those and never
+    probe the engine for them (tests/test_engines.py holds each declaration against the engine's class)."""
+
+    # It says when it took each request whose first token it just returned and when that step started
+    # (`first_token_times`): the server's TTFT breakdown, and what --max-num-partial-prefills counts with
+    # (engine/prefill_gate.py).
+    FIRST_TOKEN_TIMES = ("first_token_times",)
+    # It counts what /metrics shows of a real engine: speculative tokens drafted and accepted (`spec_tokens`),
+    # preemptions (`preemptions`) and aborts sent again after the engine lost them (`re_aborts`).
+    COUNTERS = ("spec_tokens", "preemptions", "re_aborts")
+    # Its ranks step together through its own collectives: `sync`, the one all-reduce of a loop iteration, and
+    # `flush` (engine/lockstep.py `LockstepEngine`, the loop `serve_lockstep`).
+    COLLECTIVES = ("sync", "flush")
+    # Its ranks can step together at the server's barrier (--sim-lockstep, _native.Lockstep), each step as long as
+    # the slowest rank's: the step split in parts that engine/loop.py `serve_sim_lockstep` drives.
+    BARRIER = ("step_start", "plan", "ride_along", "wait_until", "step_done", "commit")
+
+
+class TimesFirstTokens(Protocol):
+    """An engine with `Ability.FIRST_TOKEN_TIMES`."""
+
+    def first_token_times(self) -> list[tuple[int, float, float]]:
+        """(request, taken, step start) of the first tokens in the outputs just returned, once each."""
+
+
+class Counting(Protocol):
+    """An engine with `Ability.COUNTERS`: totals since it started."""
+
+    re_aborts: int
+
+    def spec_tokens(self) -> tuple[int, int]:
+        """(draft tokens proposed, accepted)."""
+
+    def preemptions(self) -> int:
+        """Sequences preempted (and recomputed)."""
+
+
+class ConfigError(ValueError):
+    """A deployment setting the engine cannot run with; the message names the setting."""
+
+
+class RankLaunch(NamedTuple):
+    """One rank as its engine's server side sets it up before any rank starts (an entry's `launch`)."""
+
+    engine_config: dict[str, Any]  # what the engine's `build` gets in the rank process
+    env: dict[str, str]  # variables the rank's environment gets over the server's

@@ -35,8 +35,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from deepinfer_server import _native
-from deepinfer_server.engine.base import Output, Submit
-from deepinfer_server.engine.deepinfer_config import ConfigError, rendezvous_hint, serving_env_defaults
+from deepinfer_server.engine.base import ConfigError, Output, Submit
+from deepinfer_server.engine.deepinfer_config import rendezvous_hint, serving_env_defaults
 
 log = logging.getLogger("deepinfer_server.deepinfer")
 
@@ -238,9 +238,9 @@ class DeepInferEngine:
         images = req.images
         if images is None:
             return None
-        processor = getattr(self.engine, "multi_modal_processor", None)
+        processor = self.engine.multi_modal_processor  # None without a vision encoder (llm_engine.py:210-221)
         if processor is None:
-            return "images_unsupported"  # the checkpoint has no vision encoder
+            return "images_unsupported"
         want = int(processor.mm_config.image_token_id)
         have = self.image_placeholder_id
         if have is not None and have != want:

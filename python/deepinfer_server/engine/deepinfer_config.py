@@ -1,5 +1,8 @@
 """DeepInfer's deployment, as the server checks and derives it before any rank starts: its serving environment
-defaults, the output-pool bound of --max-num-seqs, and each rank's GPUs and rendezvous (MASTER_PORT).
+defaults, the output-pool bound of --max-num-seqs, each rank's GPUs and rendezvous (MASTER_PORT), and what its
+entry in the engine registry (engine/registry.py) names: the command line's checks and each rank's launch; the
+same for the tests' fake DeepInfer (`--engine fake-deepinfer`), which differs only in where its ranks import
+deepinfer from.
 
 Nothing here imports numpy, torch or deepinfer: the launcher runs it in the server process, which has none of them.
 The rank side (the engine itself) is engine/deepinfer.py.
@@ -7,10 +10,17 @@ The rank side (the engine itself) is engine/deepinfer.py.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import socket
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+from deepseek_recipe import SpecialToken
+
+from deepinfer_server.engine.base import ConfigError, RankLaunch
 
 # Serving defaults, put into the environment before deepinfer is imported (it caches DEEPINFER_* on first read and
 # evaluates some as parameter defaults when `deepinfer.config` is imported). `setdefault`: the operator's
@@ -26,10 +36,13 @@ SERVING_ENV_DEFAULTS: dict[str, str] = {
     "DEEPINFER_USE_NEXTN_DECODE": "0",
     "TOKENIZERS_PARALLELISM": "false",
 }
-
-
-class ConfigError(ValueError):
-    """A deployment setting DeepInfer cannot run with; the message names the setting."""
+# deepinfer 0.1.0 and torch as the tests' stand-ins (tests/fake_deepinfer/README.md): in a source checkout only.
+FAKE_DEEPINFER = Path(__file__).resolve().parents[3] / "tests" / "fake_deepinfer"
+# Server flags for DeepInfer's scheduler settings, which it reads from the environment (identical on every rank).
+PREFILL_INTERVAL_FLAGS = {
+    "prefill_attempt_interval": "DEEPINFER_PREFILL_ATTEMPT_INTERVAL",
+    "prefill_any_attempt_interval": "DEEPINFER_PREFILL_ANY_ATTEMPT_INTERVAL",
+}
 
 
 # DeepInfer's RequestOutputs come from a fixed pool (csrc/engine/outputs.hpp: RequestOutputPool::max_size); an
@@ -188,3 +201,66 @@ def rendezvous_hint() -> str:
         f"+engine_group_rank = port {rdv} with MASTER_PORT={port}: it must be free, differ from the HTTP port and be "
         "the same for every rank; set another MASTER_PORT)"
     )
+
+
+# -- the registry's entry ------------------------------------------------------------------------------------------
+
+
+def prefill_interval(args: argparse.Namespace, flag: str, env: Mapping[str, str] = os.environ) -> int:
+    """A prefill-vote interval as DeepInfer sees it: the flag, else its environment variable, else 1."""
+    value = getattr(args, flag, None)
+    return int(value if value is not None else env.get(PREFILL_INTERVAL_FLAGS[flag], "1"))
+
+
+def image_placeholder_id(tokenizer: Path) -> int | None:
+    """The serving tokenizer's ID for deepseek-recipe's image placeholder `<｜image｜>`, if it has one."""
+    spelling = SpecialToken.Image.default_str()
+    added = json.loads(tokenizer.read_text(encoding="utf-8")).get("added_tokens") or []
+    return next((int(t["id"]) for t in added if t.get("content") == spelling), None)
+
+
+def check(args: argparse.Namespace) -> str | None:
+    """The command line's check: DeepInfer loads a checkpoint, it has no bundled tokenizer to fall back on."""
+    return None if args.model else f"MODEL is required with --engine {args.engine}"
+
+
+def launch(args: argparse.Namespace, tokenizer: Path, env: Mapping[str, str]) -> list[RankLaunch]:
+    """Each DP rank's engine config and variables: its GPUs, the shared rendezvous (one MASTER_PORT) and the
+    prefill-vote intervals the flags set. Raises ConfigError before any rank starts."""
+    check_output_pool(args.max_num_seqs, env)
+    dist_envs = dist_env_for_ranks(args.data_parallel_size, args.context_parallel_size, args.port, env)
+    config = {
+        "model": args.model_dir,
+        "trust_remote_code": args.trust_remote_code,
+        "expert_parallel_size": args.expert_parallel_size,
+        "data_parallel_size": args.data_parallel_size,
+        "context_parallel_size": args.context_parallel_size,
+        "max_model_len": args.max_model_len,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "disable_log_stats": args.disable_log_stats,
+        "image_placeholder_id": image_placeholder_id(tokenizer),
+    }
+    ranks = []
+    for rank, rank_env in enumerate(dist_envs):
+        for flag, var in PREFILL_INTERVAL_FLAGS.items():  # the flag wins over the environment
+            if getattr(args, flag, None) is not None:
+                rank_env[var] = str(getattr(args, flag))
+        ranks.append(RankLaunch({**config, "engine_rank": rank}, rank_env))
+    return ranks
+
+
+def check_fake(args: argparse.Namespace) -> str | None:
+    """The fake's own check: an installed package has no tests/ to run it from."""
+    if FAKE_DEEPINFER.is_dir():
+        return None
+    return f"--engine {args.engine} runs tests/fake_deepinfer of a source checkout; there is none at {FAKE_DEEPINFER}"
+
+
+def launch_fake(args: argparse.Namespace, tokenizer: Path, env: Mapping[str, str]) -> list[RankLaunch]:
+    """DeepInfer's launch with tests/fake_deepinfer first on each rank's import path: the ranks, and the engine's
+    workers they start (which inherit it), import the fake `deepinfer` and `torch`."""
+    path = env.get("PYTHONPATH")
+    first = f"{FAKE_DEEPINFER}{os.pathsep}{path}" if path else str(FAKE_DEEPINFER)
+    return [RankLaunch(cfg, {**rank_env, "PYTHONPATH": first}) for cfg, rank_env in launch(args, tokenizer, env)]

@@ -27,7 +27,7 @@ import logging
 from typing import Protocol, cast
 
 from deepinfer_server import _native
-from deepinfer_server.engine.base import Engine, Output
+from deepinfer_server.engine.base import Ability, Engine, Output
 from deepinfer_server.engine.loop import GroupSleep, Status, first_token_times, take_requests
 
 log = logging.getLogger("deepinfer_server.lockstep")
@@ -43,14 +43,22 @@ class LockstepEngine(Engine, Protocol):
         """Outputs of the step still in flight, when going idle."""
 
 
-def serve_lockstep(any_engine: Engine, requests: _native.Ring, outputs: _native.Ring, bell: _native.Doorbell) -> None:
-    """The loop. Returns when any rank got SHUTDOWN or lost its rings, on every rank at the same iteration."""
-    if not callable(getattr(any_engine, "sync", None)) or not callable(getattr(any_engine, "flush", None)):
-        raise TypeError(f"{type(any_engine).__name__} has no sync()/flush(): it cannot run in lockstep")
+def serve_lockstep(
+    any_engine: Engine,
+    requests: _native.Ring,
+    outputs: _native.Ring,
+    bell: _native.Doorbell,
+    *,
+    abilities: frozenset[Ability],
+) -> None:
+    """The loop. Returns when any rank got SHUTDOWN or lost its rings, on every rank at the same iteration.
+    `abilities`: the engine's, from its registry entry, which must say it steps through its own collectives."""
+    if Ability.COLLECTIVES not in abilities:
+        raise TypeError(f"{type(any_engine).__name__} has no sync()/flush() (Ability.COLLECTIVES): no lockstep")
     engine = cast(LockstepEngine, any_engine)
-    status = Status(engine, outputs)
+    status = Status(engine, outputs, abilities)
     idle = GroupSleep(bell, requests)
-    first_times = first_token_times(engine)
+    first_times = first_token_times(engine, abilities)
     stopping = False  # this rank wants to stop (SHUTDOWN or the server closed the rings)
     flushed = True  # nothing in flight since the last flush
     while True:

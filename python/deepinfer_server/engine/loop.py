@@ -12,10 +12,19 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from deepinfer_server import _native
-from deepinfer_server.engine.base import Engine, Output, Submit, load_images, so_args
+from deepinfer_server.engine.base import (
+    Ability,
+    Counting,
+    Engine,
+    Output,
+    Submit,
+    TimesFirstTokens,
+    load_images,
+    so_args,
+)
 
 if TYPE_CHECKING:
     from deepinfer_server.engine.sim import SimEngine
@@ -41,15 +50,14 @@ class Status:
 
     Computing the load is O(requests), so a busy loop refreshes them every STATUS_EVERY_S, not every step.
     `phase` names what the loop is doing, for the server's watchdog to log when the rank hangs; it costs one
-    write per change."""
+    write per change. `abilities`: the engine's, from its registry entry."""
 
-    def __init__(self, engine: Engine, outputs: _native.Ring) -> None:
+    def __init__(self, engine: Engine, outputs: _native.Ring, abilities: frozenset[Ability]) -> None:
         self.engine, self.set_aux, self.due = engine, outputs.set_aux, 0.0
         self.set_aux(_native.AUX_KV_CAPACITY_TOKENS, max(0, engine.kv_capacity_tokens()))
         self.current = -1
-        # Counters only some engines keep (DeepInferEngine): speculative tokens, preemptions.
-        self.spec_tokens = getattr(engine, "spec_tokens", None)
-        self.preemptions = getattr(engine, "preemptions", None)
+        # Counters only some engines keep (DeepInfer's): speculative tokens, preemptions, re-sent aborts.
+        self.counters = cast(Counting, engine) if Ability.COUNTERS in abilities else None
 
     def phase(self, phase: int) -> None:
         if phase != self.current:
@@ -65,15 +73,12 @@ class Status:
         self.set_aux(_native.AUX_REQUESTS, n_requests)
         self.set_aux(_native.AUX_QUEUED_TOKENS, queued_tokens)
         self.set_aux(_native.AUX_KV_USAGE_PPM, int(self.engine.kv_usage() * 1_000_000))
-        if self.spec_tokens is not None:
-            drafted, accepted = self.spec_tokens()
+        if self.counters is not None:
+            drafted, accepted = self.counters.spec_tokens()
             self.set_aux(_native.AUX_SPEC_DRAFT_TOKENS, drafted)
             self.set_aux(_native.AUX_SPEC_ACCEPTED_TOKENS, accepted)
-        if self.preemptions is not None:
-            self.set_aux(_native.AUX_PREEMPTIONS, self.preemptions())
-        re_aborts = getattr(self.engine, "re_aborts", None)
-        if re_aborts is not None:
-            self.set_aux(_native.AUX_REABORTS, re_aborts)
+            self.set_aux(_native.AUX_PREEMPTIONS, self.counters.preemptions())
+            self.set_aux(_native.AUX_REABORTS, self.counters.re_aborts)
         self.set_aux(_native.AUX_HEARTBEAT_MS, int(now * 1000))
 
 
@@ -96,11 +101,14 @@ class GroupSleep:
         self.bell.wait(self.seen, IDLE_WAIT_S)
 
 
-def first_token_times(engine: Engine) -> Callable[[], list[tuple[int, float, float]] | None]:
+def first_token_times(
+    engine: Engine, abilities: frozenset[Ability]
+) -> Callable[[], list[tuple[int, float, float]] | None]:
     """The engine's (request, taken, step start) times of the first tokens it just returned, for the server's
-    TTFT breakdown; engines that keep none report nothing."""
-    times = getattr(engine, "first_token_times", None)
-    return times if callable(times) else lambda: None
+    TTFT breakdown; engines without `Ability.FIRST_TOKEN_TIMES` report nothing."""
+    if Ability.FIRST_TOKEN_TIMES in abilities:
+        return cast(TimesFirstTokens, engine).first_token_times
+    return lambda: None
 
 
 def take_requests(engine: Engine, requests: _native.Ring) -> tuple[list[Output], bool]:
@@ -179,11 +187,18 @@ class WakePolicy:
         return False
 
 
-def serve_rank(engine: Engine, requests: _native.Ring, outputs: _native.Ring, stream_interval_ms: float = 0.0) -> None:
+def serve_rank(
+    engine: Engine,
+    requests: _native.Ring,
+    outputs: _native.Ring,
+    stream_interval_ms: float = 0.0,
+    *,
+    abilities: frozenset[Ability],
+) -> None:
     """The loop. Returns on SHUTDOWN or when the server closes the rings."""
-    status = Status(engine, outputs)
+    status = Status(engine, outputs, abilities)
     wake_policy = WakePolicy(stream_interval_ms)
-    first_times = first_token_times(engine)
+    first_times = first_token_times(engine, abilities)
     while True:
         if not engine.has_work():
             status.phase(_native.PHASE_IDLE)
@@ -207,14 +222,20 @@ def serve_rank(engine: Engine, requests: _native.Ring, outputs: _native.Ring, st
 
 
 def serve_sim_lockstep(
-    engine: SimEngine, requests: _native.Ring, outputs: _native.Ring, lock: _native.Lockstep, bell: _native.Doorbell
+    engine: SimEngine,
+    requests: _native.Ring,
+    outputs: _native.Ring,
+    lock: _native.Lockstep,
+    bell: _native.Doorbell,
+    *,
+    abilities: frozenset[Ability],
 ) -> None:
     """Simulated DP ranks in lockstep, as DeepInfer's: while any rank is busy every rank steps, and each step
     lasts as long as the slowest rank's (idle ranks ride along). After an idle round every rank sleeps on the
     group's doorbell, as engine/lockstep.py explains: a request on any rank wakes the whole group, nobody polls."""
-    status = Status(engine, outputs)
+    status = Status(engine, outputs, abilities)
     idle = GroupSleep(bell, requests)
-    first_times = first_token_times(engine)
+    first_times = first_token_times(engine, abilities)
     try:
         while True:
             idle.round()

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
-from deepinfer_server.engine.base import Engine, Output, Submit
+from deepinfer_server.engine.base import Engine, Output, Submit, TimesFirstTokens
 
 
 class PrefillGate:
@@ -34,7 +34,7 @@ class PrefillGate:
         # from the gate, and hide the wait here (the TTFT breakdown counts it in `engine_queue`).
         self.taken: dict[int, float] = {}
         self._firsts: list[tuple[int, float, float]] = []
-        self._times = engine.first_token_times  # type: ignore[attr-defined]
+        self._times = cast(TimesFirstTokens, engine).first_token_times  # the rank wraps only engines that have it
 
     def __getattr__(self, name: str) -> Any:  # everything the gate does not change: the engine's own
         return getattr(self.engine, name)

@@ -1,8 +1,9 @@
 """Rank process: one per DP rank, run as `python -m deepinfer_server.engine.rank --config JSON`.
 
-It maps the rings the launcher made, builds its engine, reports READY, and runs the loop its engine needs
-(engine/loop.py `serve_rank` or `serve_sim_lockstep`, engine/lockstep.py `serve_lockstep`) until the server says
-stop. An error it cannot contain ends it at once (`die`); the server turns that into 503s and exits.
+It maps the rings the launcher made, builds its engine through the engine's entry (engine/registry.py), reports
+READY, and runs the loop its engine needs (engine/loop.py `serve_rank` or `serve_sim_lockstep`, engine/lockstep.py
+`serve_lockstep`) until the server says stop. An error it cannot contain ends it at once (`die`); the server turns
+that into 503s and exits.
 """
 
 from __future__ import annotations
@@ -19,15 +20,15 @@ import time
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from deepinfer_server import _native, logs
-from deepinfer_server.engine.base import Engine
+from deepinfer_server.engine.base import Ability, Engine
 from deepinfer_server.engine.loop import serve_rank, serve_sim_lockstep
+from deepinfer_server.engine.registry import EngineEntry, engine_named
 
 if TYPE_CHECKING:
     from deepinfer_server.engine.sim import SimEngine
 
 log = logging.getLogger("deepinfer_server.rank")
 
-SIM_NICE = 10
 EXIT_FATAL = 3  # the rank hit an error outside any one request (see `die`)
 
 
@@ -55,22 +56,11 @@ def die(rank: int, outputs: _native.Ring, what: str) -> NoReturn:
     os._exit(EXIT_FATAL)
 
 
-def build_engine(kind: str, cfg: dict[str, Any], sim_faults: dict[str, Any] | None = None) -> Engine:
-    if kind == "sim":
-        from deepinfer_server.engine import sim_faults as faults
-
-        # The simulated engine stands in for a GPU: it should not take host CPU from the server's request
-        # handling (a real engine's step runs on the device, not on the cores the front end uses).
-        os.nice(SIM_NICE)
-
-        sim: Engine = faults.build(cfg, sim_faults)  # a SimEngine, with failures injected if asked
-        return sim
-    if kind == "deepinfer":
-        from deepinfer_server.engine.deepinfer import build as build_deepinfer
-
-        real: Engine = build_deepinfer(cfg)
-        return real
-    raise ValueError(f"unknown engine {kind!r}")
+def build_engine(entry: EngineEntry, cfg: dict[str, Any]) -> Engine:
+    """This rank's engine, from its entry point, at the CPU priority its entry asks for."""
+    if entry.nice:
+        os.nice(entry.nice)
+    return entry.rank_entry()(cfg)
 
 
 def _not_for_ranks(signum: int, frame: object) -> None:
@@ -108,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     bell = _native.Doorbell.open(conf["doorbell"]) if conf.get("doorbell") else None
     outputs.set_aux(_native.AUX_STATE, _native.STATE_LOADING)
     try:
-        engine = build_engine(conf["engine"], conf["engine_config"], conf.get("sim_faults"))
+        entry = engine_named(conf["engine"])
+        engine = build_engine(entry, conf["engine_config"])
     except Exception as e:
         log.exception("rank %d: engine failed to start: %s", rank, e)
         outputs.set_aux(_native.AUX_STATE, _native.STATE_FAILED)
@@ -117,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     partial = int(conf.get("max_num_partial_prefills") or 0)
     long_partial = int(conf.get("max_long_partial_prefills") or 0)
-    if (partial > 0 or long_partial > 0) and callable(getattr(engine, "first_token_times", None)):
+    if (partial > 0 or long_partial > 0) and Ability.FIRST_TOKEN_TIMES in entry.abilities:  # what the gate counts with
         from deepinfer_server.engine.prefill_gate import PrefillGate
 
         engine = PrefillGate(engine, partial, long_partial, int(conf.get("long_prefill_token_threshold") or 0))
@@ -125,15 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     outputs.set_aux(_native.AUX_STATE, _native.STATE_READY)
     log.info("rank %d ready (engine %s)", rank, conf["engine"])
     try:
-        if lock is not None and bell is not None:
-            serve_sim_lockstep(cast("SimEngine", engine), requests, outputs, lock, bell)
-        elif conf["engine"] == "deepinfer":
+        if lock is not None and bell is not None:  # the launcher's barrier: the ranks step together at it
+            serve_sim_lockstep(cast("SimEngine", engine), requests, outputs, lock, bell, abilities=entry.abilities)
+        elif Ability.COLLECTIVES in entry.abilities:
             from deepinfer_server.engine.lockstep import serve_lockstep
 
-            assert bell is not None, "the launcher gives DeepInfer ranks their group's doorbell"
-            serve_lockstep(engine, requests, outputs, bell)  # DP ranks step together
+            assert bell is not None, "the launcher gives ranks that step together their group's doorbell"
+            serve_lockstep(engine, requests, outputs, bell, abilities=entry.abilities)  # DP ranks step together
         else:
-            serve_rank(engine, requests, outputs, conf.get("stream_interval_ms", 0.0))
+            serve_rank(engine, requests, outputs, conf.get("stream_interval_ms", 0.0), abilities=entry.abilities)
     except _native.RingClosed:
         pass  # the server is gone or shutting down
     except BaseException:

@@ -1,8 +1,5 @@
-"""A simulated engine that fails on purpose, and the sim's named timing profiles (`--engine sim` only).
-
-Operators test gateways, clients, dashboards and alerts against failures, as llm-d-inference-sim allows. Every
-option is off by default; every random choice comes from `--sim-fault-seed`, so a run is reproducible for the same
-order of arrivals on each rank.
+"""A simulated engine that fails on purpose (`--engine sim` only): the rank side of the failures engine/sim_config.py
+sets up.
 
 Failure kinds (docs/deploy.md has the table of what a client sees):
 
@@ -18,168 +15,26 @@ Failure kinds (docs/deploy.md has the table of what a client sees):
 * `--sim-stall-after N`: that rank stops stepping when its (N+1)-th request arrives: no more tokens and no
   heartbeat, the process stays alive (a hung collective or kernel). `deepinfer_rank_heartbeat_age_seconds` grows
   until the watchdog (`--watchdog-timeout`) declares the rank hung and the server exits with status 1.
-
-Timing profiles (`--sim-profile`) set the defaults of the sim's cost flags; a cost flag given explicitly wins.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import random
 import time
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from deepinfer_server import _native
 from deepinfer_server.engine.base import Output, Submit
 from deepinfer_server.engine.sim import SimConfig, SimEngine
+from deepinfer_server.engine.sim_config import Faults
 
 log = logging.getLogger("deepinfer_server.rank")
 
 EXIT_SIM_CRASH = 70
 ERROR_REASON = "sim_engine_error"
 ABORT_REASON = "abort"  # DeepInfer's finish reason for a request its scheduler aborted
-
-
-@dataclass(frozen=True)
-class Profile:
-    """The sim's cost model: the values of the `--sim-*` cost flags a profile stands for."""
-
-    description: str
-    decode_step_ms: float = 0.0
-    decode_ms_per_seq: float = 0.0
-    prefill_ms_per_1k_tokens: float = 0.0
-    overlap_prefill: bool = False
-    prefill_chunk_tokens: int = 0
-    lockstep: bool = False
-
-
-PROFILES: dict[str, Profile] = {
-    "zero": Profile("every step is free: the engine outpaces any front end (the default)"),
-    "paced": Profile(
-        "a 10 ms decode step and 50 ms per 1k prompt tokens (bench/bench.py --only paced)",
-        decode_step_ms=10.0,
-        prefill_ms_per_1k_tokens=50.0,
-    ),
-    # Calibrated in BENCHMARKS.md against the original 8 x B200 run (DP 8, EP 8) that bench/bench.py --only replay
-    # replays: a decode step of 8.5 ms + 0.1 ms per sequence (8.7 ms at that run's ~2 sequences per rank), prefill
-    # at 25 ms per 1k tokens, compute-bound prefill chunks of up to 340 tokens hidden under the memory-bound decode
-    # step, and the ranks in lockstep. Meant for --dp 8.
-    "8xb200": Profile(
-        "one node of 8 B200s, DP 8 + EP 8, calibrated on the original benchmark (bench/bench.py --only replay)",
-        decode_step_ms=8.5,
-        decode_ms_per_seq=0.1,
-        prefill_ms_per_1k_tokens=25.0,
-        overlap_prefill=True,
-        prefill_chunk_tokens=340,
-        lockstep=True,
-    ),
-}
-
-# cost flag (argparse dest) -> Profile field
-_COST_FLAGS = {
-    "sim_decode_step_ms": "decode_step_ms",
-    "sim_decode_ms_per_seq": "decode_ms_per_seq",
-    "sim_prefill_ms_per_1k_tokens": "prefill_ms_per_1k_tokens",
-    "sim_prefill_chunk_tokens": "prefill_chunk_tokens",
-}
-
-
-def add_arguments(group: argparse._ArgumentGroup) -> None:
-    """The profile and fault flags, in the sim's argument group."""
-    names = ", ".join(f"{k} ({p.description})" for k, p in PROFILES.items())
-    group.add_argument(
-        "--sim-profile",
-        choices=tuple(PROFILES),
-        default="zero",
-        help=f"Named cost model; the --sim-* cost flags given explicitly override it. Profiles: {names}.",
-    )
-    group.add_argument("--sim-fault-seed", type=int, default=0, help="Seed of every injected failure's draw.")
-    group.add_argument(
-        "--sim-error-rate",
-        type=float,
-        default=0.0,
-        help="Share of requests that end with an engine error instead of their first token (500 / stream error).",
-    )
-    group.add_argument(
-        "--sim-abort-rate",
-        type=float,
-        default=0.0,
-        help="Share of requests the engine aborts part-way through their output (reason 'abort').",
-    )
-    group.add_argument(
-        "--sim-crash-after",
-        type=int,
-        default=None,
-        metavar="N",
-        help="Rank --sim-fault-rank exits at once (status 70) when its request N+1 arrives.",
-    )
-    group.add_argument(
-        "--sim-stall-after",
-        type=int,
-        default=None,
-        metavar="N",
-        help="Rank --sim-fault-rank stops stepping and stops its heartbeat when its request N+1 arrives "
-        "(the watchdog then ends the server).",
-    )
-    group.add_argument("--sim-fault-rank", type=int, default=0, help="The rank that crashes or stalls.")
-
-
-def resolve(args: argparse.Namespace) -> str | None:
-    """Fill the cost flags left unset (None) from the profile and check the fault flags; an error message or None."""
-    profile = PROFILES[args.sim_profile]
-    for dest, name in _COST_FLAGS.items():
-        if getattr(args, dest) is None:
-            setattr(args, dest, getattr(profile, name))
-    args.sim_overlap_prefill = args.sim_overlap_prefill or profile.overlap_prefill
-    args.sim_lockstep = args.sim_lockstep or profile.lockstep
-    for flag in ("sim_error_rate", "sim_abort_rate"):
-        if not 0.0 <= getattr(args, flag) <= 1.0:
-            return f"--{flag.replace('_', '-')} must be in [0, 1]"
-    if args.sim_error_rate + args.sim_abort_rate > 1.0:
-        return "--sim-error-rate plus --sim-abort-rate must not exceed 1"
-    for flag in ("sim_crash_after", "sim_stall_after"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 0:
-            return f"--{flag.replace('_', '-')} must not be negative"
-    faults = any(getattr(args, f) for f in ("sim_error_rate", "sim_abort_rate")) or any(
-        getattr(args, f) is not None for f in ("sim_crash_after", "sim_stall_after")
-    )
-    if faults and args.engine != "sim":
-        return "the --sim-* fault flags need --engine sim"
-    if not 0 <= args.sim_fault_rank < (args.data_parallel_size or 1):
-        return f"--sim-fault-rank must name a rank (0..{(args.data_parallel_size or 1) - 1})"
-    return None
-
-
-@dataclass(frozen=True)
-class Faults:
-    """What one rank is to do wrong; sent to it in its config (`rank_config`)."""
-
-    seed: int = 0
-    rank: int = 0
-    error_rate: float = 0.0
-    abort_rate: float = 0.0
-    crash_after: int | None = None  # this rank's own limits (None unless it is the fault rank)
-    stall_after: int | None = None
-
-    def active(self) -> bool:
-        return bool(self.error_rate or self.abort_rate) or self.crash_after is not None or self.stall_after is not None
-
-
-def rank_config(args: argparse.Namespace, rank: int) -> dict[str, Any] | None:
-    """The fault settings of `rank`, or None when it is to behave."""
-    mine = rank == args.sim_fault_rank
-    faults = Faults(
-        seed=args.sim_fault_seed,
-        rank=rank,
-        error_rate=args.sim_error_rate,
-        abort_rate=args.sim_abort_rate,
-        crash_after=args.sim_crash_after if mine else None,
-        stall_after=args.sim_stall_after if mine else None,
-    )
-    return asdict(faults) if faults.active() else None
 
 
 class FaultySimEngine(SimEngine):
@@ -262,8 +117,11 @@ class FaultySimEngine(SimEngine):
         return out
 
 
-def build(cfg: dict[str, Any], faults: dict[str, Any] | None) -> SimEngine:
-    """The rank's sim engine: the plain one unless the rank has faults to inject."""
+def build(engine_config: dict[str, Any]) -> SimEngine:
+    """The sim rank's entry point (engine/registry.py): the plain engine unless its config names failures to inject
+    (sim_config.py `launch`)."""
+    cfg = dict(engine_config)
+    faults = cfg.pop("faults", None)
     if not faults:
         return SimEngine(SimConfig(**cfg))
     return FaultySimEngine(SimConfig(**cfg), Faults(**faults))
