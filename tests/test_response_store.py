@@ -1,5 +1,6 @@
 """Stored responses (issue 31, first part): `store` on by default, `previous_response_id`, `GET`/`DELETE
-/v1/responses/{id}`, `input_items`, on the embedded SQLite store, judged by the `openai` SDK and the Agents SDK."""
+/v1/responses/{id}`, `input_items`, judged by the `openai` SDK and the Agents SDK, on both stores: the embedded
+SQLite file and a PostgreSQL server (started here) that replicas share."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import openai
 import pytest
 from conftest import MODEL, Server, start_server
 
+from pg_server import postgres
+
 ARGS = ("--served-model-name", MODEL, "--max-num-seqs", "8", "--max-model-len", "8192")
 
 
@@ -24,8 +27,15 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def srv(state: str) -> Iterator[Server]:
-    s = start_server(*ARGS, "--state-store", state)
+def pg_url() -> Iterator[str]:
+    with postgres() as url:
+        yield url
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def srv(request: pytest.FixtureRequest, state: str) -> Iterator[Server]:
+    spec = state if request.param == "sqlite" else request.getfixturevalue("pg_url")
+    s = start_server(*ARGS, "--state-store", spec)
     yield s
     s.stop()
 
@@ -125,6 +135,21 @@ def test_the_agents_sdk_chains_turns_by_previous_response_id(srv: Server) -> Non
     assert first.last_response_id and second.last_response_id
     stored = srv.client().responses.retrieve(second.last_response_id)
     assert stored.previous_response_id == first.last_response_id
+
+
+def test_replicas_on_one_postgresql_store_see_each_others_responses(pg_url: str) -> None:
+    a, b = start_server(*ARGS, "--state-store", pg_url), start_server(*ARGS, "--state-store", pg_url)
+    try:
+        r = create(a, input="Stored by replica a.")
+        assert b.client().responses.retrieve(r.id).model_dump() == r.model_dump()
+        nxt = create(b, input="Continued on replica b.", previous_response_id=r.id)
+        assert a.client().responses.retrieve(nxt.id).previous_response_id == r.id
+        b.client().responses.delete(r.id)
+        with pytest.raises(openai.NotFoundError):
+            a.client().responses.retrieve(r.id)
+    finally:
+        a.stop()
+        b.stop()
 
 
 def test_stored_responses_survive_a_restart(state: str) -> None:
