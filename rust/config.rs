@@ -61,6 +61,9 @@ pub struct ServerConfig {
     /// Keep Responses that do not say `store: false` (off: `--disable-response-store`).
     #[pyo3(default = true)]
     pub store_responses: bool,
+    /// How long a stored response is kept (`--response-store-ttl`); 0: for ever.
+    #[pyo3(default = 2_592_000.0)]
+    pub response_store_ttl_s: f64,
     /// Client connections open at once (`--max-connections`); 0: no limit.
     #[pyo3(default = 0)]
     pub max_connections: usize,
@@ -182,6 +185,7 @@ impl ServerConfig {
             max_connections: 0,
             state_store: String::new(),
             store_responses: true,
+            response_store_ttl_s: 2_592_000.0,
             allowed_origins: Vec::new(),
             allowed_methods: Vec::new(),
             allowed_headers: Vec::new(),

@@ -92,7 +92,11 @@ async fn open_store(
         std::io::Error::other(format!("cannot open the state store {name}: {e}"))
     })?;
     tracing::info!("state store: {}", crate::store::redacted(&config.state_store));
-    Ok(Some(crate::store::responses::Responses::new(store, runtime.clone())))
+    let responses = crate::store::responses::Responses::new(store, runtime.clone());
+    if config.response_store_ttl_s > 0.0 {
+        responses.expire_every(Duration::from_secs_f64(config.response_store_ttl_s));
+    }
+    Ok(Some(responses))
 }
 
 async fn run(state: Arc<AppState>, pids: Vec<i32>) -> std::io::Result<i32> {

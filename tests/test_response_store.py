@@ -8,6 +8,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -163,6 +164,30 @@ def test_stored_responses_survive_a_restart(state: str) -> None:
         assert b.client().responses.retrieve(r.id).id == r.id
         nxt = create(b, input="Still there?", previous_response_id=r.id)
         assert nxt.status in ("completed", "incomplete")
+    finally:
+        b.stop()
+
+
+def test_responses_past_their_time_are_removed(tmp_path: Any) -> None:
+    spec = str(tmp_path / "ttl.sqlite3")
+    a = start_server(*ARGS, "--state-store", spec)
+    try:
+        old = create(a, input="Forget me.")
+    finally:
+        a.stop()
+    time.sleep(2.2)  # created_at is in whole seconds
+    b = start_server(*ARGS, "--state-store", spec, "--response-store-ttl", "1")
+    try:
+        young = create(b, input="Keep me.")
+        deadline = time.monotonic() + 10
+        while True:  # removed at start, by a task of its own
+            try:
+                b.client().responses.retrieve(old.id)
+            except openai.NotFoundError:
+                break
+            assert time.monotonic() < deadline, "a response past --response-store-ttl is still there"
+            time.sleep(0.1)
+        assert b.client().responses.retrieve(young.id).id == young.id
     finally:
         b.stop()
 

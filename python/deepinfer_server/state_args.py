@@ -37,6 +37,14 @@ def add_arguments(p: argparse._ArgumentGroup) -> None:
         "'postgresql://user:password@host/db' URL shared by replicas, or 'off'.",
     )
     p.add_argument(
+        "--response-store-ttl",
+        type=float,
+        default=30 * 86400,
+        metavar="SECONDS",
+        help="How long a stored response is kept (OpenAI keeps them 30 days, the default); older ones are removed "
+        "every 10 minutes. 0: kept until deleted.",
+    )
+    p.add_argument(
         "--disable-response-store",
         action="store_true",
         help="Keep no responses, whatever a request's 'store' says ('previous_response_id' is then a 400).",
@@ -51,6 +59,8 @@ def store_spec(args: argparse.Namespace) -> str:
 
 def resolve(args: argparse.Namespace) -> str | None:
     """Why the store's flags cannot work, if they cannot; makes a SQLite file's directory."""
+    if args.response_store_ttl < 0:
+        return "--response-store-ttl must be 0 (keep until deleted) or more seconds"
     spec = store_spec(args)
     if not spec or spec == "memory" or spec.startswith(("postgres://", "postgresql://", "sqlite::memory:")):
         return None
@@ -75,4 +85,4 @@ def server_config(args: argparse.Namespace) -> dict[str, Any]:
     spec = store_spec(args)
     if spec and not spec.startswith(("postgres://", "postgresql://", "sqlite:", "memory")):
         spec = str(Path(spec).expanduser())
-    return {"state_store": spec, "store_responses": bool(spec)}
+    return {"state_store": spec, "store_responses": bool(spec), "response_store_ttl_s": args.response_store_ttl}

@@ -47,6 +47,8 @@ pub trait Store: Send + Sync {
     fn get_response<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<StoredResponse>, StoreError>>;
     /// Whether it was there.
     fn delete_response<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>>;
+    /// Remove the responses created before `created_before` (Unix seconds); how many went.
+    fn expire_responses(&self, created_before: i64) -> BoxFuture<'_, Result<u64, StoreError>>;
 }
 
 /// Open the store `spec` names, running its migrations: `postgres://…` / `postgresql://…`, `sqlite://PATH`,

@@ -15,6 +15,8 @@ use tokio::sync::watch;
 
 /// Longest a request waits for the response it names to be written.
 const WRITE_WAIT: Duration = Duration::from_secs(10);
+/// How often responses past their time are removed.
+const EXPIRE_EVERY: Duration = Duration::from_secs(600);
 
 pub struct Responses {
     store: Box<dyn Store>,
@@ -35,6 +37,25 @@ pub struct Keep {
 impl Responses {
     pub fn new(store: Box<dyn Store>, runtime: tokio::runtime::Handle) -> Arc<Self> {
         Arc::new(Responses { store, writing: Mutex::new(HashMap::new()), runtime })
+    }
+
+    /// Remove responses older than `ttl`, now and every few minutes from now on (OpenAI keeps them 30 days):
+    /// what clients store is bounded by time, not left to grow the disk forever.
+    pub fn expire_every(self: &Arc<Self>, ttl: Duration) {
+        let me = self.clone();
+        self.runtime.spawn(async move {
+            let mut tick = tokio::time::interval(EXPIRE_EVERY);
+            loop {
+                tick.tick().await;
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+                let before = now.saturating_sub(ttl).as_secs() as i64;
+                match me.store.expire_responses(before).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(removed = n, "stored responses past --response-store-ttl removed"),
+                    Err(e) => tracing::warn!("could not remove expired responses: {e}"),
+                }
+            }
+        });
     }
 
     /// A stored response, waiting for it if it is being written.

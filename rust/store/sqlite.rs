@@ -68,4 +68,11 @@ impl Store for SqliteStore {
             Ok(done.rows_affected() > 0)
         })
     }
+
+    fn expire_responses(&self, created_before: i64) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let q = sqlx::query("DELETE FROM responses WHERE created_at < ?").bind(created_before);
+            Ok(q.execute(&self.pool).await?.rows_affected())
+        })
+    }
 }
