@@ -4,9 +4,11 @@ on the same load: one server on the zero-cost sim, wrk streaming the same 256-to
 connections, the doors in turn, several alternating rounds. Prints each door's figure and its ratio to chat's.
 
     python bench/doors.py [--rounds 3] [--seconds 8] [--conns 64] [--base OTHER_TREE/python] [--server-args ARGS]
+                          [--base-args ARGS]
 
 `--base` runs a second server from another build's `python/` directory beside this one and alternates them door
-by door (their order flips each round), for a before/after in one run.
+by door (their order flips each round), for a before/after in one run. `--base-args` gives the base server flags of
+its own: `--base python --base-args '--disable-response-store'` costs a feature on one build.
 
 Needs `wrk` (Debian package). CPU is the server's and its ranks' (utime + stime from /proc) over the timed run, and
 the server process's alone (HTTP, codec and SSE: where the doors differ).
@@ -148,12 +150,14 @@ def main() -> int:
         help="more server flags, e.g. '--sim-decode-step-ms 5': an engine-paced load, the same tokens/s on every "
         "door, instead of the zero-cost engine's flat-out one",
     )
+    ap.add_argument("--base-args", default=None, help="flags for the base server instead of --server-args")
     args = ap.parse_args()
     builds = {"this": None} if args.base is None else {"base": args.base, "this": None}
+    flags = {"this": args.server_args.split(), "base": (args.base_args or args.server_args).split()}
     servers: dict[str, tuple[subprocess.Popen[bytes], list[int], str]] = {}
     try:
         for k, (label, path) in enumerate(builds.items()):
-            servers[label] = start_server(args.port + k, path, args.server_args.split())
+            servers[label] = start_server(args.port + k, path, flags[label])
             check_lengths(servers[label][2])
         runs: dict[str, dict[str, list[dict[str, float]]]] = {label: {door: [] for door in DOORS} for label in builds}
         for i in range(args.rounds):
