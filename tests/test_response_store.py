@@ -65,7 +65,8 @@ def test_previous_response_id_continues_the_chain_without_its_instructions(srv: 
     alone = create(srv, input=whole, store=False)
     assert second.usage is not None and alone.usage is not None
     assert second.usage.input_tokens == alone.usage.input_tokens
-    assert c.responses.retrieve(second.id).previous_response_id == first.id
+    assert second.previous_response_id == first.id
+    assert c.responses.retrieve(second.id).model_dump() == second.model_dump()
     # Its input items are its own; the chain's are not repeated.
     items = c.responses.input_items.list(second.id)
     assert [(i.type, i.role) for i in items.data] == [("message", "user")]
@@ -80,6 +81,12 @@ def test_a_streamed_response_can_be_named_the_moment_its_stream_ends(srv: Server
         assert events[-1].type in ("response.completed", "response.incomplete")
         nxt = create(srv, input="Again.", previous_response_id=final.id)
         assert c.responses.retrieve(nxt.id).previous_response_id == final.id
+    # A streamed continuation says what it continues from its first event to its last.
+    events = list(
+        c.responses.create(model=MODEL, input="More.", max_output_tokens=6, stream=True, previous_response_id=nxt.id)
+    )
+    whole = [e for e in events if hasattr(e, "response")]
+    assert len(whole) >= 3 and all(e.response.previous_response_id == nxt.id for e in whole)  # type: ignore[union-attr]
 
 
 def test_store_false_keeps_nothing_and_delete_removes(srv: Server) -> None:

@@ -6,6 +6,7 @@ use crate::error::ApiError;
 use crate::ring::records;
 use crate::stream::Outlet;
 use crate::ttft::Stamps;
+use bytes::Bytes;
 use pyo3::prelude::*;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -32,12 +33,13 @@ pub struct Inflight {
     /// its last bytes go to the client, who may send its next request the moment it has them. A client that is
     /// still (slowly) reading must not hold engine capacity either.
     pub(super) permit: Mutex<Option<Permit>>,
-    /// Called with its last bytes as it succeeds, before they go to the client (a stored response is recorded).
+    /// Called with its last bytes as it succeeds, before they go to the client (a stored response is recorded);
+    /// returns the bytes to send.
     pub(super) on_finish: Mutex<Option<OnFinish>>,
 }
 
-/// What to do with a request's last bytes as it succeeds.
-pub type OnFinish = Box<dyn FnOnce(&[u8]) + Send>;
+/// What to do with a request's last bytes as it succeeds: the bytes to send in their place.
+pub type OnFinish = Box<dyn FnOnce(Bytes) -> Bytes + Send>;
 
 /// Tokens held for a later decode.
 #[derive(Default)]
@@ -86,10 +88,11 @@ pub(super) struct Timing {
 }
 
 impl Inflight {
-    /// Hand the request's last bytes to its finish hook, if it has one (once).
-    pub fn finished_with(&self, last: &[u8]) {
-        if let Some(f) = self.on_finish.lock().unwrap().take() {
-            f(last);
+    /// Hand the request's last bytes to its finish hook, if it has one (once): the bytes to send.
+    pub fn finished_with(&self, last: Bytes) -> Bytes {
+        match self.on_finish.lock().unwrap().take() {
+            Some(f) => f(last),
+            None => last,
         }
     }
 

@@ -15,7 +15,7 @@ use crate::dispatch::{Job, OnFinish, RequestMeta};
 use crate::doors::{Door, GenerateRequest};
 use crate::error::ApiError;
 use crate::ring::records::{ImageSet, Submit};
-use crate::store::responses::Keep;
+use crate::store::responses::{Keep, echo_previous};
 use crate::stream::{Outlet, StreamBuf};
 use axum::Extension;
 use axum::body::{Body, Bytes};
@@ -102,10 +102,20 @@ async fn handle(
     let fetched = if has_images { st.media.fetch(&req.images, deadline).await? } else { Default::default() };
     let id = st.dispatcher.next_id();
     let response_id = format!("{}{id:x}{:08x}", door.id_prefix(), crate::ids::random_u64() as u32);
+    let previous = keep.as_ref().and_then(|k| k.previous.clone());
     let on_finish = match (keep, &st.responses) {
         (Some(keep), Some(responses)) => {
             let (responses, rid, stream) = (responses.clone(), response_id.clone(), req.stream);
-            Some(Box::new(move |last: &[u8]| responses.record(rid, keep, last, stream)) as OnFinish)
+            Some(Box::new(move |last: Bytes| {
+                let last = match &keep.previous {
+                    Some(prev) => Bytes::from(echo_previous(&last, prev)),
+                    None => last,
+                };
+                if keep.store {
+                    responses.record(rid, keep, &last, stream);
+                }
+                last
+            }) as OnFinish)
         }
         _ => None,
     };
@@ -135,7 +145,10 @@ async fn handle(
         .codec
         .prepare_then(prepare, move |prepared| {
             if let Outlet::Stream(buf) = &outlet {
-                buf.push(&prepared.first, false); // the opening events: well under the cap
+                match &previous {
+                    Some(prev) => buf.push(&echo_previous(&prepared.first, prev), false),
+                    None => buf.push(&prepared.first, false), // the opening events: well under the cap
+                };
             }
             let job = Job {
                 submit: Submit {
@@ -204,8 +217,8 @@ fn sse_response(body: SseBody) -> Response {
     (headers, Body::from_stream(body)).into_response()
 }
 
-/// A stored Responses request: the chain it continues put before its input, and what its record will keep (None
-/// for a request not stored).
+/// A stored Responses request, or one that continues a chain: the chain put before its input, and what its
+/// response will be recorded with (None for a request that neither stores nor continues).
 async fn stored(st: &AppState, req: &mut GenerateRequest) -> Result<Option<Keep>, ApiError> {
     if !req.store && req.previous_response_id.is_none() {
         return Ok(None);
@@ -218,7 +231,7 @@ async fn stored(st: &AppState, req: &mut GenerateRequest) -> Result<Option<Keep>
         return Ok(None);
     };
     let body = std::mem::take(&mut req.body);
-    let (body, keep) = responses.continue_from(body, req.previous_response_id.take()).await?;
+    let (body, keep) = responses.continue_from(body, req.previous_response_id.take(), req.store).await?;
     req.body = body;
-    Ok(req.store.then_some(keep))
+    Ok(Some(keep))
 }

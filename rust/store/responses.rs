@@ -25,9 +25,11 @@ pub struct Responses {
     runtime: tokio::runtime::Handle,
 }
 
-/// What a stored request leaves for its response's record.
+/// What a stored request (or one that continues a chain) leaves for its response.
 pub struct Keep {
-    previous: Option<String>,
+    /// Whether to store the response (a request may continue a chain and ask not to be stored itself).
+    pub store: bool,
+    pub previous: Option<String>,
     /// The items before the request's own input (the chain's).
     context: Vec<Value>,
     /// The request's body as the client sent it: its own input items are read from it as the record is written.
@@ -74,9 +76,14 @@ impl Responses {
 
     /// The body of a Responses request with the chain of `previous` put before its input, and what its own
     /// record will keep. A request that continues nothing is not parsed here.
-    pub async fn continue_from(&self, body: Vec<u8>, previous: Option<String>) -> Result<(Vec<u8>, Keep), ApiError> {
+    pub async fn continue_from(
+        &self,
+        body: Vec<u8>,
+        previous: Option<String>,
+        store: bool,
+    ) -> Result<(Vec<u8>, Keep), ApiError> {
         let Some(prev) = previous else {
-            return Ok((body.clone(), Keep { previous: None, context: Vec::new(), body }));
+            return Ok((body.clone(), Keep { store, previous: None, context: Vec::new(), body }));
         };
         let param = Some("previous_response_id");
         let not_found = || ApiError::NotFound { what: "Previous response", id: prev.clone(), param };
@@ -89,7 +96,7 @@ impl Responses {
         input.extend(own_items(obj.get("input")));
         obj.insert("input".into(), Value::Array(input));
         let spliced = serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?;
-        Ok((spliced, Keep { previous: Some(prev), context, body }))
+        Ok((spliced, Keep { store, previous: Some(prev), context, body }))
     }
 
     /// Record a finished response from its last bytes (a whole body, or a stream's final events). Called on the
@@ -112,6 +119,23 @@ impl Responses {
             let _ = done.send(true);
         });
     }
+}
+
+/// A Response's text with the `previous_response_id` it continues (deepseek-recipe writes null: it knows no
+/// chains). Only the whole-Response events and bodies hold the field.
+pub fn echo_previous(text: &[u8], previous: &str) -> Vec<u8> {
+    const NULL: &[u8] = br#""previous_response_id":null"#;
+    let with = serde_json::to_vec(&json!({"previous_response_id": previous})).unwrap_or_default();
+    let with = &with[1..with.len() - 1]; // `"previous_response_id":"…"`
+    let mut out = Vec::with_capacity(text.len() + 64);
+    let mut at = 0;
+    for found in memchr::memmem::find_iter(text, NULL) {
+        out.extend_from_slice(&text[at..found]);
+        out.extend_from_slice(with);
+        at = found + NULL.len();
+    }
+    out.extend_from_slice(&text[at..]);
+    out
 }
 
 fn to_record(keep: Keep, last: &[u8], stream: bool) -> Option<StoredResponse> {
@@ -218,6 +242,14 @@ mod tests {
         assert_eq!(final_response(last, true), Some(json!({"id": "resp_1"})));
         assert_eq!(final_response(br#"{"id":"resp_2"}"#, false), Some(json!({"id": "resp_2"})));
         assert_eq!(final_response(b"event: response.output_text.delta\ndata: {}\n\n", true), None);
+    }
+
+    #[test]
+    fn a_continued_response_names_what_it_continues() {
+        let text = br#"{"id":"resp_2","previous_response_id":null,"x":{"previous_response_id":null}}"#;
+        let want = br#"{"id":"resp_2","previous_response_id":"resp_1","x":{"previous_response_id":"resp_1"}}"#;
+        assert_eq!(echo_previous(text, "resp_1"), want.to_vec());
+        assert_eq!(echo_previous(b"{}", "r"), b"{}".to_vec());
     }
 
     #[test]
