@@ -348,9 +348,8 @@ WIRE_PORTS: set[int] = set()
 
 def _check_wire(response: Any, body: bytes, complete: bool) -> None:
     request = response.request
-    found = wire_schema.check_response(
-        request.url.path, response.status_code, response.headers.get("content-type", ""), body, complete
-    )
+    ctype = response.headers.get("content-type", "")
+    found = wire_schema.check_response(request.url.path, response.status_code, ctype, body, complete, request.method)
     WIRE_CHECKED.append(f"{request.method} {request.url.path} {response.status_code}")
     WIRE_VIOLATIONS.extend(f"{request.method} {request.url}: {v}" for v in found)
 
@@ -395,7 +394,7 @@ def _record(module: Any) -> Callable[[], None]:
 
     def watch(request: Any, response: Any) -> Any:
         url = request.url
-        if url.host in WIRE_HOSTS and url.port in WIRE_PORTS and wire_schema.watched(url.path):
+        if url.host in WIRE_HOSTS and url.port in WIRE_PORTS and wire_schema.watched(url.path, request.method):
             response.request = request
             response.stream = recorder(response.stream, response)
         return response

@@ -39,6 +39,8 @@ SERVED = {
     "/responses": "post",
     "/models": "get",
     "/models/{model}": "get",
+    "/responses/{response_id}": "get",
+    "/responses/{response_id}/input_items": "get",
 }
 
 # Response bodies and SSE events by our path: (schema for JSON bodies, schema for each SSE event).
@@ -50,6 +52,9 @@ RESPONSES: dict[str, tuple[str, str | None]] = {
 }
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 MODEL_PATH = re.compile(r"^/v1/models/.+")
+# Stored responses: GET returns the Response, input_items a ResponseItemList (the spec has no body for DELETE).
+STORED_PATH = re.compile(r"^/v1/responses/[^/]+$")
+INPUT_ITEMS_PATH = re.compile(r"^/v1/responses/[^/]+/input_items$")
 
 # Keys the server adds beyond OpenAI's schema, by where they sit (`*` is any array index). Each is documented
 # in the README: DeepSeek's API sends the same.
@@ -223,27 +228,33 @@ def _undeclared(instance: Any, schema: dict[str, Any], path: str) -> Iterator[st
                 yield from _undeclared(v, items[0], f"{path}.{i}")
 
 
-def response_schemas(path: str) -> tuple[str, str | None] | None:
+def response_schemas(path: str, method: str = "POST") -> tuple[str, str | None] | None:
     """(JSON body schema, SSE event schema) for a response from `path`, or None if it is not a checked path."""
     if path in RESPONSES:
         return RESPONSES[path]
     if MODEL_PATH.match(path):
         return ("Model", None)
+    if INPUT_ITEMS_PATH.match(path):
+        return ("ResponseItemList", None)
+    if STORED_PATH.match(path) and method == "GET":
+        return ("Response", None)
     return None
 
 
-def watched(path: str) -> bool:
+def watched(path: str, method: str = "POST") -> bool:
     """Whether responses from `path` are checked."""
-    return path in ANTHROPIC_PATHS or response_schemas(path) is not None
+    return path in ANTHROPIC_PATHS or response_schemas(path, method) is not None
 
 
-def check_response(path: str, status: int, content_type: str, body: bytes, complete: bool) -> list[str]:
+def check_response(
+    path: str, status: int, content_type: str, body: bytes, complete: bool, method: str = "POST"
+) -> list[str]:
     """Violations in one response from the server. `complete`: the client read the whole body."""
     if path in ANTHROPIC_PATHS:
         import anthropic_wire
 
         return [f"{status} from {path}: {v}" for v in anthropic_wire.check(path, status, content_type, body, complete)]
-    schemas = response_schemas(path)
+    schemas = response_schemas(path, method)
     if schemas is None or not body:
         return []
     where = f"{status} from {path}"
