@@ -8,7 +8,7 @@ connections, the doors in turn, several alternating rounds. Prints each door's f
 
 `--base` runs a second server from another build's `python/` directory beside this one and alternates them door
 by door (their order flips each round), for a before/after in one run. `--base-args` gives the base server flags of
-its own: `--base python --base-args '--disable-response-store'` costs a feature on one build.
+its own: `--base python --base-args=--disable-response-store` costs a feature on one build.
 
 Needs `wrk` (Debian package). CPU is the server's and its ranks' (utime + stime from /proc) over the timed run, and
 the server process's alone (HTTP, codec and SSE: where the doors differ).

@@ -42,8 +42,8 @@ pub enum StoreError {
 
 /// What the server keeps, whichever database holds it.
 pub trait Store: Send + Sync {
-    /// Insert a response (an id already there is replaced: a retried write is harmless).
-    fn put_response<'a>(&'a self, r: &'a StoredResponse) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Insert responses, in one transaction (an id already there is replaced: a retried write is harmless).
+    fn put_responses<'a>(&'a self, rs: &'a [StoredResponse]) -> BoxFuture<'a, Result<(), StoreError>>;
     fn get_response<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<StoredResponse>, StoreError>>;
     /// Whether it was there.
     fn delete_response<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>>;

@@ -19,22 +19,26 @@ impl PgStore {
 }
 
 impl Store for PgStore {
-    fn put_response<'a>(&'a self, r: &'a StoredResponse) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn put_responses<'a>(&'a self, rs: &'a [StoredResponse]) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            sqlx::query(
-                "INSERT INTO responses (id, created_at, model, previous_response_id, context, input_items, response) \
+            let mut tx = self.pool.begin().await?;
+            for r in rs {
+                sqlx::query(
+                    "INSERT INTO responses (id, created_at, model, previous_response_id, context, input_items, response) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7) \
                  ON CONFLICT (id) DO UPDATE SET response = EXCLUDED.response",
-            )
-            .bind(&r.id)
-            .bind(r.created_at)
-            .bind(&r.model)
-            .bind(&r.previous_response_id)
-            .bind(&r.context)
-            .bind(&r.input_items)
-            .bind(&r.response)
-            .execute(&self.pool)
-            .await?;
+                )
+                .bind(&r.id)
+                .bind(r.created_at)
+                .bind(&r.model)
+                .bind(&r.previous_response_id)
+                .bind(&r.context)
+                .bind(&r.input_items)
+                .bind(&r.response)
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await?;
             Ok(())
         })
     }

@@ -1,9 +1,10 @@
 //! Stored responses on the request path:
 //! - before the codec, a request that names `previous_response_id` gets the chain's items put before its input
 //!   (`continue_from`); the chain's instructions are not carried over, as OpenAI documents;
-//! - as a stored response finishes, its Response is taken from its last bytes and written (`Recording`), off the
-//!   rank_io thread. The client may name it in its next request the moment it has those bytes, so the id is marked
-//!   as being written first, and a request that names it waits for the write (`load`).
+//! - as a stored response finishes, its Response is cut from its last bytes as text (never parsed) and handed to
+//!   one writer task, which writes what has gathered in one transaction: a few hundred responses a second cost
+//!   a few commits, not one each. The client may name a response the moment it has its last bytes, so the id is
+//!   marked as being written first, and a request that names it waits for the write (`load`).
 
 use super::{Store, StoreError, StoredResponse};
 use crate::error::ApiError;
@@ -11,18 +12,31 @@ use serde_json::{Map, Value, json};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 /// Longest a request waits for the response it names to be written.
 const WRITE_WAIT: Duration = Duration::from_secs(10);
 /// How often responses past their time are removed.
 const EXPIRE_EVERY: Duration = Duration::from_secs(600);
+/// Responses waiting for the writer: past this (a store that stalls) new ones are dropped, with a log line.
+const WRITE_QUEUE: usize = 8192;
+/// Most responses one transaction writes.
+const WRITE_BATCH: usize = 256;
 
 pub struct Responses {
-    store: Box<dyn Store>,
+    store: Arc<dyn Store>,
     /// Ids being written: their writes' "done" flags.
     writing: Mutex<HashMap<String, watch::Receiver<bool>>>,
+    writer: mpsc::Sender<Write>,
     runtime: tokio::runtime::Handle,
+}
+
+/// A response on its way to the store.
+struct Write {
+    id: String,
+    keep: Keep,
+    response: Vec<u8>,
+    done: watch::Sender<bool>,
 }
 
 /// What a stored request (or one that continues a chain) leaves for its response.
@@ -38,7 +52,11 @@ pub struct Keep {
 
 impl Responses {
     pub fn new(store: Box<dyn Store>, runtime: tokio::runtime::Handle) -> Arc<Self> {
-        Arc::new(Responses { store, writing: Mutex::new(HashMap::new()), runtime })
+        let store: Arc<dyn Store> = Arc::from(store);
+        let (writer, queue) = mpsc::channel(WRITE_QUEUE);
+        let me = Arc::new(Responses { store, writing: Mutex::new(HashMap::new()), writer, runtime });
+        me.runtime.spawn(write_all(Arc::downgrade(&me), me.store.clone(), queue));
+        me
     }
 
     /// Remove responses older than `ttl`, now and every few minutes from now on (OpenAI keeps them 30 days):
@@ -102,23 +120,56 @@ impl Responses {
     /// Record a finished response from its last bytes (a whole body, or a stream's final events). Called on the
     /// rank_io thread before the bytes go to the client: it marks the id as being written and leaves the rest
     /// (parsing, writing) to a task.
-    pub fn record(self: &Arc<Self>, id: String, keep: Keep, last: &[u8], stream: bool) {
+    pub fn record(&self, id: String, keep: Keep, last: &[u8], stream: bool) {
+        let Some(response) = response_text(last, stream) else {
+            tracing::warn!(response_id = %id, "a stored response's last bytes held no Response");
+            return;
+        };
         let (done, wait) = watch::channel(false);
         self.writing.lock().unwrap().insert(id.clone(), wait);
-        let (me, last) = (self.clone(), last.to_vec());
-        self.runtime.spawn(async move {
-            match to_record(keep, &last, stream) {
-                Some(record) => {
-                    if let Err(e) = me.store.put_response(&record).await {
-                        tracing::error!(response_id = %id, "could not store a response: {e}");
-                    }
-                }
-                None => tracing::warn!(response_id = %id, "a stored response's last bytes held no Response"),
-            }
-            me.writing.lock().unwrap().remove(&id);
-            let _ = done.send(true);
-        });
+        let write = Write { id, keep, response: response.to_vec(), done };
+        if let Err(e) = self.writer.try_send(write) {
+            let w = e.into_inner();
+            tracing::error!(response_id = %w.id, "the state store is {WRITE_QUEUE} responses behind: not stored");
+            self.writing.lock().unwrap().remove(&w.id);
+        }
     }
+}
+
+/// The writer: what has gathered since its last transaction, in one.
+async fn write_all(responses: std::sync::Weak<Responses>, store: Arc<dyn Store>, mut queue: mpsc::Receiver<Write>) {
+    let mut batch = Vec::with_capacity(WRITE_BATCH);
+    while queue.recv_many(&mut batch, WRITE_BATCH).await > 0 {
+        let records: Vec<StoredResponse> = batch.iter_mut().filter_map(to_record).collect();
+        if let Err(e) = store.put_responses(&records).await {
+            tracing::error!(responses = records.len(), "could not store responses: {e}");
+        }
+        let Some(me) = responses.upgrade() else { return };
+        let mut writing = me.writing.lock().unwrap();
+        for w in batch.drain(..) {
+            writing.remove(&w.id);
+            let _ = w.done.send(true);
+        }
+    }
+}
+
+/// The Response in a finished request's last bytes, as text: a non-stream's whole body, or the `response` of a
+/// stream's final lifecycle event (`{"type":…,"response":{…},"sequence_number":N}`).
+fn response_text(last: &[u8], stream: bool) -> Option<&[u8]> {
+    if !stream {
+        return Some(last).filter(|b| b.first() == Some(&b'{'));
+    }
+    const ENDS: [&[u8]; 3] = [
+        b"event: response.completed\ndata: ",
+        b"event: response.incomplete\ndata: ",
+        b"event: response.failed\ndata: ",
+    ];
+    let (at, len) = ENDS.iter().find_map(|e| memchr::memmem::rfind(last, e).map(|at| (at, e.len())))?;
+    let data = &last[at + len..];
+    let data = &data[..memchr::memchr(b'\n', data).unwrap_or(data.len())];
+    let start = memchr::memmem::find(data, br#""response":{"#)? + br#""response":"#.len();
+    let end = memchr::memmem::rfind(data, br#","sequence_number":"#).unwrap_or(data.len() - 1);
+    Some(&data[start..end]).filter(|r| r.last() == Some(&b'}'))
 }
 
 /// A Response's text with the `previous_response_id` it continues (deepseek-recipe writes null: it knows no
@@ -138,21 +189,18 @@ pub fn echo_previous(text: &[u8], previous: &str) -> Vec<u8> {
     out
 }
 
-fn to_record(keep: Keep, last: &[u8], stream: bool) -> Option<StoredResponse> {
-    let mut response = final_response(last, stream)?;
-    let obj = response.as_object_mut()?;
-    if let Some(prev) = &keep.previous {
-        obj.insert("previous_response_id".into(), json!(prev));
-    }
+fn to_record(w: &mut Write) -> Option<StoredResponse> {
+    let keep = &mut w.keep;
     let sent: Value = serde_json::from_slice(&keep.body).ok()?;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     Some(StoredResponse {
-        id: obj.get("id")?.as_str()?.to_string(),
-        created_at: obj.get("created_at").and_then(Value::as_i64).unwrap_or_default(),
-        model: obj.get("model").and_then(Value::as_str).unwrap_or_default().to_string(),
-        previous_response_id: keep.previous,
-        context: Value::Array(keep.context).to_string(),
+        id: w.id.clone(),
+        created_at: now.as_secs() as i64,
+        model: sent.get("model").and_then(Value::as_str).unwrap_or_default().to_string(),
+        previous_response_id: keep.previous.take(),
+        context: Value::Array(std::mem::take(&mut keep.context)).to_string(),
         input_items: Value::Array(own_items(sent.get("input"))).to_string(),
-        response: response.to_string(),
+        response: String::from_utf8(std::mem::take(&mut w.response)).ok()?,
     })
 }
 
@@ -213,24 +261,6 @@ fn chain_items(r: &StoredResponse) -> Option<Vec<Value>> {
     Some(items)
 }
 
-/// The Response in a finished request's last bytes: a non-stream's whole body, or the `response` of a stream's
-/// final lifecycle event.
-fn final_response(last: &[u8], stream: bool) -> Option<Value> {
-    if !stream {
-        return serde_json::from_slice(last).ok();
-    }
-    const ENDS: [&[u8]; 3] = [
-        b"event: response.completed\ndata: ",
-        b"event: response.incomplete\ndata: ",
-        b"event: response.failed\ndata: ",
-    ];
-    let (at, len) = ENDS.iter().find_map(|e| memchr::memmem::rfind(last, e).map(|at| (at, e.len())))?;
-    let data = &last[at + len..];
-    let data = &data[..memchr::memchr(b'\n', data).unwrap_or(data.len())];
-    let mut event: Value = serde_json::from_slice(data).ok()?;
-    event.get_mut("response").map(Value::take)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,10 +268,13 @@ mod tests {
     #[test]
     fn a_streams_response_is_its_final_events() {
         let last = b"event: response.output_text.done\ndata: {\"x\":1}\n\n\
-            event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\"}}\n\n";
-        assert_eq!(final_response(last, true), Some(json!({"id": "resp_1"})));
-        assert_eq!(final_response(br#"{"id":"resp_2"}"#, false), Some(json!({"id": "resp_2"})));
-        assert_eq!(final_response(b"event: response.output_text.delta\ndata: {}\n\n", true), None);
+            event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\
+            \"o\":{\"a\":1}},\"sequence_number\":9}\n\n";
+        assert_eq!(response_text(last, true), Some(&br#"{"id":"resp_1","o":{"a":1}}"#[..]));
+        let no_seq = b"event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"r\"}}\n\n";
+        assert_eq!(response_text(no_seq, true), Some(&br#"{"id":"r"}"#[..]));
+        assert_eq!(response_text(br#"{"id":"resp_2"}"#, false), Some(&br#"{"id":"resp_2"}"#[..]));
+        assert_eq!(response_text(b"event: response.output_text.delta\ndata: {}\n\n", true), None);
     }
 
     #[test]

@@ -35,22 +35,26 @@ impl SqliteStore {
 }
 
 impl Store for SqliteStore {
-    fn put_response<'a>(&'a self, r: &'a StoredResponse) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn put_responses<'a>(&'a self, rs: &'a [StoredResponse]) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            sqlx::query(
-                "INSERT OR REPLACE INTO responses \
+            let mut tx = self.pool.begin().await?;
+            for r in rs {
+                sqlx::query(
+                    "INSERT OR REPLACE INTO responses \
                  (id, created_at, model, previous_response_id, context, input_items, response) \
                  VALUES (?, ?, ?, ?, ?, ?, ?)",
-            )
-            .bind(&r.id)
-            .bind(r.created_at)
-            .bind(&r.model)
-            .bind(&r.previous_response_id)
-            .bind(&r.context)
-            .bind(&r.input_items)
-            .bind(&r.response)
-            .execute(&self.pool)
-            .await?;
+                )
+                .bind(&r.id)
+                .bind(r.created_at)
+                .bind(&r.model)
+                .bind(&r.previous_response_id)
+                .bind(&r.context)
+                .bind(&r.input_items)
+                .bind(&r.response)
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await?;
             Ok(())
         })
     }
