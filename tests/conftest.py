@@ -22,7 +22,8 @@ import wire_schema
 from openai import OpenAI
 
 MODEL = "deepseek-v4.1-flash"
-LISTENING = re.compile(r"listening on http://([\d.]+):(\d+)")
+# The start-up line's address: http://HOST:PORT, https://HOST:PORT with TLS, http+unix:PATH with --uds.
+LISTENING = re.compile(r"listening on (https?://[\d.]+:(\d+)|https?\+unix:\S+)")
 
 
 @dataclass
@@ -89,8 +90,9 @@ def start_server(
             srv.lines.append(line)
             m = LISTENING.search(line)
             if m and not found.is_set():
-                srv.base_url = f"http://{m.group(1)}:{m.group(2)}"
-                WIRE_PORTS.add(int(m.group(2)))
+                srv.base_url = m.group(1)
+                if m.group(2):
+                    WIRE_PORTS.add(int(m.group(2)))
                 found.set()
 
     threading.Thread(target=pump, daemon=True).start()

@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         "otherwise send itself to the head of the queue.",
     )
     limits_args.add_arguments(p.add_argument_group("limits on what one client may cost"))
-    edge_args.add_arguments(p.add_argument_group("browsers (CORS)"))
+    edge_args.add_arguments(p)  # TLS, --uds, --root-path; CORS
     media_args.add_arguments(p.add_argument_group("image input"))
     sim = p.add_argument_group("simulated engine (--engine sim)")
     # The cost flags default to the --sim-profile's values (sim_faults.resolve fills them in).
