@@ -40,6 +40,14 @@ pub fn serve(
     bell: Option<PyRef<'_, PyDoorbell>>,
 ) -> PyResult<i32> {
     init_logging(&config.log_level, config.log_format == "json");
+    // Loaded again here, though the command line checked them: a file may have changed since.
+    let tls = match config.edge.tls.clone().map(Tls::new).transpose() {
+        Ok(tls) => tls,
+        Err(e) => {
+            tracing::error!("start-up failed: {e}");
+            return Ok(1);
+        }
+    };
     let bell = bell.map(|b| b.bell());
     let links = rings
         .iter()
@@ -53,8 +61,6 @@ pub fn serve(
     let codec = Codec::start(codec, decode_batch, config.codec_threads);
     let capacity = dispatcher.ranks.len() * config.max_num_seqs as usize;
     let media = crate::media::Fetcher::new(&config).map_err(PyValueError::new_err)?;
-    // Loaded again here, though the command line checked them: a file may have changed since.
-    let tls = config.edge.tls.clone().map(Tls::new).transpose().map_err(PyValueError::new_err)?;
     if let Some(prefix) = &config.edge.root_path {
         config.openapi = config.openapi.map(|doc| root_path::openapi_servers(&doc, prefix));
     }

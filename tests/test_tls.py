@@ -322,6 +322,24 @@ def test_a_client_that_never_finishes_its_handshake_is_cut_and_holds_a_connectio
         srv.stop()
 
 
+def test_tls_over_a_unix_socket(pki: PKI, tmp_path: Path) -> None:
+    path = tmp_path / "tls.sock"
+    srv = start_server("--served-model-name", MODEL, *tls_args(pki, 2), "--uds", str(path))
+    try:
+        assert srv.url == f"https+unix:{path}"
+        transport = httpx.HTTPTransport(uds=str(path), verify=pki.context(pki.client))
+        with httpx.Client(transport=transport, base_url="https://127.0.0.1", timeout=30) as c:
+            assert c.get("/health").json() == {"status": "ok"}
+        anonymous = httpx.HTTPTransport(uds=str(path), verify=pki.context())
+        with (
+            httpx.Client(transport=anonymous, base_url="https://127.0.0.1", timeout=30) as c,
+            pytest.raises(httpx.HTTPError),
+        ):
+            c.get("/health")
+    finally:
+        assert srv.stop() == 0
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "deepinfer_server", "--port", "0", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
