@@ -22,7 +22,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from conftest import MODEL, Server, start_server
+from conftest import MODEL, Server, start_server, wait_for
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -273,7 +273,7 @@ def test_new_certificates_are_loaded_without_a_restart(pki: PKI, tmp_path: Path)
             # Its key too: new connections get the new certificate (new serial, new CN).
             replace(key, renewed.key)
             wait_for_serial(srv, pki, renewed.serial)
-            assert "loaded the new certificate" in srv.log()
+            wait_for("the reload's log line", lambda: "loaded the new certificate" in srv.log(), timeout=10)
             with (
                 socket.create_connection(("127.0.0.1", port(srv))) as raw,
                 pki.context().wrap_socket(raw, server_hostname="127.0.0.1") as tls,

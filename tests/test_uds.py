@@ -17,7 +17,7 @@ import httpx
 import httpx2
 import openai
 import pytest
-from conftest import MODEL, Server, sse_events, start_server
+from conftest import MODEL, Server, sse_events, start_server, wait_for
 
 NO_THINKING = {"thinking": {"type": "disabled"}}
 
@@ -73,7 +73,8 @@ def test_health_metrics_and_a_request(http: httpx.Client, uds_server: tuple[Serv
     )
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], r.text
     assert r.headers["x-request-id"] == "uds-request-1"
-    assert "uds-request-1" in srv.log(), "the request log line has no TCP peer to name, and is written all the same"
+    # The request log line has no TCP peer to name, and is written all the same (once the request has ended).
+    wait_for("the request's log line", lambda: "uds-request-1" in srv.log(), timeout=10)
 
 
 def test_a_stream(http: httpx.Client) -> None:
