@@ -51,6 +51,9 @@ pub struct ServerConfig {
     pub allowed_headers: Vec<String>,
     #[pyo3(default)]
     pub allow_credentials: bool,
+    /// Where and how clients connect: TLS, a Unix socket, a path prefix (`rust/edge/`).
+    #[pyo3(default)]
+    pub edge: crate::edge::EdgeConfig,
     /// Longest a client may take to send a request head (or leave a keep-alive connection idle), to send a body
     /// (in all), and to take a share of a response it is sent (`listener::WRITE_PROGRESS` bytes).
     #[pyo3(default = 30.0)]
@@ -190,6 +193,7 @@ impl ServerConfig {
             allowed_methods: Vec::new(),
             allowed_headers: Vec::new(),
             allow_credentials: false,
+            edge: Default::default(),
             max_stream_buffer_bytes: 1 << 20,
             model_path: None,
             model_type: None,

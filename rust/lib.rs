@@ -8,6 +8,7 @@ pub mod codec;
 pub mod config;
 pub mod dispatch;
 pub mod doors;
+pub mod edge;
 pub mod error;
 pub mod http;
 pub mod ids;
@@ -38,5 +39,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     codec::seam::register(m)?;
     m.add_function(wrap_pyfunction!(server::serve, m)?)?;
     m.add_function(wrap_pyfunction!(mend::mend_response, m)?)?;
+    m.add_function(wrap_pyfunction!(edge::tls::check_tls, m)?)?;
     Ok(())
 }

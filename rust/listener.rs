@@ -4,9 +4,15 @@
 //! request by going quiet or slow:
 //! - a request head that does not arrive whole in time (slowloris), or a keep-alive connection left idle: closed;
 //! - a body that does not arrive whole in time: its read fails and the handler answers 408 (`client_io`);
-//! - a response the client stops taking, or takes a trickle of: closed, which aborts its request if it runs.
+//! - a response the client stops taking, or takes a trickle of: closed, which aborts its request if it runs;
+//! - over TLS (`edge::tls`), a handshake that is not done in time: closed. It holds its connection slot meanwhile,
+//!   so clients that open connections and never finish a handshake count against `--max-connections`.
+//!
+//! The loop is generic over the socket (`Listener`: TCP, or a Unix socket with `--uds`); with TLS off each
+//! connection takes the same path it always took.
 
 use crate::client_io::{ClientIo, DeadlineBody};
+use crate::edge::tls::Tls;
 use axum::Router;
 use futures_util::FutureExt;
 use hyper::server::conn::http1;
@@ -17,7 +23,8 @@ use std::future::Future;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 
 /// hyper's own bounds on a request head, well above `head_limits`' (hyper's defaults: 100 headers, ~400 KiB).
@@ -26,13 +33,41 @@ const HYPER_MAX_BUF: usize = 400 << 10;
 /// How long to back off when `accept` fails for want of resources (EMFILE, ENOMEM) before trying again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
+/// A listening socket the accept loop takes connections from.
+pub trait Listener {
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    fn accept(&self) -> impl Future<Output = io::Result<Self::Io>>;
+}
+
+impl Listener for TcpListener {
+    type Io = TcpStream;
+    async fn accept(&self) -> io::Result<TcpStream> {
+        let (tcp, _) = TcpListener::accept(self).await?;
+        // No Nagle: an SSE event must leave at once, not wait for the client's delayed ACK (40 ms).
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::warn!("cannot set TCP_NODELAY: {e}");
+        }
+        Ok(tcp)
+    }
+}
+
+/// A Unix socket has no Nagle to turn off, and no peer address worth logging (the request log names none).
+impl Listener for UnixListener {
+    type Io = UnixStream;
+    async fn accept(&self) -> io::Result<UnixStream> {
+        Ok(UnixListener::accept(self).await?.0)
+    }
+}
+
 /// Serve `app` on `listener` until `shutdown` completes; then stop accepting, let every connection finish its
-/// response (idle ones close at once) and return when all are closed. `max_connections` 0: no limit.
-pub async fn serve(
-    listener: TcpListener,
+/// response (idle ones close at once) and return when all are closed. `max_connections` 0: no limit. With `tls`,
+/// each connection first completes a handshake with the config current when it was accepted.
+pub async fn serve<L: Listener>(
+    listener: L,
     app: Router,
     client_timeout: Duration,
     max_connections: usize,
+    tls: Option<Arc<Tls>>,
     shutdown: impl Future<Output = ()>,
 ) {
     let mut http = http1::Builder::new();
@@ -53,9 +88,9 @@ pub async fn serve(
             let slot = slots.clone().acquire_owned().await.expect("the semaphore is never closed");
             (slot, listener.accept().await)
         };
-        let (slot, tcp) = tokio::select! {
+        let (slot, stream) = tokio::select! {
             (slot, accepted) = accepted => match accepted {
-                Ok((tcp, _)) => (slot, tcp),
+                Ok(stream) => (slot, stream),
                 Err(e) => {
                     on_accept_error(e).await;
                     continue;
@@ -63,11 +98,26 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        // No Nagle: an SSE event must leave at once, not wait for the client's delayed ACK (40 ms).
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::warn!("cannot set TCP_NODELAY: {e}");
+        // Under TLS, so that the write deadline counts the bytes the client takes off the socket.
+        let io = ClientIo::new(stream, client_timeout);
+        if let Some(tls) = &tls {
+            let (http, app, watcher) = (http.clone(), app.clone(), connections.watcher());
+            let handshake = tokio::time::timeout(client_timeout, tls.acceptor().accept(io));
+            tokio::spawn(async move {
+                match handshake.await {
+                    Ok(Ok(io)) => {
+                        let conn = http.serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
+                        if let Err(e) = watcher.watch(conn).await {
+                            tracing::debug!("connection ended: {e}");
+                        }
+                    }
+                    Ok(Err(e)) => tracing::debug!("TLS handshake failed: {e}"),
+                    Err(_) => tracing::debug!("TLS handshake not done within the client timeout: closed"),
+                }
+                drop(slot);
+            });
+            continue;
         }
-        let io = ClientIo::new(tcp, client_timeout);
         let conn = http.serve_connection(TokioIo::new(io), TowerToHyperService::new(app.clone()));
         // A combinator, not an `async move` block: the block would keep the connection it captured beside the
         // one it awaits (rustc does not overlap the two), and every connection's task would be twice its size.

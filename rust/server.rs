@@ -6,15 +6,15 @@ use crate::codec::Codec;
 use crate::config::ServerConfig;
 use crate::dispatch::gather::GatherPolicy;
 use crate::dispatch::{Dispatcher, RankLink};
+use crate::edge::{self, root_path, tls::Tls};
 use crate::error::ApiError;
 use crate::http::{self, AppState};
-use crate::listener;
 use crate::metrics::Metrics;
 use crate::rank_io;
 use crate::ring::py::{PyDoorbell, PyRing};
 use crate::supervisor::{Supervisor, fail_in_flight};
 use crate::watchdog;
-use pyo3::exceptions::PyOSError;
+use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -32,7 +32,7 @@ const CLOSE_GRACE: Duration = Duration::from_millis(500);
 #[pyo3(signature = (config, codec, decode_batch, rings, pids, bell=None))]
 pub fn serve(
     py: Python<'_>,
-    config: ServerConfig,
+    mut config: ServerConfig,
     codec: Py<PyAny>,
     decode_batch: Py<PyAny>,
     rings: Vec<(PyRef<'_, PyRing>, PyRef<'_, PyRing>)>,
@@ -40,6 +40,14 @@ pub fn serve(
     bell: Option<PyRef<'_, PyDoorbell>>,
 ) -> PyResult<i32> {
     init_logging(&config.log_level, config.log_format == "json");
+    // Loaded again here, though the command line checked them: a file may have changed since.
+    let tls = match config.edge.tls.clone().map(Tls::new).transpose() {
+        Ok(tls) => tls,
+        Err(e) => {
+            tracing::error!("start-up failed: {e}");
+            return Ok(1);
+        }
+    };
     let bell = bell.map(|b| b.bell());
     let links = rings
         .iter()
@@ -52,7 +60,10 @@ pub fn serve(
     let dispatcher = Dispatcher::with_gather(links, metrics, gather);
     let codec = Codec::start(codec, decode_batch, config.codec_threads);
     let capacity = dispatcher.ranks.len() * config.max_num_seqs as usize;
-    let media = crate::media::Fetcher::new(&config).map_err(pyo3::exceptions::PyValueError::new_err)?;
+    let media = crate::media::Fetcher::new(&config).map_err(PyValueError::new_err)?;
+    if let Some(prefix) = &config.edge.root_path {
+        config.openapi = config.openapi.map(|doc| root_path::openapi_servers(&doc, prefix));
+    }
     let admission = Admission::with_queue(capacity, config.max_queued_requests, config.queue_timeout());
     py.detach(move || {
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -71,7 +82,7 @@ pub fn serve(
             started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
             config,
         });
-        let code = rt.block_on(run(state, pids));
+        let code = rt.block_on(run(state, pids, tls));
         rt.shutdown_timeout(Duration::from_secs(1));
         code
     })
@@ -99,7 +110,19 @@ async fn open_store(
     Ok(Some(responses))
 }
 
-async fn run(state: Arc<AppState>, pids: Vec<i32>) -> std::io::Result<i32> {
+async fn run(state: Arc<AppState>, pids: Vec<i32>, tls: Option<Arc<Tls>>) -> std::io::Result<i32> {
+    // Handlers first: a SIGTERM right after the port opens must drain, not kill.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    // Then the socket, before anything else starts: a port in use or a live --uds socket is a one-line error and
+    // exit status 1 (the launcher stops the ranks), not a traceback.
+    let bound = match edge::bind(&state.config.edge, &state.config.host, state.config.port).await {
+        Ok(bound) => bound,
+        Err(e) => {
+            tracing::error!("start-up failed: {e}");
+            return Ok(1);
+        }
+    };
     let dispatcher = state.dispatcher.clone();
     let readers: Vec<_> = (0..dispatcher.ranks.len())
         .map(|r| rank_io::spawn(dispatcher.clone(), state.codec.clone(), r, state.config.stream_interval()))
@@ -116,16 +139,12 @@ async fn run(state: Arc<AppState>, pids: Vec<i32>) -> std::io::Result<i32> {
         let _ = failed_tx.send(rank);
     })?;
 
-    // Handlers first: a SIGTERM right after the port opens must drain, not kill.
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let addr = format!("{}:{}", state.config.host, state.config.port);
-    let listener = tokio::net::TcpListener::bind(&addr)
-        .await
-        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
+    if let Some(tls) = &tls {
+        tls.watch();
+    }
     tracing::info!(
-        "listening on http://{} (ranks {}, capacity {} requests, queue {})",
-        listener.local_addr()?,
+        "listening on {} (ranks {}, capacity {} requests, queue {})",
+        bound.describe(tls.is_some())?,
         dispatcher.ranks.len(),
         state.admission.capacity(),
         state.config.max_queued_requests
@@ -161,9 +180,12 @@ async fn run(state: Arc<AppState>, pids: Vec<i32>) -> std::io::Result<i32> {
         let _ = code_tx.send(code);
         stop_signal.notify_one();
     };
-    let app = http::app(state.clone());
+    let app = match &state.config.edge.root_path {
+        Some(prefix) => root_path::mount(http::app(state.clone()), prefix),
+        None => http::app(state.clone()),
+    };
     let max_connections = state.config.max_connections;
-    let server = listener::serve(listener, app, state.config.client_timeout(), max_connections, shutdown);
+    let server = bound.serve(app, tls, state.config.client_timeout(), max_connections, shutdown);
     // Graceful shutdown waits for every connection to close; bound that so idle keep-alive clients cannot hold
     // the process (the streams have all been ended above).
     tokio::select! {

@@ -27,7 +27,8 @@ MODEL = "deepseek-v4.1-flash"
 # rule (state.sqlite3 under $XDG_STATE_HOME), never the user's.
 os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="deepinfer-tests-state-")
 os.environ.pop("DEEPINFER_SERVER_STATE_STORE", None)
-LISTENING = re.compile(r"listening on http://([\d.]+):(\d+)")
+# The start-up line's address: http://HOST:PORT, https://HOST:PORT with TLS, http+unix:PATH with --uds.
+LISTENING = re.compile(r"listening on (https?://[\d.]+:(\d+)|https?\+unix:\S+)")
 
 
 @dataclass
@@ -94,8 +95,9 @@ def start_server(
             srv.lines.append(line)
             m = LISTENING.search(line)
             if m and not found.is_set():
-                srv.base_url = f"http://{m.group(1)}:{m.group(2)}"
-                WIRE_PORTS.add(int(m.group(2)))
+                srv.base_url = m.group(1)
+                if m.group(2):
+                    WIRE_PORTS.add(int(m.group(2)))
                 found.set()
 
     threading.Thread(target=pump, daemon=True).start()

@@ -248,6 +248,10 @@ def serve(
 ) -> int:
     """Run the HTTP front end until SIGTERM/SIGINT (returns 0) or a rank failure (returns 1)."""
 
+def check_tls(certfile: str, keyfile: str, ca_certs: str | None = None, cert_reqs: int = 0) -> None:
+    """Load the TLS files as the server will (rust/edge/tls.rs); ValueError with a one-line message naming the
+    file that does not load."""
+
 def mend_response(json: str, nested: bool) -> str | None:
     """A Responses Response (inside an event's `response` when `nested`) without the members OpenAI's schema does
     not have, cut from the text (rust/mend.rs); None when it holds a function call's `arguments` or is not JSON."""

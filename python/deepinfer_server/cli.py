@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
         "otherwise send itself to the head of the queue.",
     )
     limits_args.add_arguments(p.add_argument_group("limits on what one client may cost"))
-    edge_args.add_arguments(p.add_argument_group("browsers (CORS)"))
+    edge_args.add_arguments(p)  # TLS, --uds, --root-path; CORS
     media_args.add_arguments(p.add_argument_group("image input"))
     state_args.add_arguments(p.add_argument_group("state (stored responses)"))
     sim = p.add_argument_group("simulated engine (--engine sim)")
