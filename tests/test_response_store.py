@@ -116,6 +116,9 @@ def test_input_items_are_paginated_both_ways(srv: Server) -> None:
     assert [i.content[0].text for i in asc.data] == [f"line {i}" for i in range(5)]  # type: ignore[union-attr]
     bad = httpx.get(f"{srv.url}/v1/responses/{r.id}/input_items", params={"limit": 0})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "limit"
+    for url in (f"/v1/responses/{r.id}/input_items?limit=ten", f"/v1/responses/{r.id}?stream=maybe"):
+        bad = httpx.get(f"{srv.url}{url}")
+        assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error", bad.text
 
 
 def test_the_agents_sdk_chains_turns_by_previous_response_id(srv: Server) -> None:

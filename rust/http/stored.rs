@@ -7,6 +7,7 @@ use crate::doors::Door;
 use crate::error::ApiError;
 use crate::store::StoredResponse;
 use axum::Json;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
@@ -20,9 +21,10 @@ const PAGE_MAX: usize = 100;
 pub async fn get_response(
     State(st): State<Arc<AppState>>,
     Path(id): Path<String>,
-    Query(q): Query<GetQuery>,
+    q: Result<Query<GetQuery>, QueryRejection>,
 ) -> Response {
     answer(async {
+        let Query(q) = q.map_err(bad_query)?;
         if q.stream == Some(true) {
             return Err(ApiError::bad_param("stream", "Streaming a stored response is only for background responses."));
         }
@@ -57,9 +59,10 @@ pub async fn cancel_response(State(st): State<Arc<AppState>>, Path(id): Path<Str
 pub async fn input_items(
     State(st): State<Arc<AppState>>,
     Path(id): Path<String>,
-    Query(q): Query<PageQuery>,
+    q: Result<Query<PageQuery>, QueryRejection>,
 ) -> Response {
     answer(async {
+        let Query(q) = q.map_err(bad_query)?;
         let limit = q.limit.unwrap_or(20);
         if !(1..=PAGE_MAX).contains(&limit) {
             return Err(ApiError::bad_param("limit", format!("'limit' must be between 1 and {PAGE_MAX}.")));
@@ -108,6 +111,11 @@ pub struct PageQuery {
 async fn find(st: &AppState, id: &str) -> Result<StoredResponse, ApiError> {
     let Some(responses) = &st.responses else { return Err(not_found(id)) };
     responses.load(id).await?.ok_or_else(|| not_found(id))
+}
+
+/// A query string that does not parse (`limit=ten`): a 400 in the door's envelope, not axum's plain text.
+fn bad_query(e: QueryRejection) -> ApiError {
+    ApiError::bad_request(format!("Invalid query string: {}", e.body_text()))
 }
 
 fn not_found(id: &str) -> ApiError {
