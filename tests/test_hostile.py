@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -262,6 +263,100 @@ def test_any_schema_is_a_200_or_a_400_in_time_and_others_are_not_held(
         assert r.json()["error"]["param"] in ("response_format", "tools", "tool_choice"), r.text
     assert took < 15, f"{door}: {took:.1f} s"
     assert plain and plain[0] < 3, f"a plain request beside it took {plain[0]:.1f} s"
+
+
+INT64_FLOOR = -(2**63)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "integer", "minimum": -1.0566514273447649e208, "maximum": -2.4076483652401823e141},
+        {"type": "integer", "minimum": INT64_FLOOR, "maximum": INT64_FLOOR + 1},
+        {"type": ["integer", "string"], "exclusiveMinimum": -1e30, "exclusiveMaximum": -1e19},
+        {"type": "array", "items": {"anyOf": [{"$ref": "#"}, {"type": "integer", "minimum": -1e20, "maximum": -1e19}]}},
+    ],
+)
+@pytest.mark.parametrize("door", ["chat", "responses", "messages"])
+def test_integer_bounds_next_to_the_int64_floor_are_a_400_not_a_crash(
+    srv: Server, schema: dict[str, Any], door: str
+) -> None:
+    """llguidance recursed until the stack ran out on integer ranges saturated next to -2^63 (a segfault that took
+    the whole replica down, found by the fuzzing above): such bounds are refused up front, on every door."""
+    wrapped = {"type": "object", "properties": {"v": schema}, "required": ["v"], "additionalProperties": False}
+    if door == "chat":
+        r = chat(srv, response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+    elif door == "responses":
+        fmt = {"type": "json_schema", "name": "s", "schema": wrapped}
+        body = {"model": MODEL, "input": "hi", "max_output_tokens": 8, "text": {"format": fmt}}
+        r = httpx.post(f"{srv.url}/v1/responses", json=body, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "text.format", r.text
+    else:
+        body = {
+            "model": MODEL,
+            "max_tokens": 8,
+            "messages": MSG,
+            "output_format": {"type": "json_schema", "schema": wrapped},
+        }
+        r = httpx.post(f"{srv.url}/v1/messages", json=body, timeout=30)
+        assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    assert "2^62" in r.text or "not supported" in r.text, r.text
+    assert httpx.get(f"{srv.url}/health").status_code == 200
+    assert plain_latency(srv) < 3
+
+
+def sandbox_pid(s: Server) -> int:
+    """The grammar sandbox (grammar/sandbox.py), a child of the server."""
+    cmd = ["pgrep", "-P", str(s.proc.pid), "-f", "deepinfer_server.grammar.sandbox"]
+    pids = [int(x) for x in subprocess.run(cmd, capture_output=True, text=True).stdout.split()]
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+def json_format(n: int) -> dict[str, Any]:
+    """A response format no earlier request used (so no cached check answers it)."""
+    schema = {"type": "object", "properties": {f"a{n}": {"type": "integer"}}, "required": [f"a{n}"]}
+    return {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+
+
+def test_a_grammar_compiler_that_hangs_or_dies_costs_one_request_a_400(make_server: Any) -> None:
+    """Client grammars go through llguidance (native code) in a child process: one that hangs past the wall limit
+    or dies (as the int64 bounds made it segfault) costs its own request a 400, never the replica; the child is
+    replaced and the next grammar served."""
+    s: Server = make_server("--grammar-cpu-seconds", "0.3")  # a wall limit of 5 s
+    assert chat(s, response_format=json_format(0)).status_code == 200
+    hung = sandbox_pid(s)
+    os.kill(hung, signal.SIGSTOP)
+    plain: list[float] = []
+    beside = threading.Thread(target=lambda: [plain.append(plain_latency(s)) for _ in range(3)])
+    beside.start()
+    t0 = time.monotonic()
+    r = chat(s, response_format=json_format(1))
+    took = time.monotonic() - t0
+    beside.join(30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+    assert "--grammar-cpu-seconds" in r.json()["error"]["message"]
+    assert 4 < took < 15, took
+    assert len(plain) == 3 and max(plain) < 3, plain
+    assert not Path(f"/proc/{hung}").exists() or Path(f"/proc/{hung}/stat").read_text().split()[2] == "Z"
+
+    assert chat(s, response_format=json_format(2)).status_code == 200
+    dying = sandbox_pid(s)
+    assert dying != hung
+    os.kill(dying, signal.SIGSTOP)
+    answer: list[httpx.Response] = []
+    waiting = threading.Thread(target=lambda: answer.append(chat(s, response_format=json_format(3))))
+    waiting.start()
+    time.sleep(1.0)
+    os.kill(dying, signal.SIGSEGV)
+    os.kill(dying, signal.SIGCONT)
+    waiting.join(30)
+    assert answer and answer[0].status_code == 400, answer
+    assert "grammar compiler failed" in answer[0].json()["error"]["message"]
+    assert chat(s, response_format=json_format(4)).status_code == 200
+    assert sandbox_pid(s) not in (hung, dying)
+    assert httpx.get(f"{s.url}/health").status_code == 200
 
 
 # -- echoes, errors and logs ---------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ exits. After a normal shutdown the launcher has already done both, and this find
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import shutil
@@ -60,6 +61,18 @@ def kill_groups(pgids: set[int], born_before: int | None = None) -> int:
         if not found:
             break
     return len(killed)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to SIGKILL this process when the server dies (Linux PR_SET_PDEATHSIG): the ranks and the
+    grammar sandbox call it first thing."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # the parent died before the prctl took effect
+        os._exit(1)
 
 
 def main(argv: list[str]) -> int:

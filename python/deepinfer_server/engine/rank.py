@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -23,6 +22,7 @@ from deepinfer_server import _native, logs
 from deepinfer_server.engine.base import Ability, Engine
 from deepinfer_server.engine.loop import serve_rank, serve_sim_lockstep
 from deepinfer_server.engine.registry import EngineEntry, engine_named
+from deepinfer_server.reaper import die_with_parent
 
 if TYPE_CHECKING:
     from deepinfer_server.engine.sim import SimEngine
@@ -30,17 +30,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("deepinfer_server.rank")
 
 EXIT_FATAL = 3  # the rank hit an error outside any one request (see `die`)
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask the kernel to SIGKILL this rank when the server process dies (Linux PR_SET_PDEATHSIG)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent_pid:  # the parent died before the prctl took effect
-        os._exit(1)
 
 
 def die(rank: int, outputs: _native.Ring, what: str) -> NoReturn:
@@ -80,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     conf = json.loads(ap.parse_args(argv).config)
     rank = conf["rank"]
     logs.configure(conf.get("log_level", "INFO"), conf.get("log_format", "text"), f"%(asctime)s rank{rank} %(message)s")
-    _die_with_parent(conf["parent_pid"])
+    die_with_parent(conf["parent_pid"])
     # A rank leaves only when the server says so over the ring, or dies with it (PR_SET_PDEATHSIG above). A
     # SIGTERM or SIGINT meant for the service (a whole process group or control group is signalled by systemd,
     # dumb-init, `tini -g`, `kill -- -PGID`) must not end it mid-drain: the server drains first, then sends the

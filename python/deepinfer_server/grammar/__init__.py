@@ -22,8 +22,12 @@ have a limit in CPU seconds; numeric bounds cost a constant whatever their digit
 to llguidance through `ebnf_to_lark`, a linear rewrite of the dialect this package writes, not llguidance's general
 GBNF parser (pure Python, about 2.5 µs per byte, with the GIL held).
 
-Its parts: `base` (schema types, errors, limits), `schemas` (strict mode, Anthropic's limits), `json_ebnf` and
-`tool_calls` (the EBNF it writes), `check` (compiling with llguidance, the cache). Which grammar a request gets is
+llguidance is native code, so the server checks a client's grammar in a child process (`sandbox`): one that
+crashes it or runs past the wall limit is a 400 for that request, and the child is replaced.
+
+Its parts: `base` (schema types, errors, limits), `schemas` (strict mode, Anthropic's limits, integer bounds),
+`json_ebnf` and `tool_calls` (the EBNF it writes), `check` (compiling with llguidance, the cache), `sandbox` (the
+child process the server's checks run in). Which grammar a request gets is
 request_grammar.py's business.
 """
 

@@ -12,10 +12,11 @@ from collections import OrderedDict
 from typing import Any
 
 import llguidance
-from llguidance import LLMatcher
+from llguidance import LLMatcher, LLParserLimits
 
 from deepinfer_server.grammar.base import GrammarError, GrammarLimits, GrammarTooCostly, cpu_message
-from deepinfer_server.grammar.schemas import strict_schema
+from deepinfer_server.grammar.sandbox import GrammarSandbox
+from deepinfer_server.grammar.schemas import integer_bound_problem, strict_schema
 
 # llguidance options closest to xgrammar's compile_json_schema: unknown keywords and formats are ignored (xgrammar
 # warns and goes on), whitespace between tokens is free (any_whitespace=True).
@@ -92,6 +93,8 @@ def llguidance_grammar(schema_type: str, schema: str) -> str:
             raise GrammarError(f"the schema is not valid JSON: {e}") from None
         if not isinstance(parsed, (dict, bool)):
             raise GrammarError("a JSON schema must be an object or a boolean")
+        if problem := integer_bound_problem(parsed):
+            raise GrammarError(problem)
         return LLMatcher.grammar_from_json_schema(json.dumps(strict_schema(parsed)), _JSON_OPTIONS)
     if schema_type == "regex":
         return LLMatcher.grammar_from_regex(schema)
@@ -107,9 +110,11 @@ class GrammarCache:
     """Checked grammars by (schema_type, schema): the llguidance grammar, or why it failed. An LRU bounded in
     bytes (`limits.cache_bytes`); a grammar over `limits.max_bytes` is refused before any work."""
 
-    def __init__(self, limits: GrammarLimits | None = None) -> None:
+    def __init__(self, limits: GrammarLimits | None = None, isolated: bool = True) -> None:
         self.limits = limits or GrammarLimits()
         self.parser_limits = self.limits.parser_limits()
+        # A client's grammar goes through llguidance in a child process (grammar/sandbox.py).
+        self.sandbox = GrammarSandbox(self.limits) if isolated else None
         self.entries: OrderedDict[tuple[str, str], tuple[str | None, str | None]] = OrderedDict()
         self.bytes = 0
         self.lock = threading.Lock()
@@ -130,7 +135,7 @@ class GrammarCache:
                 self.hits += 1
         if hit is None:
             self.misses += 1
-            hit = self._compile(schema_type, schema)
+            hit = self.sandbox.compile(schema_type, schema) if self.sandbox else self._compile(schema_type, schema)
             self._store(key, hit)
         grammar, error = hit
         if error is not None:
@@ -139,18 +144,7 @@ class GrammarCache:
         return grammar
 
     def _compile(self, schema_type: str, schema: str) -> tuple[str | None, str | None]:
-        """(grammar, None) or (None, why), within the CPU-time limit (a grammar past it is refused)."""
-        started = time.thread_time()
-        try:
-            grammar = llguidance_grammar(schema_type, schema)
-            is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, limits=self.parser_limits)
-        except ValueError as e:  # GrammarError included
-            return None, str(e)
-        if is_error:
-            return None, _first_line(messages[0] if messages else "invalid grammar")
-        if time.thread_time() - started > self.limits.cpu_seconds:
-            return None, cpu_message(self.limits)
-        return grammar, None
+        return compile_checked(schema_type, schema, self.limits, self.parser_limits)
 
     def _store(self, key: tuple[str, str], hit: tuple[str | None, str | None]) -> None:
         cost = _entry_bytes(key, hit)
@@ -164,6 +158,23 @@ class GrammarCache:
             while self.bytes > self.limits.cache_bytes:
                 old_key, old = self.entries.popitem(last=False)
                 self.bytes -= _entry_bytes(old_key, old)
+
+
+def compile_checked(
+    schema_type: str, schema: str, limits: GrammarLimits, parser_limits: LLParserLimits
+) -> tuple[str | None, str | None]:
+    """(grammar, None) or (None, why), within the CPU-time limit (a grammar past it is refused)."""
+    started = time.thread_time()
+    try:
+        grammar = llguidance_grammar(schema_type, schema)
+        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, limits=parser_limits)
+    except ValueError as e:  # GrammarError included
+        return None, str(e)
+    if is_error:
+        return None, _first_line(messages[0] if messages else "invalid grammar")
+    if time.thread_time() - started > limits.cpu_seconds:
+        return None, cpu_message(limits)
+    return grammar, None
 
 
 def _entry_bytes(key: tuple[str, str], hit: tuple[str | None, str | None]) -> int:

@@ -36,6 +36,38 @@ def strict_schema(schema: Any) -> Any:
     return out
 
 
+# Integer bounds the engine's grammar compilers enforce: llguidance works in 64-bit integers, refuses most bounds past
+# them and crashed (a stack overflow) on ranges saturated next to -2^63, so bounds past 2^62 are refused up front.
+INTEGER_BOUND_LIMIT = 2**62
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_VALUES = ("enum", "const", "default", "examples")
+
+
+def integer_bound_problem(schema: Any) -> str | None:
+    """Why an integer schema's bound cannot be enforced (one past +-2^62), or None. Walks every subschema, not
+    only the ones strict mode knows: a bound anywhere reaches the compiler."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        kind = node.get("type")
+        if kind == "integer" or (isinstance(kind, list) and "integer" in kind):
+            for key in _BOUNDS:
+                bound = node.get(key)
+                if (
+                    isinstance(bound, (int, float))
+                    and not isinstance(bound, bool)
+                    and abs(bound) >= INTEGER_BOUND_LIMIT
+                ):
+                    return f"the integer bound {key}={bound:.6g} is out of range; bounds must lie within +-2^62"
+        stack.extend(v for k, v in node.items() if k not in _VALUES)
+    return None
+
+
 # -- Anthropic's structured-output schema limits -----------------------------------------------------------------
 
 # What Anthropic's structured outputs take (its documentation's "JSON Schema limitations"; the anthropic SDK's
