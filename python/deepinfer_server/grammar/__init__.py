@@ -26,9 +26,9 @@ llguidance is native code, so the server checks a client's grammar in a child pr
 crashes it or runs past the wall limit is a 400 for that request, and the child is replaced.
 
 Its parts: `base` (schema types, errors, limits), `schemas` (strict mode, Anthropic's limits, integer bounds),
-`json_ebnf` and `tool_calls` (the EBNF it writes), `check` (compiling with llguidance, the cache), `sandbox` (the
-child process the server's checks run in). Which grammar a request gets is
-request_grammar.py's business.
+`json_ebnf` and `tool_calls` (the EBNF it writes), `check` (compiling with llguidance), `cache` (checked grammars),
+`sandbox` (the child process the server's checks run in). Which grammar a request gets is request_grammar.py's
+business.
 """
 
 from deepinfer_server.grammar.base import (
@@ -44,7 +44,8 @@ from deepinfer_server.grammar.base import (
     GrammarLimits,
     GrammarTooCostly,
 )
-from deepinfer_server.grammar.check import GrammarCache, ebnf_to_lark, llguidance_grammar
+from deepinfer_server.grammar.cache import GrammarCache
+from deepinfer_server.grammar.check import ebnf_to_lark, llguidance_grammar
 from deepinfer_server.grammar.schemas import anthropic_schema_problem, strict_schema
 from deepinfer_server.grammar.tool_calls import answer_or_calls_ebnf, tool_calls_ebnf
 from deepinfer_server.vocabulary import DSML
