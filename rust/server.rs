@@ -71,13 +71,13 @@ pub fn serve(
             .thread_name("http")
             .enable_all()
             .build()?;
-        let responses = rt.block_on(open_store(&config, rt.handle()))?;
+        let store = rt.block_on(open_store(&config, rt.handle()))?;
         let state = Arc::new(AppState {
             media,
             admission,
             codec: codec.clone(),
             dispatcher: dispatcher.clone(),
-            responses,
+            store,
             draining: Default::default(),
             started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
             config,
@@ -94,20 +94,20 @@ pub fn serve(
 async fn open_store(
     config: &ServerConfig,
     runtime: &tokio::runtime::Handle,
-) -> std::io::Result<Option<Arc<crate::store::responses::Responses>>> {
+) -> std::io::Result<Option<Arc<crate::store::Store>>> {
     if config.state_store.is_empty() || !config.store_responses {
         return Ok(None);
     }
-    let store = crate::store::open(&config.state_store).await.map_err(|e| {
+    let db = crate::store::Db::open(&config.state_store).await.map_err(|e| {
         let name = crate::store::redacted(&config.state_store);
         std::io::Error::other(format!("cannot open the state store {name}: {e}"))
     })?;
     tracing::info!("state store: {}", crate::store::redacted(&config.state_store));
-    let responses = crate::store::responses::Responses::new(store, runtime.clone());
+    let store = crate::store::Store::new(db, runtime.clone());
     if config.response_store_ttl_s > 0.0 {
-        responses.expire_every(Duration::from_secs_f64(config.response_store_ttl_s));
+        store.expire_every(Duration::from_secs_f64(config.response_store_ttl_s));
     }
-    Ok(Some(responses))
+    Ok(Some(store))
 }
 
 async fn run(state: Arc<AppState>, pids: Vec<i32>, tls: Option<Arc<Tls>>) -> std::io::Result<i32> {

@@ -109,6 +109,9 @@ def start_server(
     return srv
 
 
+from state_servers import pg_url, state, state_srv  # noqa: E402, F401  (the state tests' shared servers)
+
+
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
     """One shared server: DP 2, fast sim, generous capacity."""

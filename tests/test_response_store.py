@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -17,28 +16,12 @@ import openai
 import pytest
 from conftest import MODEL, Server, start_server
 
-from pg_server import postgres
-
-ARGS = ("--served-model-name", MODEL, "--max-num-seqs", "8", "--max-model-len", "8192")
+from state_servers import STATE_ARGS as ARGS
 
 
-@pytest.fixture(scope="module")
-def state(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(tmp_path_factory.mktemp("state") / "state.sqlite3")
-
-
-@pytest.fixture(scope="module")
-def pg_url() -> Iterator[str]:
-    with postgres() as url:
-        yield url
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def srv(request: pytest.FixtureRequest, state: str) -> Iterator[Server]:
-    spec = state if request.param == "sqlite" else request.getfixturevalue("pg_url")
-    s = start_server(*ARGS, "--state-store", spec)
-    yield s
-    s.stop()
+@pytest.fixture
+def srv(state_srv: Server) -> Server:
+    return state_srv
 
 
 def create(srv: Server, **body: Any) -> Any:

@@ -41,6 +41,10 @@ SERVED = {
     "/models/{model}": "get",
     "/responses/{response_id}": "get",
     "/responses/{response_id}/input_items": "get",
+    "/conversations": "post",
+    "/conversations/{conversation_id}": "get",
+    "/conversations/{conversation_id}/items": "get",
+    "/conversations/{conversation_id}/items/{item_id}": "get",
 }
 
 # Response bodies and SSE events by our path: (schema for JSON bodies, schema for each SSE event).
@@ -55,6 +59,14 @@ MODEL_PATH = re.compile(r"^/v1/models/.+")
 # Stored responses: GET returns the Response, input_items a ResponseItemList (the spec has no body for DELETE).
 STORED_PATH = re.compile(r"^/v1/responses/[^/]+$")
 INPUT_ITEMS_PATH = re.compile(r"^/v1/responses/[^/]+/input_items$")
+# Conversations: (path, method) -> the schema of the body it answers.
+CONVERSATION_PATHS = [
+    (re.compile(r"^/v1/conversations(/[^/]+)?$"), {"POST", "GET"}, "ConversationResource"),
+    (re.compile(r"^/v1/conversations/[^/]+$"), {"DELETE"}, "DeletedConversationResource"),
+    (re.compile(r"^/v1/conversations/[^/]+/items$"), {"GET", "POST"}, "ConversationItemList"),
+    (re.compile(r"^/v1/conversations/[^/]+/items/[^/]+$"), {"GET"}, "ConversationItem"),
+    (re.compile(r"^/v1/conversations/[^/]+/items/[^/]+$"), {"DELETE"}, "ConversationResource"),
+]
 
 # Keys the server adds beyond OpenAI's schema, by where they sit (`*` is any array index). Each is documented
 # in the README: DeepSeek's API sends the same.
@@ -100,7 +112,7 @@ def _reduced_spec() -> dict[str, Any]:
     paths = {p: {m: full["paths"][p][m]} for p, m in SERVED.items()}
     schemas = full["components"]["schemas"]
     keep: dict[str, Any] = {}
-    todo = [*_refs(paths), "ErrorResponse"]
+    todo = [*_refs(paths), "ErrorResponse", "DeletedConversationResource"]
     while todo:
         name = todo.pop()
         if name not in keep:
@@ -238,6 +250,9 @@ def response_schemas(path: str, method: str = "POST") -> tuple[str, str | None] 
         return ("ResponseItemList", None)
     if STORED_PATH.match(path) and method == "GET":
         return ("Response", None)
+    for pattern, methods, schema in CONVERSATION_PATHS:
+        if pattern.match(path) and method in methods:
+            return (schema, None)
     return None
 
 

@@ -122,6 +122,7 @@ fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
         images: Vec::new(), // a raw prompt has no image parts
         store: false,
         previous_response_id: None,
+        conversation: None,
         body: serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?,
     })
 }

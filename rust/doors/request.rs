@@ -27,6 +27,8 @@ pub struct GenerateRequest {
     pub store: bool,
     /// The stored response whose chain this request continues (Responses' `previous_response_id`).
     pub previous_response_id: Option<String>,
+    /// The conversation whose items it continues, and gains its own (Responses' `conversation`).
+    pub conversation: Option<String>,
     pub body: Vec<u8>,
 }
 
@@ -71,6 +73,7 @@ pub fn plain<D: Spec>(
         images,
         store: false,
         previous_response_id: None,
+        conversation: None,
         body: serde_json::to_vec(&body).map_err(|_| ApiError::Internal)?,
     })
 }

@@ -168,10 +168,23 @@ fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
             ));
         }
     };
-    if set(obj, "conversation") {
+    // A conversation's id, or `{"id": …}`; not beside `previous_response_id` (OpenAI refuses the pair too).
+    let conversation = match obj.get("conversation") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(id)) if !id.is_empty() && id.len() <= 256 => Some(id.clone()),
+        Some(Value::Object(c))
+            if c.get("id").and_then(Value::as_str).is_some_and(|id| !id.is_empty() && id.len() <= 256) =>
+        {
+            c.get("id").and_then(Value::as_str).map(str::to_string)
+        }
+        Some(_) => {
+            return Err(ApiError::bad_param("conversation", "Invalid 'conversation': expected a conversation's id."));
+        }
+    };
+    if conversation.is_some() && previous_response_id.is_some() {
         return Err(ApiError::bad_param(
             "conversation",
-            "'conversation' is not supported yet; use 'previous_response_id' or send the whole input.",
+            "'conversation' and 'previous_response_id' cannot be used together.",
         ));
     }
     if set(obj, "prompt") {
@@ -229,6 +242,7 @@ fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
     let mut req = plain::<Responses>(raw, v, model, top_k, forced_tool)?;
     req.store = store;
     req.previous_response_id = previous_response_id;
+    req.conversation = conversation;
     Ok(req)
 }
 
@@ -262,7 +276,8 @@ mod tests {
         assert!(Responses::parse(base.to_string().as_bytes(), &names()).is_ok());
         for (extra, field) in [
             (json!({"previous_response_id": 7}), "previous_response_id"),
-            (json!({"conversation": "conv_1"}), "conversation"),
+            (json!({"conversation": 7}), "conversation"),
+            (json!({"conversation": "conv_1", "previous_response_id": "resp_1"}), "conversation"),
             (json!({"store": "yes"}), "store"),
             (json!({"background": true}), "background"),
             (json!({"tools": [{"type": "web_search"}]}), "tools[0].type"),

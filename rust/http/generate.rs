@@ -15,7 +15,7 @@ use crate::dispatch::{Job, OnFinish, RequestMeta};
 use crate::doors::{Door, GenerateRequest};
 use crate::error::ApiError;
 use crate::ring::records::{ImageSet, Submit};
-use crate::store::responses::{Keep, echo_previous};
+use crate::store::responses::{Keep, echo_continued};
 use crate::stream::{Outlet, StreamBuf};
 use axum::Extension;
 use axum::body::{Body, Bytes};
@@ -102,17 +102,21 @@ async fn handle(
     let fetched = if has_images { st.media.fetch(&req.images, deadline).await? } else { Default::default() };
     let id = st.dispatcher.next_id();
     let response_id = format!("{}{id:x}{:08x}", door.id_prefix(), crate::ids::random_u64() as u32);
-    let previous = keep.as_ref().and_then(|k| k.previous.clone());
-    let on_finish = match (keep, &st.responses) {
-        (Some(keep), Some(responses)) => {
-            let (responses, rid, stream) = (responses.clone(), response_id.clone(), req.stream);
+    // What the Response names as continued (deepseek-recipe writes neither): in its opening events, and its end.
+    let continued = keep.as_ref().filter(|k| k.previous.is_some() || k.conversation.is_some());
+    let continued = continued.map(|k| (k.previous.clone(), k.conversation.clone()));
+    let echo =
+        move |text: &[u8], c: &(Option<String>, Option<String>)| echo_continued(text, c.0.as_deref(), c.1.as_deref());
+    let on_finish = match (keep, &st.store) {
+        (Some(keep), Some(store)) => {
+            let (store, rid, stream, continued) = (store.clone(), response_id.clone(), req.stream, continued.clone());
             Some(Box::new(move |last: Bytes| {
-                let last = match &keep.previous {
-                    Some(prev) => Bytes::from(echo_previous(&last, prev)),
+                let last = match &continued {
+                    Some(c) => Bytes::from(echo(&last, c)),
                     None => last,
                 };
-                if keep.store {
-                    responses.record(rid, keep, &last, stream);
+                if keep.writes() {
+                    store.record(rid, keep, &last, stream);
                 }
                 last
             }) as OnFinish)
@@ -145,8 +149,8 @@ async fn handle(
         .codec
         .prepare_then(prepare, move |prepared| {
             if let Outlet::Stream(buf) = &outlet {
-                match &previous {
-                    Some(prev) => buf.push(&echo_previous(&prepared.first, prev), false),
+                match &continued {
+                    Some(c) => buf.push(&echo(&prepared.first, c), false),
                     None => buf.push(&prepared.first, false), // the opening events: well under the cap
                 };
             }
@@ -217,21 +221,26 @@ fn sse_response(body: SseBody) -> Response {
     (headers, Body::from_stream(body)).into_response()
 }
 
-/// A stored Responses request, or one that continues a chain: the chain put before its input, and what its
-/// response will be recorded with (None for a request that neither stores nor continues).
+/// A stored Responses request, or one that continues a chain or a conversation: the chain's or conversation's
+/// items put before its input, and what its response will be recorded with (None for a request that neither
+/// stores nor continues).
 async fn stored(st: &AppState, req: &mut GenerateRequest) -> Result<Option<Keep>, ApiError> {
-    if !req.store && req.previous_response_id.is_none() {
+    if !req.store && req.previous_response_id.is_none() && req.conversation.is_none() {
         return Ok(None);
     }
-    let Some(responses) = &st.responses else {
+    let Some(store) = &st.store else {
+        let msg = "This server keeps no responses or conversations (its state store is off): send the whole input.";
         if req.previous_response_id.is_some() {
-            let msg = "This server keeps no responses (its state store is off): send the whole input instead.";
             return Err(ApiError::bad_param("previous_response_id", msg));
+        }
+        if req.conversation.is_some() {
+            return Err(ApiError::bad_param("conversation", msg));
         }
         return Ok(None);
     };
     let body = std::mem::take(&mut req.body);
-    let (body, keep) = responses.continue_from(body, req.previous_response_id.take(), req.store).await?;
+    let (previous, conversation) = (req.previous_response_id.take(), req.conversation.take());
+    let (body, keep) = store.continue_from(body, previous, conversation, req.store).await?;
     req.body = body;
     Ok(Some(keep))
 }

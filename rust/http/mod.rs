@@ -2,6 +2,7 @@
 
 mod auth;
 mod body;
+mod conversations;
 mod cors;
 mod drain;
 mod generate;
@@ -35,8 +36,9 @@ pub struct AppState {
     pub dispatcher: Arc<Dispatcher>,
     /// Fetches image URLs behind the address guard.
     pub media: crate::media::Fetcher,
-    /// Stored responses; None when storing is off (`--state-store off`, `--disable-response-store`).
-    pub responses: Option<Arc<crate::store::responses::Responses>>,
+    /// Stored responses and conversations; None when the state store is off (`--state-store off`,
+    /// `--disable-response-store`).
+    pub store: Option<Arc<crate::store::Store>>,
     /// Set on SIGTERM: stop admitting, report 503 on /health, let in-flight requests finish.
     pub draining: AtomicBool,
     pub started_unix: u64,
@@ -72,6 +74,16 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/responses/{id}", get(stored::get_response).delete(stored::delete_response))
         .route("/v1/responses/{id}/input_items", get(stored::input_items))
         .route("/v1/responses/{id}/cancel", post(stored::cancel_response))
+        .route("/v1/conversations", post(conversations::create))
+        .route(
+            "/v1/conversations/{id}",
+            get(conversations::retrieve).post(conversations::update).delete(conversations::delete),
+        )
+        .route("/v1/conversations/{id}/items", get(conversations::list_items).post(conversations::add_items))
+        .route(
+            "/v1/conversations/{id}/items/{item_id}",
+            get(conversations::get_item).delete(conversations::delete_item),
+        )
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize))
         .route("/v1/models", get(info::models))
@@ -141,7 +153,7 @@ mod tests {
             codec: Codec::start(codec, decode, 1),
             dispatcher: Dispatcher::new(Vec::new(), Arc::new(Metrics::new("test-model"))),
             media: crate::media::Fetcher::new(&config).expect("media fetcher"),
-            responses: None,
+            store: None,
             draining: AtomicBool::new(false),
             started_unix: 0,
             config,

@@ -36,7 +36,7 @@ pub async fn get_response(
 
 pub async fn delete_response(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
     answer(async {
-        let deleted = match &st.responses {
+        let deleted = match &st.store {
             Some(responses) => responses.delete(&id).await?,
             None => false,
         };
@@ -63,15 +63,7 @@ pub async fn input_items(
 ) -> Response {
     answer(async {
         let Query(q) = q.map_err(bad_query)?;
-        let limit = q.limit.unwrap_or(20);
-        if !(1..=PAGE_MAX).contains(&limit) {
-            return Err(ApiError::bad_param("limit", format!("'limit' must be between 1 and {PAGE_MAX}.")));
-        }
-        let ascending = match q.order.as_deref() {
-            None | Some("desc") => false,
-            Some("asc") => true,
-            Some(_) => return Err(ApiError::bad_param("order", "'order' must be 'asc' or 'desc'.")),
-        };
+        let (limit, ascending) = page_bounds(&q)?;
         let r = find(&st, &id).await?;
         let mut items: Vec<Value> = serde_json::from_str(&r.input_items).map_err(|_| ApiError::Internal)?;
         if !ascending {
@@ -101,20 +93,36 @@ pub struct GetQuery {
     stream: Option<bool>,
 }
 
+/// A list route's paging: `limit` (1 to 100, 20 by default), `order` (newest first by default), `after` an id.
+/// Other parameters (`include`, which asks for fields this server has none of) are ignored.
 #[derive(Deserialize)]
 pub struct PageQuery {
     limit: Option<usize>,
     order: Option<String>,
-    after: Option<String>,
+    pub after: Option<String>,
+}
+
+/// (limit, ascending) of a page query, checked.
+pub fn page_bounds(q: &PageQuery) -> Result<(usize, bool), ApiError> {
+    let limit = q.limit.unwrap_or(20);
+    if !(1..=PAGE_MAX).contains(&limit) {
+        return Err(ApiError::bad_param("limit", format!("'limit' must be between 1 and {PAGE_MAX}.")));
+    }
+    let ascending = match q.order.as_deref() {
+        None | Some("desc") => false,
+        Some("asc") => true,
+        Some(_) => return Err(ApiError::bad_param("order", "'order' must be 'asc' or 'desc'.")),
+    };
+    Ok((limit, ascending))
 }
 
 async fn find(st: &AppState, id: &str) -> Result<StoredResponse, ApiError> {
-    let Some(responses) = &st.responses else { return Err(not_found(id)) };
-    responses.load(id).await?.ok_or_else(|| not_found(id))
+    let Some(store) = &st.store else { return Err(not_found(id)) };
+    store.load(id).await?.ok_or_else(|| not_found(id))
 }
 
 /// A query string that does not parse (`limit=ten`): a 400 in the door's envelope, not axum's plain text.
-fn bad_query(e: QueryRejection) -> ApiError {
+pub fn bad_query(e: QueryRejection) -> ApiError {
     ApiError::bad_request(format!("Invalid query string: {}", e.body_text()))
 }
 
@@ -122,6 +130,6 @@ fn not_found(id: &str) -> ApiError {
     ApiError::NotFound { what: "Response", id: id.to_string(), param: None }
 }
 
-async fn answer(f: impl Future<Output = Result<Response, ApiError>>) -> Response {
+pub async fn answer(f: impl Future<Output = Result<Response, ApiError>>) -> Response {
     f.await.unwrap_or_else(|e| Door::Responses.respond(e))
 }

@@ -1,19 +1,90 @@
-//! The state store: what the server keeps across requests. Today that is stored responses (the Responses API's
-//! `store`, `previous_response_id`, `GET`/`DELETE /v1/responses/{id}` and its input items).
+//! The state store: what the server keeps across requests: stored responses (the Responses API's `store`,
+//! `previous_response_id`, `GET`/`DELETE /v1/responses/{id}` and its input items) and conversations (the
+//! Conversations API, and `conversation` on a Responses request).
 //!
-//! One trait, `Store`, with two implementations, so handlers never know which one runs:
-//! - `sqlite`: embedded, the default; nothing to install or start (a file, or memory);
-//! - `postgres`: `--state-store postgresql://…`, shared by replicas behind a gateway.
-//!
-//! Each has its numbered migrations (`migrations/<backend>/`, here), embedded and run at start. Queries are checked at
-//! run time (no database at build time). `responses` keeps what the request path needs on top: a response being
-//! written is waited for by the next request that names it.
+//! - `db`: the database, SQLite embedded by default (nothing to install or start: a file, or memory) or PostgreSQL
+//!   (`--state-store postgresql://…`, shared by replicas behind a gateway), with numbered migrations
+//!   (`migrations/<backend>/`) embedded and run at start. Queries are checked at run time (no database at build
+//!   time).
+//! - `queries`: the SQL, one module per kind of record, written once for both databases.
+//! - `items`: input and output items as the store keeps them (ids given, text made parts).
+//! - `responses`: what the request path needs on top: chains and conversations spliced before a request's input,
+//!   and finished responses written in batches, waited for by the next request that names them.
 
-mod postgres;
+pub mod conversations;
+pub mod db;
+pub mod items;
+pub mod queries;
 pub mod responses;
-mod sqlite;
 
-use futures_util::future::BoxFuture;
+pub use db::Db;
+
+use crate::error::ApiError;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+
+/// Longest a request waits for a write it depends on (the response it names, the conversation it continues).
+const WRITE_WAIT: Duration = Duration::from_secs(10);
+/// How often records past their time are removed.
+const EXPIRE_EVERY: Duration = Duration::from_secs(600);
+
+/// The store as the request path and the routes use it: the database, and the writes still on their way to it.
+pub struct Store {
+    pub db: Arc<Db>,
+    /// Records being written (a response's id, the conversation it adds to): their writes' "done" flags.
+    writing: Mutex<HashMap<String, watch::Receiver<bool>>>,
+    writer: mpsc::Sender<responses::Write>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Store {
+    pub fn new(db: Db, runtime: tokio::runtime::Handle) -> Arc<Self> {
+        let db = Arc::new(db);
+        let (writer, queue) = mpsc::channel(responses::WRITE_QUEUE);
+        let me = Arc::new(Store { db: db.clone(), writing: Mutex::new(HashMap::new()), writer, runtime });
+        me.runtime.spawn(responses::write_all(Arc::downgrade(&me), db, queue));
+        me
+    }
+
+    /// Remove responses and idle conversations older than `ttl`, now and every few minutes from now on (OpenAI
+    /// keeps responses 30 days): what clients store is bounded by time, not left to grow the disk forever.
+    pub fn expire_every(self: &Arc<Self>, ttl: Duration) {
+        let me = self.clone();
+        self.runtime.spawn(async move {
+            let mut tick = tokio::time::interval(EXPIRE_EVERY);
+            loop {
+                tick.tick().await;
+                let before = items::now() - ttl.as_secs() as i64;
+                match me.db.expire_responses(before).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(removed = n, "stored responses past --response-store-ttl removed"),
+                    Err(e) => tracing::warn!("could not remove expired responses: {e}"),
+                }
+                match me.db.expire_conversations(before).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(removed = n, "conversations idle past --response-store-ttl removed"),
+                    Err(e) => tracing::warn!("could not remove expired conversations: {e}"),
+                }
+            }
+        });
+    }
+
+    /// Wait until the write of `key` (a response id, a conversation id) on its way, if any, is in the database.
+    pub async fn settled(&self, key: &str) {
+        let writing = self.writing.lock().unwrap().get(key).cloned();
+        if let Some(mut done) = writing {
+            let _ = tokio::time::timeout(WRITE_WAIT, done.wait_for(|d| *d)).await;
+        }
+    }
+}
+
+/// A store error as the client sees it: a 500 with the store's code; the cause goes to the log.
+pub fn failed(e: StoreError) -> ApiError {
+    tracing::error!("{e}");
+    ApiError::Store
+}
 
 /// A response as stored: its JSON as the client got it, and the items it was generated from.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -30,6 +101,15 @@ pub struct StoredResponse {
     pub response: String,
 }
 
+/// A conversation as stored: its metadata (a JSON object) and times; its items are rows of their own.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct StoredConversation {
+    pub id: String,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub metadata: String,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("state store: {0}")]
@@ -38,27 +118,6 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("state store: {0}")]
     Config(String),
-}
-
-/// What the server keeps, whichever database holds it.
-pub trait Store: Send + Sync {
-    /// Insert responses, in one transaction (an id already there is replaced: a retried write is harmless).
-    fn put_responses<'a>(&'a self, rs: &'a [StoredResponse]) -> BoxFuture<'a, Result<(), StoreError>>;
-    fn get_response<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<StoredResponse>, StoreError>>;
-    /// Whether it was there.
-    fn delete_response<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>>;
-    /// Remove the responses created before `created_before` (Unix seconds); how many went.
-    fn expire_responses(&self, created_before: i64) -> BoxFuture<'_, Result<u64, StoreError>>;
-}
-
-/// Open the store `spec` names, running its migrations: `postgres://…` / `postgresql://…`, `sqlite://PATH`,
-/// `sqlite::memory:` / `memory` (gone with the process), or a bare file path (SQLite).
-pub async fn open(spec: &str) -> Result<Box<dyn Store>, StoreError> {
-    if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
-        return Ok(Box::new(postgres::PgStore::open(spec).await?));
-    }
-    let spec = if spec == "memory" { "sqlite::memory:" } else { spec };
-    Ok(Box::new(sqlite::SqliteStore::open(spec).await?))
 }
 
 /// A connection string without its password, for logs.

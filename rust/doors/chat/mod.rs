@@ -212,6 +212,7 @@ fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
         images,
         store: false,
         previous_response_id: None,
+        conversation: None,
         body,
     })
 }

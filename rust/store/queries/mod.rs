@@ -1,0 +1,4 @@
+//! The store's SQL, one module per kind of record; each adds its methods to `Db`.
+
+pub mod conversations;
+mod responses;
