@@ -123,6 +123,7 @@ fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
         store: false,
         previous_response_id: None,
         conversation: None,
+        background: false,
         body: serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?,
     })
 }

@@ -29,6 +29,8 @@ pub struct GenerateRequest {
     pub previous_response_id: Option<String>,
     /// The conversation whose items it continues, and gains its own (Responses' `conversation`).
     pub conversation: Option<String>,
+    /// Run it in the background (Responses' `background: true`): answered at once, re-read by its id.
+    pub background: bool,
     pub body: Vec<u8>,
 }
 
@@ -74,6 +76,7 @@ pub fn plain<D: Spec>(
         store: false,
         previous_response_id: None,
         conversation: None,
+        background: false,
         body: serde_json::to_vec(&body).map_err(|_| ApiError::Internal)?,
     })
 }

@@ -190,11 +190,19 @@ fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
     if set(obj, "prompt") {
         return Err(ApiError::bad_param("prompt", "Stored prompt templates are not supported; send 'input'."));
     }
-    if obj.get("background") == Some(&Value::Bool(true)) {
-        return Err(ApiError::bad_param("background", "'background: true' is not supported yet."));
-    }
     // Stored unless the request says `store: false`, as OpenAI's default is.
     let store = !matches!(obj.get("store"), Some(Value::Bool(false)));
+    let background = match obj.get("background") {
+        None | Some(Value::Null | Value::Bool(false)) => false,
+        Some(Value::Bool(true)) if store => true,
+        Some(Value::Bool(true)) => {
+            return Err(ApiError::bad_param(
+                "background",
+                "A background response must be stored: drop 'store: false'.",
+            ));
+        }
+        Some(_) => return Err(ApiError::bad_param("background", "'background' must be a boolean")),
+    };
     if !matches!(obj.get("store"), None | Some(Value::Null | Value::Bool(_))) {
         return Err(ApiError::bad_param("store", "'store' must be a boolean"));
     }
@@ -243,6 +251,7 @@ fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
     req.store = store;
     req.previous_response_id = previous_response_id;
     req.conversation = conversation;
+    req.background = background;
     Ok(req)
 }
 
@@ -279,7 +288,8 @@ mod tests {
             (json!({"conversation": 7}), "conversation"),
             (json!({"conversation": "conv_1", "previous_response_id": "resp_1"}), "conversation"),
             (json!({"store": "yes"}), "store"),
-            (json!({"background": true}), "background"),
+            (json!({"background": true, "store": false}), "background"),
+            (json!({"background": "yes"}), "background"),
             (json!({"tools": [{"type": "web_search"}]}), "tools[0].type"),
             (json!({"tools": [{"type": "function", "name": "f"}, {"type": "file_search"}]}), "tools[1].type"),
             (json!({"top_logprobs": 21}), "top_logprobs"),

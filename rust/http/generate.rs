@@ -15,7 +15,8 @@ use crate::dispatch::{Job, OnFinish, RequestMeta};
 use crate::doors::{Door, GenerateRequest};
 use crate::error::ApiError;
 use crate::ring::records::{ImageSet, Submit};
-use crate::store::responses::{Keep, echo_continued};
+use crate::store::background::Run;
+use crate::store::responses::{Echo, Keep};
 use crate::stream::{Outlet, StreamBuf};
 use axum::Extension;
 use axum::body::{Body, Bytes};
@@ -64,7 +65,23 @@ async fn handle(
     arrival: Instant,
     request_id: String,
 ) -> Result<Response, ApiError> {
-    let mut req = door.parse(&body, &st.config.served_model_names)?;
+    let req = door.parse(&body, &st.config.served_model_names)?;
+    if req.background {
+        return super::background::start(st, door, req, arrival, request_id).await;
+    }
+    serve(st, door, req, arrival, request_id, None).await
+}
+
+/// The request path from a parsed request. `run`: the background response it is (`super::background` runs it
+/// here, as a stream, once it has answered the client).
+pub(super) async fn serve(
+    st: &Arc<AppState>,
+    door: Door,
+    mut req: GenerateRequest,
+    arrival: Instant,
+    request_id: String,
+    run: Option<Arc<Run>>,
+) -> Result<Response, ApiError> {
     if let Some(&on) = st.config.thinking_pins.get(&req.model) {
         req.body = door.pin_thinking(&req.body, on)?;
     }
@@ -101,21 +118,27 @@ async fn handle(
     let has_images = !req.images.is_empty();
     let fetched = if has_images { st.media.fetch(&req.images, deadline).await? } else { Default::default() };
     let id = st.dispatcher.next_id();
-    let response_id = format!("{}{id:x}{:08x}", door.id_prefix(), crate::ids::random_u64() as u32);
-    // What the Response names as continued (deepseek-recipe writes neither): in its opening events, and its end.
-    let continued = keep.as_ref().filter(|k| k.previous.is_some() || k.conversation.is_some());
-    let continued = continued.map(|k| (k.previous.clone(), k.conversation.clone()));
-    let echo =
-        move |text: &[u8], c: &(Option<String>, Option<String>)| echo_continued(text, c.0.as_deref(), c.1.as_deref());
+    let response_id = match &run {
+        Some(run) => run.id.clone(),
+        None => format!("{}{id:x}{:08x}", door.id_prefix(), crate::ids::random_u64() as u32),
+    };
+    // What the Response says that deepseek-recipe cannot know: in its opening events, and at its end.
+    let echo = keep.as_ref().map(|k| Echo {
+        previous: k.previous.clone(),
+        conversation: k.conversation.clone(),
+        background: req.background,
+    });
+    let echo = echo.filter(Echo::needed);
     let on_finish = match (keep, &st.store) {
         (Some(keep), Some(store)) => {
-            let (store, rid, stream, continued) = (store.clone(), response_id.clone(), req.stream, continued.clone());
+            let (store, rid, stream, echo) = (store.clone(), response_id.clone(), req.stream, echo.clone());
             Some(Box::new(move |last: Bytes| {
-                let last = match &continued {
-                    Some(c) => Bytes::from(echo(&last, c)),
+                let last = match &echo {
+                    Some(e) => Bytes::from(e.apply(&last)),
                     None => last,
                 };
-                if keep.writes() {
+                // A cancelled background response is recorded as cancelled, by its canceller.
+                if keep.writes() && !run.as_ref().is_some_and(|r| r.is_cancelled()) {
                     store.record(rid, keep, &last, stream);
                 }
                 last
@@ -149,8 +172,8 @@ async fn handle(
         .codec
         .prepare_then(prepare, move |prepared| {
             if let Outlet::Stream(buf) = &outlet {
-                match &continued {
-                    Some(c) => buf.push(&echo(&prepared.first, c), false),
+                match &echo {
+                    Some(e) => buf.push(&e.apply(&prepared.first), false),
                     None => buf.push(&prepared.first, false), // the opening events: well under the cap
                 };
             }
@@ -187,7 +210,7 @@ async fn handle(
     let rx = match reply {
         Reply::Stream(buf) => {
             let keep_alive = Duration::from_secs_f64(st.config.sse_keep_alive_s);
-            return Ok(sse_response(SseBody::new(buf, ticket, timeout, keep_alive)));
+            return Ok(sse_response(Body::from_stream(SseBody::new(buf, ticket, timeout, keep_alive))));
         }
         Reply::Unary(rx) => rx,
     };
@@ -212,13 +235,13 @@ enum Reply {
     Unary(oneshot::Receiver<Result<Bytes, ApiError>>),
 }
 
-fn sse_response(body: SseBody) -> Response {
+pub(super) fn sse_response(body: impl Into<Body>) -> Response {
     let headers = [
         (header::CONTENT_TYPE, "text/event-stream"),
         (header::CACHE_CONTROL, "no-cache"),
         (header::HeaderName::from_static("x-accel-buffering"), "no"),
     ];
-    (headers, Body::from_stream(body)).into_response()
+    (headers, body.into()).into_response()
 }
 
 /// A stored Responses request, or one that continues a chain or a conversation: the chain's or conversation's

@@ -1,6 +1,7 @@
 //! HTTP routes. `app(state)` builds the router; binding and serving live in `server.rs`.
 
 mod auth;
+mod background;
 mod body;
 mod conversations;
 mod cors;

@@ -7,6 +7,7 @@ use crate::doors::Door;
 use crate::error::ApiError;
 use crate::store::StoredResponse;
 use axum::Json;
+use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::header;
@@ -25,8 +26,20 @@ pub async fn get_response(
 ) -> Response {
     answer(async {
         let Query(q) = q.map_err(bad_query)?;
+        let run = st.store.as_ref().and_then(|s| s.runs.get(&id));
         if q.stream == Some(true) {
-            return Err(ApiError::bad_param("stream", "Streaming a stored response is only for background responses."));
+            // A background response's stream, from after `starting_after`, while this replica keeps it.
+            let Some(run) = run else {
+                find(&st, &id).await?;
+                let msg = "Only a background response's stream can be read again, on the replica that runs it, for \
+                    10 minutes after it ends.";
+                return Err(ApiError::bad_param("stream", msg));
+            };
+            return Ok(super::generate::sse_response(Body::from_stream(run.follow(q.starting_after))));
+        }
+        // A background response running here: as its stream has it now (`in_progress`).
+        if let Some(latest) = run.filter(|r| !r.finished()).and_then(|r| r.latest()) {
+            return Ok(([(header::CONTENT_TYPE, "application/json")], latest).into_response());
         }
         let r = find(&st, &id).await?;
         Ok(([(header::CONTENT_TYPE, "application/json")], r.response).into_response())
@@ -50,7 +63,16 @@ pub async fn delete_response(State(st): State<Arc<AppState>>, Path(id): Path<Str
 
 pub async fn cancel_response(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
     answer(async {
-        find(&st, &id).await?;
+        if let Some(store) = &st.store
+            && let Some(answer) = super::background::cancel(store, &id).await?
+        {
+            return Ok(answer);
+        }
+        let r = find(&st, &id).await?;
+        if r.response.contains(r#""background":true"#) {
+            let msg = "This background response is not running on this replica (it ended, or another replica runs it).";
+            return Err(ApiError::bad_param("response_id", msg));
+        }
         Err(ApiError::bad_param("response_id", "Only responses created with 'background: true' can be cancelled."))
     })
     .await
@@ -91,6 +113,7 @@ pub async fn input_items(
 #[derive(Deserialize)]
 pub struct GetQuery {
     stream: Option<bool>,
+    starting_after: Option<u64>,
 }
 
 /// A list route's paging: `limit` (1 to 100, 20 by default), `order` (newest first by default), `after` an id.

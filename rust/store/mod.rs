@@ -8,9 +8,11 @@
 //!   time).
 //! - `queries`: the SQL, one module per kind of record, written once for both databases.
 //! - `items`: input and output items as the store keeps them (ids given, text made parts).
+//! - `background`: background responses' live streams, while they run here.
 //! - `responses`: what the request path needs on top: chains and conversations spliced before a request's input,
 //!   and finished responses written in batches, waited for by the next request that names them.
 
+pub mod background;
 pub mod conversations;
 pub mod db;
 pub mod items;
@@ -37,13 +39,21 @@ pub struct Store {
     writing: Mutex<HashMap<String, watch::Receiver<bool>>>,
     writer: mpsc::Sender<responses::Write>,
     runtime: tokio::runtime::Handle,
+    /// Background responses running here (or finished, kept for replay).
+    pub runs: Arc<background::Runs>,
 }
 
 impl Store {
     pub fn new(db: Db, runtime: tokio::runtime::Handle) -> Arc<Self> {
         let db = Arc::new(db);
         let (writer, queue) = mpsc::channel(responses::WRITE_QUEUE);
-        let me = Arc::new(Store { db: db.clone(), writing: Mutex::new(HashMap::new()), writer, runtime });
+        let me = Arc::new(Store {
+            db: db.clone(),
+            writing: Mutex::new(HashMap::new()),
+            writer,
+            runtime,
+            runs: Arc::default(),
+        });
         me.runtime.spawn(responses::write_all(Arc::downgrade(&me), db, queue));
         me
     }

@@ -191,29 +191,50 @@ fn response_text(last: &[u8], stream: bool) -> Option<&[u8]> {
         b"event: response.failed\ndata: ",
     ];
     let (at, len) = ENDS.iter().find_map(|e| memchr::memmem::rfind(last, e).map(|at| (at, e.len())))?;
-    let data = &last[at + len..];
+    event_response(&last[at + len..])
+}
+
+/// The Response an event's data holds (`{"type":…,"response":{…},"sequence_number":N}`), as text.
+pub fn event_response(data: &[u8]) -> Option<&[u8]> {
     let data = &data[..memchr::memchr(b'\n', data).unwrap_or(data.len())];
     let start = memchr::memmem::find(data, br#""response":{"#)? + br#""response":"#.len();
     let end = memchr::memmem::rfind(data, br#","sequence_number":"#).unwrap_or(data.len() - 1);
     Some(&data[start..end]).filter(|r| r.last() == Some(&b'}'))
 }
 
-/// A Response's text naming what it continues: the `previous_response_id`, or the `conversation` (deepseek-recipe
-/// writes a null `previous_response_id` and no conversation: it knows neither). Only the whole-Response events and
-/// bodies hold the field.
-pub fn echo_continued(text: &[u8], previous: Option<&str>, conversation: Option<&str>) -> Vec<u8> {
-    const NULL: &[u8] = br#""previous_response_id":null"#;
-    let with = serde_json::to_vec(&json!({"previous_response_id": previous})).unwrap_or_default();
-    let mut with = with[1..with.len() - 1].to_vec(); // `"previous_response_id":…`
-    if let Some(conv) = conversation {
-        with.extend_from_slice(format!(",\"conversation\":{}", json!({"id": conv})).as_bytes());
+/// What a Response says that deepseek-recipe cannot know (it writes a null `previous_response_id`, no
+/// conversation, and `"background":false`): the chain or conversation it continues, and that it runs in the
+/// background. Only the whole-Response events and bodies hold these fields.
+#[derive(Clone, Default)]
+pub struct Echo {
+    pub previous: Option<String>,
+    pub conversation: Option<String>,
+    pub background: bool,
+}
+
+impl Echo {
+    pub fn needed(&self) -> bool {
+        self.previous.is_some() || self.conversation.is_some() || self.background
     }
+
+    pub fn apply(&self, text: &[u8]) -> Vec<u8> {
+        let with = serde_json::to_vec(&json!({"previous_response_id": self.previous})).unwrap_or_default();
+        let mut with = with[1..with.len() - 1].to_vec(); // `"previous_response_id":…`
+        if let Some(conv) = &self.conversation {
+            with.extend_from_slice(format!(",\"conversation\":{}", json!({"id": conv})).as_bytes());
+        }
+        let out = replace_all(text, br#""previous_response_id":null"#, &with);
+        if self.background { replace_all(&out, br#""background":false"#, br#""background":true"#) } else { out }
+    }
+}
+
+fn replace_all(text: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(text.len() + 64);
     let mut at = 0;
-    for found in memchr::memmem::find_iter(text, NULL) {
+    for found in memchr::memmem::find_iter(text, from) {
         out.extend_from_slice(&text[at..found]);
-        out.extend_from_slice(&with);
-        at = found + NULL.len();
+        out.extend_from_slice(to);
+        at = found + from.len();
     }
     out.extend_from_slice(&text[at..]);
     out
@@ -239,9 +260,13 @@ mod tests {
     fn a_continued_response_names_what_it_continues() {
         let text = br#"{"id":"resp_2","previous_response_id":null,"x":{"previous_response_id":null}}"#;
         let want = br#"{"id":"resp_2","previous_response_id":"resp_1","x":{"previous_response_id":"resp_1"}}"#;
-        assert_eq!(echo_continued(text, Some("resp_1"), None), want.to_vec());
-        assert_eq!(echo_continued(b"{}", Some("r"), None), b"{}".to_vec());
+        let previous = Echo { previous: Some("resp_1".into()), ..Echo::default() };
+        assert_eq!(previous.apply(text), want.to_vec());
+        assert_eq!(previous.apply(b"{}"), b"{}".to_vec());
         let want = br#"{"id":"resp_2","previous_response_id":null,"conversation":{"id":"conv_1"},"x":{"previous_response_id":null,"conversation":{"id":"conv_1"}}}"#;
-        assert_eq!(echo_continued(text, None, Some("conv_1")), want.to_vec());
+        let conversation = Echo { conversation: Some("conv_1".into()), ..Echo::default() };
+        assert_eq!(conversation.apply(text), want.to_vec());
+        let background = Echo { background: true, ..Echo::default() };
+        assert_eq!(background.apply(br#"{"background":false,"b":1}"#), br#"{"background":true,"b":1}"#.to_vec());
     }
 }

@@ -213,6 +213,7 @@ fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
         store: false,
         previous_response_id: None,
         conversation: None,
+        background: false,
         body,
     })
 }

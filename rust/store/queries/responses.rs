@@ -4,7 +4,8 @@ use crate::store::db::{Db, on_pool};
 use crate::store::{StoreError, StoredResponse};
 
 impl Db {
-    /// Insert responses, in one transaction (an id already there is replaced: a retried write is harmless).
+    /// Insert responses, in one transaction. An id already there is replaced but for its creation time: a retried
+    /// write is harmless, and a background response's finished record replaces its queued one.
     pub async fn put_responses(&self, rs: &[StoredResponse]) -> Result<(), StoreError> {
         on_pool!(self, |pool| {
             let mut tx = pool.begin().await?;
@@ -12,7 +13,9 @@ impl Db {
                 sqlx::query(
                     "INSERT INTO responses (id, created_at, model, previous_response_id, context, input_items, response) \
                      VALUES ($1, $2, $3, $4, $5, $6, $7) \
-                     ON CONFLICT (id) DO UPDATE SET response = excluded.response",
+                     ON CONFLICT (id) DO UPDATE SET model = excluded.model, \
+                     previous_response_id = excluded.previous_response_id, context = excluded.context, \
+                     input_items = excluded.input_items, response = excluded.response",
                 )
                 .bind(&r.id)
                 .bind(r.created_at)

@@ -1,0 +1,193 @@
+//! Background responses (Responses' `background: true`): the client gets the queued Response at once (or, with
+//! `stream: true`, its stream), and the request then runs through the one request path like any other, admission
+//! included, as a stream whose events are kept (`store::background`) for `GET /v1/responses/{id}?stream=true&
+//! starting_after=N`. The Response is in the store from the moment it is queued, so any replica answers `GET`;
+//! `POST /v1/responses/{id}/cancel` stops it on the replica that runs it.
+
+use super::AppState;
+use super::generate::{serve, sse_response};
+use crate::doors::{Door, GenerateRequest};
+use crate::error::ApiError;
+use crate::store::background::{RUNS_MAX, Run};
+use crate::store::{Store, StoredResponse, failed, items};
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often a background response at a full server asks again for a slot: it waits, it is not refused after it
+/// was accepted.
+const RETRY: Duration = Duration::from_millis(500);
+
+pub async fn start(
+    st: &Arc<AppState>,
+    door: Door,
+    req: GenerateRequest,
+    arrival: Instant,
+    request_id: String,
+) -> Result<Response, ApiError> {
+    let Some(store) = st.store.clone() else {
+        let msg = "This server keeps no responses (its state store is off): background responses need it.";
+        return Err(ApiError::bad_param("background", msg));
+    };
+    // What the request names must be there now: a 404 at once, not a failed response later.
+    if let Some(prev) = &req.previous_response_id
+        && store.load(prev).await?.is_none()
+    {
+        let param = Some("previous_response_id");
+        return Err(ApiError::NotFound { what: "Previous response", id: prev.clone(), param });
+    }
+    if let Some(conv) = &req.conversation {
+        store.conversation(conv).await.map_err(|_| ApiError::NotFound {
+            what: "Conversation",
+            id: conv.clone(),
+            param: Some("conversation"),
+        })?;
+    }
+    let response_id = format!("{}{:016x}", door.id_prefix(), crate::ids::random_u64());
+    let run = store.runs.start(&response_id).ok_or(ApiError::Overloaded(RUNS_MAX))?;
+    let mut body: Value = serde_json::from_slice(&req.body).map_err(|_| ApiError::Internal)?;
+    let queued = queued_response(&body, &response_id);
+    // In the store before the client has its id: `GET` answers from any replica.
+    let row = StoredResponse {
+        id: response_id.clone(),
+        created_at: items::now(),
+        model: req.model.clone(),
+        previous_response_id: req.previous_response_id.clone(),
+        context: "[]".into(),
+        input_items: Value::Array(items::own_items(body.get("input"))).to_string(),
+        response: queued.to_string(),
+    };
+    if let Err(e) = store.db.put_responses(&[row]).await {
+        store.runs.forget(&response_id);
+        return Err(failed(e));
+    }
+    body["stream"] = json!(true);
+    let body = Bytes::from(serde_json::to_vec(&body).map_err(|_| ApiError::Internal)?);
+    let task = tokio::spawn(run_in_background(st.clone(), store, door, body, arrival, request_id, run.clone()));
+    run.set_task(task.abort_handle());
+    if req.stream {
+        return Ok(sse_response(Body::from_stream(run.follow(None))));
+    }
+    Ok(Json(queued).into_response())
+}
+
+async fn run_in_background(
+    st: Arc<AppState>,
+    store: Arc<Store>,
+    door: Door,
+    body: Bytes,
+    arrival: Instant,
+    request_id: String,
+    run: Arc<Run>,
+) {
+    let outcome = loop {
+        let served = match door.parse(&body, &st.config.served_model_names) {
+            Ok(req) => serve(&st, door, req, arrival, request_id.clone(), Some(run.clone())).await,
+            Err(e) => Err(e),
+        };
+        match served {
+            Err(ApiError::Overloaded(_) | ApiError::QueueFull(_) | ApiError::QueueTimeout(_)) => {
+                tokio::time::sleep(RETRY).await
+            }
+            other => break other,
+        }
+    };
+    match outcome {
+        Ok(resp) => {
+            let mut data = resp.into_body().into_data_stream();
+            while let Some(Ok(chunk)) = data.next().await {
+                run.push(&chunk);
+            }
+        }
+        Err(e) => {
+            tracing::info!(target: "deepinfer_server::request", request_id = %request_id, response_id = %run.id,
+                status = e.status().as_u16(), reason = e.code(), "background response failed: {e}");
+            let error = json!({"code": e.code(), "message": e.to_string()});
+            end_as(&store, &run, "failed", Some(error)).await;
+        }
+    }
+    run.finish();
+    store.runs.forget_later(run.id.clone());
+}
+
+/// `POST /v1/responses/{id}/cancel` for a background response: stopped if it runs here, recorded as cancelled;
+/// one that already ended is answered as it is.
+pub async fn cancel(store: &Arc<Store>, id: &str) -> Result<Option<Response>, ApiError> {
+    let Some(run) = store.runs.get(id) else { return Ok(None) };
+    if run.cancel() {
+        let cancelled = end_as(store, &run, "cancelled", None).await;
+        run.finish();
+        store.runs.forget_later(run.id.clone());
+        return Ok(Some(Json(cancelled).into_response()));
+    }
+    store.settled(id).await;
+    let stored = store.load(id).await?.ok_or(ApiError::Internal)?;
+    Ok(Some(([(axum::http::header::CONTENT_TYPE, "application/json")], stored.response).into_response()))
+}
+
+/// Record the Response as it stands with `status` (and its error), and tell readers of its stream.
+async fn end_as(store: &Store, run: &Run, status: &str, error: Option<Value>) -> Value {
+    let stored = store.load(&run.id).await.ok().flatten();
+    let mut response: Value = match run.latest() {
+        Some(text) => serde_json::from_slice(&text).unwrap_or_default(),
+        None => stored.as_ref().and_then(|r| serde_json::from_str(&r.response).ok()).unwrap_or_default(),
+    };
+    response["status"] = json!(status);
+    if let Some(error) = error {
+        response["error"] = error;
+    }
+    if let Some(mut row) = stored {
+        row.response = response.to_string();
+        if let Err(e) = store.db.put_responses(&[row]).await {
+            tracing::error!(response_id = %run.id, "could not record a {status} background response: {e}");
+        }
+    }
+    if status == "failed" {
+        let event = json!({"type": "response.failed", "response": response, "sequence_number": 0});
+        run.push(format!("event: response.failed\ndata: {event}\n\n").as_bytes());
+    }
+    response
+}
+
+/// The Response of a request just queued: what the request asked for, no output and no usage yet.
+fn queued_response(body: &Value, id: &str) -> Value {
+    let get = |key: &str, default: Value| body.get(key).filter(|v| !v.is_null()).cloned().unwrap_or(default);
+    let reasoning = body.get("reasoning").cloned().unwrap_or(json!({}));
+    let mut queued = json!({
+        "id": id,
+        "object": "response",
+        "created_at": items::now(),
+        "status": "queued",
+        "background": true,
+        "completed_at": null,
+        "error": null,
+        "incomplete_details": null,
+        "instructions": get("instructions", Value::Null),
+        "max_output_tokens": get("max_output_tokens", Value::Null),
+        "max_tool_calls": get("max_tool_calls", Value::Null),
+        "metadata": get("metadata", json!({})),
+        "model": get("model", Value::Null),
+        "output": [],
+        "parallel_tool_calls": get("parallel_tool_calls", json!(true)),
+        "previous_response_id": get("previous_response_id", Value::Null),
+        "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
+        "service_tier": "default",
+        "temperature": get("temperature", json!(1.0)),
+        "text": get("text", json!({"format": {"type": "text"}})),
+        "tool_choice": get("tool_choice", json!("auto")),
+        "tools": get("tools", json!([])),
+        "top_logprobs": get("top_logprobs", json!(0)),
+        "top_p": get("top_p", json!(1.0)),
+        "truncation": "disabled",
+    });
+    match body.get("conversation") {
+        Some(Value::String(conv)) => queued["conversation"] = json!({"id": conv}),
+        Some(conv @ Value::Object(_)) => queued["conversation"] = conv.clone(),
+        _ => {}
+    }
+    queued
+}
