@@ -215,8 +215,9 @@ def test_responses_function_call_round_trip(server: Server) -> None:
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"conversation": "conv_1"}, "conversation"),
-        ({"background": True}, "background"),
+        ({"conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation"),
+        ({"background": True, "store": False}, "background"),
+        ({"prompt": {"id": "pmpt_1"}}, "prompt"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"tools": [{"type": "file_search", "vector_store_ids": ["v"]}]}, "tools[0].type"),
     ],

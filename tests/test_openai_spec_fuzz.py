@@ -91,9 +91,14 @@ BY_DESIGN: list[tuple[str, Callable[[Body, Error], bool]]] = [
     ),
     ("logit_bias: keys must be token IDs and biases in [-100, 100], as OpenAI's API checks", _param("logit_bias")),
     ("stop: deepseek-recipe takes at most 16 strings, none empty", _param(r"stop(\[\d+\])?")),
+    (
+        "Completions: echo with logprobs beside a sampling temperature (the prompt's logprobs are the model's own "
+        "distribution, and the engine samples with the same parameters)",
+        lambda body, err: err.get("param") == "temperature" and "logprobs" in str(err.get("message")),
+    ),
     ("the prompt leaves no room in --max-model-len", lambda body, err: err.get("code") == "context_length_exceeded"),
     (
-        "Responses: a previous_response_id not stored (404); conversation, background: true (not yet)",
+        "Responses: a previous_response_id or conversation not stored (404); both at once; background without store",
         _param(r"previous_response_id|conversation|store|background"),
     ),
     (

@@ -120,7 +120,8 @@ pub(super) async fn serve(
     let id = st.dispatcher.next_id();
     let response_id = match &run {
         Some(run) => run.id.clone(),
-        None => format!("{}{id:x}{:08x}", door.id_prefix(), crate::ids::random_u64() as u32),
+        // The counter keeps ids unique; 64 random bits keep a stored response's id from being guessed.
+        None => format!("{}{id:x}{:016x}", door.id_prefix(), crate::ids::random_u64()),
     };
     // What the Response says that deepseek-recipe cannot know: in its opening events, and at its end.
     let echo = keep.as_ref().map(|k| Echo {
