@@ -3,7 +3,9 @@
 admission (`deepinfer_server.grammar.GrammarCache.check`: llguidance, xgrammar's strict mode), and what the sim
 does per request (an `LLMatcher` over its tokenizer: cold = compile, cached = a copy of the compiled one).
 
-Cold: each run gets a schema no cache has seen (a fresh `title`). Cached: the same schema again.
+Cold: each run gets a schema no cache has seen (a fresh `title`). Cached: the same schema again. The server's
+check runs in the grammar sandbox's child process; "in process" is the same check without it (what it cost
+before the sandbox), measured in the same rounds.
 
     python bench/grammars.py [--runs 200] [--tokenizer PATH]
 """
@@ -191,15 +193,19 @@ def main() -> int:
     sim = SimGrammars(args.tokenizer, vocab.eos_id, Spelling(vocab))
     print(f"tokenizer {args.tokenizer}: {sim.tokenizer.vocab_size} tokens; {args.runs} runs per figure, in ms")
     print(
-        "| schema | check cold p50 | p99 | check cached p50 | p99 | sim compile cold p50 | p99 | sim cached p50 | p99 |"
+        "| schema | check cold p50 | p99 | in process p50 | p99 | check cached p50 | p99 | sim compile cold p50 | p99 "
+        "| sim cached p50 | p99 |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     names = list(cases(0))
     for name in names:
-        check_cold, check_hot, sim_cold, sim_hot = [], [], [], []
-        cache = GrammarCache()
+        check_cold, in_process, check_hot, sim_cold, sim_hot = [], [], [], [], []
+        cache, local = GrammarCache(), GrammarCache(isolated=False)
         for i in range(args.runs):
             kind, text = cases(i + 1)[name]
+            t = time.perf_counter()
+            local.check(kind, text)
+            in_process.append(time.perf_counter() - t)
             t0 = time.perf_counter()
             cache.check(kind, text)
             t1 = time.perf_counter()
@@ -214,7 +220,8 @@ def main() -> int:
             check_hot.append(t2 - t1)
             sim_cold.append(t3 - t2)
             sim_hot.append(t4 - t3)
-        cells = [f"{pct(xs, p) * 1000:.3f}" for xs in (check_cold, check_hot, sim_cold, sim_hot) for p in (50, 99)]
+        figures = (check_cold, in_process, check_hot, sim_cold, sim_hot)
+        cells = [f"{pct(xs, p) * 1000:.3f}" for xs in figures for p in (50, 99)]
         print(f"| {name} | " + " | ".join(cells) + " |")
     return 0
 

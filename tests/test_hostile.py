@@ -307,8 +307,8 @@ def test_integer_bounds_next_to_the_int64_floor_are_a_400_not_a_crash(
 
 
 def sandbox_pid(s: Server) -> int:
-    """The grammar sandbox (grammar/sandbox.py), a child of the server."""
-    cmd = ["pgrep", "-P", str(s.proc.pid), "-f", "deepinfer_server.grammar.sandbox"]
+    """The grammar sandbox's child (grammar/child.py), a child of the server."""
+    cmd = ["pgrep", "-P", str(s.proc.pid), "-f", "deepinfer_server.grammar.child"]
     pids = [int(x) for x in subprocess.run(cmd, capture_output=True, text=True).stdout.split()]
     assert len(pids) == 1, pids
     return pids[0]

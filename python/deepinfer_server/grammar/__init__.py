@@ -27,8 +27,8 @@ crashes it or runs past the wall limit is a 400 for that request, and the child 
 
 Its parts: `base` (schema types, errors, limits), `schemas` (strict mode, Anthropic's limits, integer bounds),
 `json_ebnf` and `tool_calls` (the EBNF it writes), `check` (compiling with llguidance), `cache` (checked grammars),
-`sandbox` (the child process the server's checks run in). Which grammar a request gets is request_grammar.py's
-business.
+`sandbox` and `child` (the child process the server's checks run in). Which grammar a request gets is
+request_grammar.py's business.
 """
 
 from deepinfer_server.grammar.base import (

@@ -64,7 +64,7 @@ class GrammarSandbox:
             limits = (self.limits.max_bytes, self.limits.cpu_seconds, self.limits.cache_bytes)
             args = [str(os.getpid()), *map(str, limits)]
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "deepinfer_server.grammar.sandbox", *args],
+                [sys.executable, "-m", "deepinfer_server.grammar.child", *args],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 close_fds=True,
@@ -111,24 +111,3 @@ def _end(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-
-def main() -> None:
-    import resource
-
-    from deepinfer_server.grammar.check import compile_checked
-    from deepinfer_server.reaper import die_with_parent
-
-    die_with_parent(int(sys.argv[1]))
-    limits = GrammarLimits(int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
-    resource.setrlimit(resource.RLIMIT_AS, (CHILD_ADDRESS_SPACE, CHILD_ADDRESS_SPACE))
-    parser_limits = limits.parser_limits()
-    out = sys.stdout.buffer
-    for line in sys.stdin.buffer:
-        schema_type, schema = json.loads(line)
-        out.write(json.dumps(list(compile_checked(schema_type, schema, limits, parser_limits))).encode() + b"\n")
-        out.flush()
-
-
-if __name__ == "__main__":
-    main()
