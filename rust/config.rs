@@ -67,6 +67,15 @@ pub struct ServerConfig {
     /// How long a stored response is kept (`--response-store-ttl`); 0: for ever.
     #[pyo3(default = 2_592_000.0)]
     pub response_store_ttl_s: f64,
+    /// Where uploaded files' contents are kept (`--files-dir`, a volume the replicas share); empty: no files.
+    #[pyo3(default)]
+    pub files_dir: String,
+    /// The largest file one upload may hold (`--max-file-bytes`).
+    #[pyo3(default = 512 << 20)]
+    pub max_file_bytes: u64,
+    /// Longest a file upload's body may take to arrive (`--upload-timeout`).
+    #[pyo3(default = 600.0)]
+    pub upload_timeout_s: f64,
     /// Client connections open at once (`--max-connections`); 0: no limit.
     #[pyo3(default = 0)]
     pub max_connections: usize,
@@ -189,6 +198,9 @@ impl ServerConfig {
             state_store: String::new(),
             store_responses: true,
             response_store_ttl_s: 2_592_000.0,
+            files_dir: String::new(),
+            max_file_bytes: 512 << 20,
+            upload_timeout_s: 600.0,
             allowed_origins: Vec::new(),
             allowed_methods: Vec::new(),
             allowed_headers: Vec::new(),

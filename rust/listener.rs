@@ -59,17 +59,33 @@ impl Listener for UnixListener {
     }
 }
 
+/// How long a client may take: to send a request head or a body (`client`), or a file upload's body (`upload`,
+/// `POST …/v1/files`: hundreds of megabytes cannot be asked of the 30 s a JSON body gets).
+#[derive(Debug, Clone, Copy)]
+pub struct Deadlines {
+    pub client: Duration,
+    pub upload: Duration,
+}
+
+impl Deadlines {
+    fn body(&self, req: &axum::http::Request<hyper::body::Incoming>) -> Duration {
+        let upload = req.method() == axum::http::Method::POST && req.uri().path().ends_with("/v1/files");
+        if upload { self.upload } else { self.client }
+    }
+}
+
 /// Serve `app` on `listener` until `shutdown` completes; then stop accepting, let every connection finish its
 /// response (idle ones close at once) and return when all are closed. `max_connections` 0: no limit. With `tls`,
 /// each connection first completes a handshake with the config current when it was accepted.
 pub async fn serve<L: Listener>(
     listener: L,
     app: Router,
-    client_timeout: Duration,
+    deadlines: Deadlines,
     max_connections: usize,
     tls: Option<Arc<Tls>>,
     shutdown: impl Future<Output = ()>,
 ) {
+    let client_timeout = deadlines.client;
     let mut http = http1::Builder::new();
     // hyper's head timer runs from the first byte of a head to its end (a total, not reset per chunk), and while
     // a keep-alive connection waits for its next request.
@@ -77,7 +93,8 @@ pub async fn serve<L: Listener>(
     // Past these hyper answers a bare 431 itself; below them `head_limits` answers in the door's envelope.
     http.max_headers(HYPER_MAX_HEADERS).max_buf_size(HYPER_MAX_BUF);
     let app = tower::util::MapRequest::new(app, move |req: axum::http::Request<hyper::body::Incoming>| {
-        req.map(|body| axum::body::Body::new(DeadlineBody::new(body, client_timeout)))
+        let deadline = deadlines.body(&req);
+        req.map(|body| axum::body::Body::new(DeadlineBody::new(body, deadline)))
     });
     let slots = Arc::new(Semaphore::new(if max_connections == 0 { Semaphore::MAX_PERMITS } else { max_connections }));
     let connections = GracefulShutdown::new();

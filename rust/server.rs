@@ -103,10 +103,16 @@ async fn open_store(
         std::io::Error::other(format!("cannot open the state store {name}: {e}"))
     })?;
     tracing::info!("state store: {}", crate::store::redacted(&config.state_store));
-    let store = crate::store::Store::new(db, runtime.clone());
-    if config.response_store_ttl_s > 0.0 {
-        store.expire_every(Duration::from_secs_f64(config.response_store_ttl_s));
-    }
+    let files = match config.files_dir.as_str() {
+        "" => None,
+        dir => {
+            std::fs::create_dir_all(dir).map_err(|e| std::io::Error::other(format!("--files-dir {dir}: {e}")))?;
+            Some(crate::store::files::FileRoom { dir: dir.into(), max_bytes: config.max_file_bytes })
+        }
+    };
+    let store = crate::store::Store::new(db, files, runtime.clone());
+    let ttl = (config.response_store_ttl_s > 0.0).then(|| Duration::from_secs_f64(config.response_store_ttl_s));
+    store.expire_every(ttl);
     Ok(Some(store))
 }
 
@@ -185,7 +191,11 @@ async fn run(state: Arc<AppState>, pids: Vec<i32>, tls: Option<Arc<Tls>>) -> std
         None => http::app(state.clone()),
     };
     let max_connections = state.config.max_connections;
-    let server = bound.serve(app, tls, state.config.client_timeout(), max_connections, shutdown);
+    let deadlines = crate::listener::Deadlines {
+        client: state.config.client_timeout(),
+        upload: Duration::from_secs_f64(state.config.upload_timeout_s.max(0.001)),
+    };
+    let server = bound.serve(app, tls, deadlines, max_connections, shutdown);
     // Graceful shutdown waits for every connection to close; bound that so idle keep-alive clients cannot hold
     // the process (the streams have all been ended above).
     tokio::select! {

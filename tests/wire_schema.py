@@ -45,6 +45,8 @@ SERVED = {
     "/conversations/{conversation_id}": "get",
     "/conversations/{conversation_id}/items": "get",
     "/conversations/{conversation_id}/items/{item_id}": "get",
+    "/files": "post",
+    "/files/{file_id}": "get",
 }
 
 # Response bodies and SSE events by our path: (schema for JSON bodies, schema for each SSE event).
@@ -59,13 +61,17 @@ MODEL_PATH = re.compile(r"^/v1/models/.+")
 # Stored responses: GET returns the Response, input_items a ResponseItemList (the spec has no body for DELETE).
 STORED_PATH = re.compile(r"^/v1/responses/[^/]+$")
 INPUT_ITEMS_PATH = re.compile(r"^/v1/responses/[^/]+/input_items$")
-# Conversations: (path, method) -> the schema of the body it answers.
-CONVERSATION_PATHS = [
+# Conversations and files: (path, method) -> the schema of the body it answers.
+STATE_PATHS = [
     (re.compile(r"^/v1/conversations(/[^/]+)?$"), {"POST", "GET"}, "ConversationResource"),
     (re.compile(r"^/v1/conversations/[^/]+$"), {"DELETE"}, "DeletedConversationResource"),
     (re.compile(r"^/v1/conversations/[^/]+/items$"), {"GET", "POST"}, "ConversationItemList"),
     (re.compile(r"^/v1/conversations/[^/]+/items/[^/]+$"), {"GET"}, "ConversationItem"),
     (re.compile(r"^/v1/conversations/[^/]+/items/[^/]+$"), {"DELETE"}, "ConversationResource"),
+    (re.compile(r"^/v1/files$"), {"POST"}, "OpenAIFile"),
+    (re.compile(r"^/v1/files$"), {"GET"}, "ListFilesResponse"),
+    (re.compile(r"^/v1/files/[^/]+$"), {"GET"}, "OpenAIFile"),
+    (re.compile(r"^/v1/files/[^/]+$"), {"DELETE"}, "DeleteFileResponse"),
 ]
 
 # Keys the server adds beyond OpenAI's schema, by where they sit (`*` is any array index). Each is documented
@@ -112,7 +118,7 @@ def _reduced_spec() -> dict[str, Any]:
     paths = {p: {m: full["paths"][p][m]} for p, m in SERVED.items()}
     schemas = full["components"]["schemas"]
     keep: dict[str, Any] = {}
-    todo = [*_refs(paths), "ErrorResponse", "DeletedConversationResource"]
+    todo = [*_refs(paths), "ErrorResponse", "DeletedConversationResource", "ListFilesResponse", "DeleteFileResponse"]
     while todo:
         name = todo.pop()
         if name not in keep:
@@ -250,7 +256,7 @@ def response_schemas(path: str, method: str = "POST") -> tuple[str, str | None] 
         return ("ResponseItemList", None)
     if STORED_PATH.match(path) and method == "GET":
         return ("Response", None)
-    for pattern, methods, schema in CONVERSATION_PATHS:
+    for pattern, methods, schema in STATE_PATHS:
         if pattern.match(path) and method in methods:
             return (schema, None)
     return None

@@ -1,9 +1,10 @@
-"""Where the server keeps state across requests (stored responses): its flags, their check, and what the Rust front
-end is handed (rust/store).
+"""Where the server keeps state across requests (stored responses, conversations, uploaded files): its flags, their
+check, and what the Rust front end is handed (rust/store).
 
 The default is an embedded SQLite file under the user's state directory: nothing to install or start, and it
 survives a restart. Replicas behind a gateway share a PostgreSQL database instead (`--state-store
-postgresql://…`), so a response stored by one is found by all.
+postgresql://…`), so a response stored by one is found by all. Uploaded files' contents go to a directory beside
+the SQLite file by default; replicas that share a database need a volume they all mount (`--files-dir`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,29 @@ def add_arguments(p: argparse._ArgumentGroup) -> None:
         "every 10 minutes. 0: kept until deleted.",
     )
     p.add_argument(
+        "--files-dir",
+        default=None,
+        metavar="DIR",
+        help="Where uploaded files' contents are kept (/v1/files). Default: 'files' beside the SQLite store; a "
+        "temporary directory with --state-store memory; with PostgreSQL, 'files' under "
+        "$XDG_STATE_HOME/deepinfer-server (replicas sharing a database must share this directory: mount one volume "
+        "on all of them).",
+    )
+    p.add_argument(
+        "--max-file-bytes",
+        type=int,
+        default=512 << 20,
+        metavar="BYTES",
+        help="The largest file one upload may hold (OpenAI's limit, 512 MiB, by default); larger is a 413.",
+    )
+    p.add_argument(
+        "--upload-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="Longest a file upload's body may take to arrive (other bodies have --client-timeout).",
+    )
+    p.add_argument(
         "--disable-response-store",
         action="store_true",
         help="Keep no responses, whatever a request's 'store' says ('previous_response_id' is then a 400).",
@@ -61,6 +86,8 @@ def resolve(args: argparse.Namespace) -> str | None:
     """Why the store's flags cannot work, if they cannot; makes a SQLite file's directory."""
     if args.response_store_ttl < 0:
         return "--response-store-ttl must be 0 (keep until deleted) or more seconds"
+    if args.max_file_bytes < 1 or args.upload_timeout <= 0:
+        return "--max-file-bytes and --upload-timeout must be positive"
     spec = store_spec(args)
     if not spec or spec == "memory" or spec.startswith(("postgres://", "postgresql://", "sqlite::memory:")):
         return None
@@ -80,9 +107,30 @@ def resolve(args: argparse.Namespace) -> str | None:
     return None
 
 
+def files_dir(args: argparse.Namespace, spec: str) -> str:
+    """Where uploads go: `--files-dir`, else beside the SQLite file, a temporary directory for a store in memory,
+    or under the state directory beside PostgreSQL; empty with no store."""
+    if not spec:
+        return ""
+    if args.files_dir:
+        return str(Path(args.files_dir).expanduser())
+    if spec == "memory" or spec.startswith("sqlite::memory:"):
+        return tempfile.mkdtemp(prefix="deepinfer-server-files-")
+    if spec.startswith(("postgres://", "postgresql://")):
+        return str(Path(default_store()).parent / "files")
+    return str(Path(spec.removeprefix("sqlite://").removeprefix("sqlite:").split("?", 1)[0]).parent / "files")
+
+
 def server_config(args: argparse.Namespace) -> dict[str, Any]:
     """The store entries of the Rust server's config dict (rust/config.rs)."""
     spec = store_spec(args)
     if spec and not spec.startswith(("postgres://", "postgresql://", "sqlite:", "memory")):
         spec = str(Path(spec).expanduser())
-    return {"state_store": spec, "store_responses": bool(spec), "response_store_ttl_s": args.response_store_ttl}
+    return {
+        "state_store": spec,
+        "store_responses": bool(spec),
+        "response_store_ttl_s": args.response_store_ttl,
+        "files_dir": files_dir(args, spec),
+        "max_file_bytes": args.max_file_bytes,
+        "upload_timeout_s": args.upload_timeout,
+    }

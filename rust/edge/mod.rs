@@ -12,7 +12,6 @@ use pyo3::FromPyObject;
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::net::{TcpListener, UnixListener};
 
 /// `--ssl-*`, `--uds` and `--root-path`, as `edge_args.server_config` hands them over (every key, `None` when
@@ -63,14 +62,14 @@ impl Bound {
         self,
         app: Router,
         tls: Option<Arc<tls::Tls>>,
-        client_timeout: Duration,
+        deadlines: listener::Deadlines,
         max_connections: usize,
         shutdown: impl Future<Output = ()>,
     ) {
         match self {
-            Bound::Tcp(l) => listener::serve(l, app, client_timeout, max_connections, tls, shutdown).await,
+            Bound::Tcp(l) => listener::serve(l, app, deadlines, max_connections, tls, shutdown).await,
             Bound::Unix(l, file) => {
-                listener::serve(l, app, client_timeout, max_connections, tls, shutdown).await;
+                listener::serve(l, app, deadlines, max_connections, tls, shutdown).await;
                 drop(file);
             }
         }

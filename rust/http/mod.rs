@@ -6,6 +6,7 @@ mod body;
 mod conversations;
 mod cors;
 mod drain;
+mod files;
 mod generate;
 pub mod head_limits;
 mod info;
@@ -22,7 +23,7 @@ use crate::dispatch::Dispatcher;
 use crate::doors::Door;
 use crate::error::ApiError;
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware;
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -75,6 +76,10 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/responses/{id}", get(stored::get_response).delete(stored::delete_response))
         .route("/v1/responses/{id}/input_items", get(stored::input_items))
         .route("/v1/responses/{id}/cancel", post(stored::cancel_response))
+        // No body limit from axum here: `store::files` counts an upload against --max-file-bytes as it goes to disk.
+        .route("/v1/files", post(files::upload).layer(DefaultBodyLimit::disable()).get(files::list))
+        .route("/v1/files/{id}", get(files::retrieve).delete(files::delete))
+        .route("/v1/files/{id}/content", get(files::content))
         .route("/v1/conversations", post(conversations::create))
         .route(
             "/v1/conversations/{id}",

@@ -9,12 +9,14 @@
 //! - `queries`: the SQL, one module per kind of record, written once for both databases.
 //! - `items`: input and output items as the store keeps them (ids given, text made parts).
 //! - `background`: background responses' live streams, while they run here.
+//! - `files`: uploaded files, their rows and their contents on disk.
 //! - `responses`: what the request path needs on top: chains and conversations spliced before a request's input,
 //!   and finished responses written in batches, waited for by the next request that names them.
 
 pub mod background;
 pub mod conversations;
 pub mod db;
+pub mod files;
 pub mod items;
 pub mod queries;
 pub mod responses;
@@ -41,10 +43,12 @@ pub struct Store {
     runtime: tokio::runtime::Handle,
     /// Background responses running here (or finished, kept for replay).
     pub runs: Arc<background::Runs>,
+    /// Where uploaded files' contents go; None: no files.
+    pub files: Option<files::FileRoom>,
 }
 
 impl Store {
-    pub fn new(db: Db, runtime: tokio::runtime::Handle) -> Arc<Self> {
+    pub fn new(db: Db, files: Option<files::FileRoom>, runtime: tokio::runtime::Handle) -> Arc<Self> {
         let db = Arc::new(db);
         let (writer, queue) = mpsc::channel(responses::WRITE_QUEUE);
         let me = Arc::new(Store {
@@ -53,6 +57,7 @@ impl Store {
             writer,
             runtime,
             runs: Arc::default(),
+            files,
         });
         me.runtime.spawn(responses::write_all(Arc::downgrade(&me), db, queue));
         me
@@ -60,12 +65,15 @@ impl Store {
 
     /// Remove responses and idle conversations older than `ttl`, now and every few minutes from now on (OpenAI
     /// keeps responses 30 days): what clients store is bounded by time, not left to grow the disk forever.
-    pub fn expire_every(self: &Arc<Self>, ttl: Duration) {
+    /// Files past their own `expires_after` go too, with or without a TTL.
+    pub fn expire_every(self: &Arc<Self>, ttl: Option<Duration>) {
         let me = self.clone();
         self.runtime.spawn(async move {
             let mut tick = tokio::time::interval(EXPIRE_EVERY);
             loop {
                 tick.tick().await;
+                me.expire_files().await;
+                let Some(ttl) = ttl else { continue };
                 let before = items::now() - ttl.as_secs() as i64;
                 match me.db.expire_responses(before).await {
                     Ok(0) => {}
@@ -118,6 +126,17 @@ pub struct StoredConversation {
     pub created_at: i64,
     pub updated_at: i64,
     pub metadata: String,
+}
+
+/// An uploaded file's metadata; its content is a file named by its id in the files directory.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct StoredFile {
+    pub id: String,
+    pub created_at: i64,
+    pub expires_at: Option<i64>,
+    pub bytes: i64,
+    pub filename: String,
+    pub purpose: String,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -1,4 +1,5 @@
 //! The store's SQL, one module per kind of record; each adds its methods to `Db`.
 
 pub mod conversations;
+mod files;
 mod responses;

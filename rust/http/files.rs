@@ -1,0 +1,164 @@
+//! The Files API's routes (OpenAI): `POST /v1/files` (multipart: `file`, `purpose`, optional
+//! `expires_after[anchor]` and `expires_after[seconds]`), `GET /v1/files` (paginated, by `purpose`),
+//! `GET`/`DELETE /v1/files/{id}` and `GET /v1/files/{id}/content`. An upload is streamed to disk
+//! (`store::files`), never held in memory; it has its own body deadline (`--upload-timeout`, listener.rs).
+
+use super::AppState;
+use super::stored::{answer, bad_query};
+use crate::error::ApiError;
+use crate::store::Store;
+use crate::store::files::{PURPOSES, Upload, file_object};
+use axum::Json;
+use axum::body::Body;
+use axum::extract::multipart::MultipartRejection;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Multipart, Path, Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+/// Most parts an upload's form may have, and the longest text part: nothing but the file is large.
+const PARTS_MAX: usize = 8;
+const TEXT_MAX: usize = 1024;
+/// `expires_after[seconds]` bounds (OpenAI's: an hour to 30 days).
+const EXPIRES_MIN: i64 = 3600;
+const EXPIRES_MAX: i64 = 2_592_000;
+/// A page of files: 10,000 at most (OpenAI's limit), all by default.
+const PAGE_MAX: usize = 10_000;
+
+pub async fn upload(State(st): State<Arc<AppState>>, form: Result<Multipart, MultipartRejection>) -> Response {
+    answer(async {
+        let store = store(&st)?;
+        let mut form =
+            form.map_err(|e| ApiError::bad_request(format!("Expected a multipart form: {}", e.body_text())))?;
+        let (mut file, mut filename, mut fields) = (None::<Upload>, String::new(), Vec::new());
+        for _ in 0..PARTS_MAX {
+            let Some(field) = form.next_field().await.map_err(bad_form)? else { break };
+            let name = field.name().unwrap_or_default().to_string();
+            if name == "file" {
+                filename = field.file_name().unwrap_or("upload").to_string();
+                file = Some(store.receive(field).await?);
+            } else {
+                let text = small_text(field).await?.ok_or_else(|| {
+                    ApiError::bad_param(&name, format!("'{name}' is not text of at most {TEXT_MAX} bytes."))
+                })?;
+                fields.push((name, text));
+            }
+        }
+        let field = |key: &str| fields.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+        let Some(file) = file else { return Err(ApiError::bad_param("file", "Missing required parameter: 'file'.")) };
+        let purpose = field("purpose").unwrap_or_default();
+        if !PURPOSES.contains(&purpose) {
+            let msg = format!("'purpose' must be one of {}.", PURPOSES.join(", "));
+            return Err(ApiError::bad_param("purpose", msg));
+        }
+        let expires_after = match (field("expires_after[anchor]"), field("expires_after[seconds]")) {
+            (None, None) => None,
+            (Some("created_at"), Some(s)) => match s.parse::<i64>() {
+                Ok(s) if (EXPIRES_MIN..=EXPIRES_MAX).contains(&s) => Some(s),
+                _ => {
+                    let msg = format!("'expires_after[seconds]' must be {EXPIRES_MIN} to {EXPIRES_MAX}.");
+                    return Err(ApiError::bad_param("expires_after.seconds", msg));
+                }
+            },
+            _ => {
+                let msg = "'expires_after' needs 'anchor' (created_at) and 'seconds'.";
+                return Err(ApiError::bad_param("expires_after", msg));
+            }
+        };
+        Ok(Json(store.keep_file(file, &filename, purpose, expires_after).await?).into_response())
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+pub struct ListQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+    order: Option<String>,
+    purpose: Option<String>,
+}
+
+pub async fn list(State(st): State<Arc<AppState>>, q: Result<Query<ListQuery>, QueryRejection>) -> Response {
+    answer(async {
+        let Query(q) = q.map_err(bad_query)?;
+        let limit = q.limit.unwrap_or(PAGE_MAX);
+        if !(1..=PAGE_MAX).contains(&limit) {
+            return Err(ApiError::bad_param("limit", format!("'limit' must be between 1 and {PAGE_MAX}.")));
+        }
+        let ascending = match q.order.as_deref() {
+            None | Some("desc") => false,
+            Some("asc") => true,
+            Some(_) => return Err(ApiError::bad_param("order", "'order' must be 'asc' or 'desc'.")),
+        };
+        let (data, has_more) =
+            store(&st)?.list_files(q.after.as_deref(), limit, ascending, q.purpose.as_deref()).await?;
+        let id_of = |f: Option<&Value>| f.and_then(|f| f.get("id")).cloned().unwrap_or_else(|| json!(""));
+        let (first_id, last_id) = (id_of(data.first()), id_of(data.last()));
+        Ok(Json(
+            json!({"object": "list", "data": data, "first_id": first_id, "last_id": last_id, "has_more": has_more}),
+        )
+        .into_response())
+    })
+    .await
+}
+
+pub async fn retrieve(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    answer(async { Ok(Json(file_object(&store(&st)?.file(&id).await?)).into_response()) }).await
+}
+
+pub async fn delete(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    answer(async { Ok(Json(store(&st)?.delete_file(&id).await?).into_response()) }).await
+}
+
+/// The content as uploaded, streamed from disk.
+pub async fn content(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    answer(async {
+        let (f, content) = store(&st)?.file_content(&id).await?;
+        let body = Body::from_stream(tokio_util_stream(content));
+        let headers = [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (header::CONTENT_LENGTH, f.bytes.to_string()),
+        ];
+        Ok((headers, body).into_response())
+    })
+    .await
+}
+
+/// A file's bytes as a stream of chunks.
+fn tokio_util_stream(
+    file: tokio::fs::File,
+) -> impl futures_util::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Send + 'static {
+    use tokio::io::AsyncReadExt;
+    futures_util::stream::unfold(file, |mut file| async move {
+        let mut buf = bytes::BytesMut::with_capacity(64 << 10);
+        match file.read_buf(&mut buf).await {
+            Ok(0) => None,
+            Ok(_) => Some((Ok(buf.freeze()), file)),
+            Err(e) => Some((Err(e), file)),
+        }
+    })
+}
+
+fn store(st: &AppState) -> Result<&Arc<Store>, ApiError> {
+    st.store.as_ref().ok_or_else(|| ApiError::bad_request("This server keeps no files: its state store is off."))
+}
+
+/// A text part, read a chunk at a time up to `TEXT_MAX` bytes (None past it, or not UTF-8): only the file part
+/// may be large, and it goes to disk.
+async fn small_text(mut field: axum::extract::multipart::Field<'_>) -> Result<Option<String>, ApiError> {
+    let mut text = Vec::new();
+    while let Some(chunk) = field.chunk().await.map_err(bad_form)? {
+        if text.len() + chunk.len() > TEXT_MAX {
+            return Ok(None);
+        }
+        text.extend_from_slice(&chunk);
+    }
+    Ok(String::from_utf8(text).ok())
+}
+
+fn bad_form(e: axum::extract::multipart::MultipartError) -> ApiError {
+    ApiError::bad_request(format!("The multipart form could not be read: {}", e.body_text()))
+}

@@ -1,0 +1,186 @@
+//! Uploaded files (OpenAI's Files API) on top of the database: the metadata is a row, the content a file named by
+//! its id in the files directory (`--files-dir`: a volume every replica mounts when they share a store). An
+//! upload is streamed to disk under a temporary name, counted against `--max-file-bytes`, and renamed once its row
+//! is in; a deleted or expired file is gone from both.
+
+use super::{Store, StoredFile, failed, items};
+use crate::error::ApiError;
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use tokio::io::AsyncWriteExt;
+
+/// What OpenAI's Files API takes as `purpose`.
+pub const PURPOSES: &[&str] = &["assistants", "batch", "fine-tune", "vision", "user_data", "evals"];
+/// Longest a file's name is kept (the client's name is metadata only: on disk a file is its id).
+const NAME_MAX: usize = 255;
+
+/// Where uploads go, and how large one may be.
+pub struct FileRoom {
+    pub dir: PathBuf,
+    pub max_bytes: u64,
+}
+
+/// An upload's content as it arrives, written under a temporary name; removed if dropped before it is kept.
+pub struct Upload {
+    pub id: String,
+    path: PathBuf,
+    file: Option<tokio::fs::File>,
+    pub bytes: u64,
+}
+
+impl Drop for Upload {
+    fn drop(&mut self) {
+        if self.file.is_some() {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+impl Store {
+    fn room(&self) -> Result<&FileRoom, ApiError> {
+        self.files.as_ref().ok_or_else(|| ApiError::bad_request("This server keeps no files: its state store is off."))
+    }
+
+    /// Write an upload's content to disk as it arrives (a 413 past `--max-file-bytes`).
+    pub async fn receive<E: std::fmt::Display>(
+        &self,
+        mut content: impl Stream<Item = Result<Bytes, E>> + Unpin,
+    ) -> Result<Upload, ApiError> {
+        let room = self.room()?;
+        let id = crate::ids::random_id("file");
+        let path = room.dir.join(format!("{id}.part"));
+        let file = tokio::fs::File::create(&path).await.map_err(disk)?;
+        let mut up = Upload { id, path, file: Some(file), bytes: 0 };
+        while let Some(chunk) = content.next().await {
+            let chunk = chunk.map_err(|e| ApiError::bad_request(format!("The upload could not be read: {e}")))?;
+            up.bytes += chunk.len() as u64;
+            if up.bytes > room.max_bytes {
+                return Err(ApiError::PayloadTooLarge(room.max_bytes as usize));
+            }
+            up.file.as_mut().expect("open while receiving").write_all(&chunk).await.map_err(disk)?;
+        }
+        Ok(up)
+    }
+
+    /// Keep a received upload: its content synced under its id, then its row. The File object.
+    pub async fn keep_file(
+        &self,
+        mut up: Upload,
+        filename: &str,
+        purpose: &str,
+        expires_after: Option<i64>,
+    ) -> Result<Value, ApiError> {
+        let room = self.room()?;
+        up.file.as_mut().expect("open until kept").sync_all().await.map_err(disk)?;
+        let now = items::now();
+        let f = StoredFile {
+            id: up.id.clone(),
+            created_at: now,
+            expires_at: expires_after.map(|s| now + s),
+            bytes: up.bytes as i64,
+            filename: filename.chars().take(NAME_MAX).collect(),
+            purpose: purpose.to_string(),
+        };
+        tokio::fs::rename(&up.path, content_path(&room.dir, &f.id)).await.map_err(disk)?;
+        up.file = None; // renamed: nothing to remove
+        if let Err(e) = self.db.put_file(&f).await {
+            let _ = tokio::fs::remove_file(content_path(&room.dir, &f.id)).await;
+            return Err(failed(e));
+        }
+        Ok(file_object(&f))
+    }
+
+    pub async fn file(&self, id: &str) -> Result<StoredFile, ApiError> {
+        self.room()?;
+        let f = self.db.get_file(id).await.map_err(failed)?;
+        f.filter(|f| f.expires_at.is_none_or(|at| at >= items::now())).ok_or_else(|| not_found(id))
+    }
+
+    /// The file and its content, open for reading.
+    pub async fn file_content(&self, id: &str) -> Result<(StoredFile, tokio::fs::File), ApiError> {
+        let f = self.file(id).await?;
+        let content = tokio::fs::File::open(content_path(&self.room()?.dir, id)).await.map_err(|e| {
+            tracing::error!(file_id = %id, "the content of a stored file cannot be read: {e}");
+            ApiError::Store
+        })?;
+        Ok((f, content))
+    }
+
+    pub async fn list_files(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        ascending: bool,
+        purpose: Option<&str>,
+    ) -> Result<(Vec<Value>, bool), ApiError> {
+        self.room()?;
+        let page = self.db.list_files(after, limit as i64 + 1, ascending, purpose).await.map_err(failed)?;
+        let Some(mut page) = page else {
+            return Err(ApiError::bad_param("after", format!("No file with id '{}'.", after.unwrap_or_default())));
+        };
+        let has_more = page.len() > limit;
+        page.truncate(limit);
+        Ok((page.iter().map(file_object).collect(), has_more))
+    }
+
+    pub async fn delete_file(&self, id: &str) -> Result<Value, ApiError> {
+        let room = self.room()?;
+        if !self.db.delete_file(id).await.map_err(failed)? {
+            return Err(not_found(id));
+        }
+        remove_content(&room.dir, id).await;
+        Ok(json!({"id": id, "object": "file", "deleted": true}))
+    }
+
+    /// Remove the files past their `expires_after`, rows and contents.
+    pub(super) async fn expire_files(&self) {
+        let Some(room) = &self.files else { return };
+        match self.db.expire_files(items::now()).await {
+            Ok(ids) => {
+                for id in &ids {
+                    remove_content(&room.dir, id).await;
+                }
+                if !ids.is_empty() {
+                    tracing::info!(removed = ids.len(), "files past their expires_after removed");
+                }
+            }
+            Err(e) => tracing::warn!("could not remove expired files: {e}"),
+        }
+    }
+}
+
+/// The File object (`expires_at` only for a file that expires).
+pub fn file_object(f: &StoredFile) -> Value {
+    let mut o = json!({
+        "id": f.id, "object": "file", "bytes": f.bytes, "created_at": f.created_at, "filename": f.filename,
+        "purpose": f.purpose, "status": "processed",
+    });
+    if let Some(at) = f.expires_at {
+        o["expires_at"] = json!(at);
+    }
+    o
+}
+
+/// Where a file's content is: its id is the server's own (`file_` and random hex), never a client's name.
+pub fn content_path(dir: &Path, id: &str) -> PathBuf {
+    dir.join(id)
+}
+
+async fn remove_content(dir: &Path, id: &str) {
+    if let Err(e) = tokio::fs::remove_file(content_path(dir, id)).await
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(file_id = %id, "could not remove a file's content: {e}");
+    }
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::NotFound { what: "File", id: id.to_string(), param: None }
+}
+
+fn disk(e: std::io::Error) -> ApiError {
+    tracing::error!("the files directory failed: {e}");
+    ApiError::Store
+}
