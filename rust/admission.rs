@@ -5,6 +5,11 @@
 //! A slot that frees goes straight to the head of the queue (the permit is handed over, never returned to a pool
 //! a newcomer could grab first), so `in_flight` stays at capacity while anyone waits. A waiter whose request is
 //! dropped (its client disconnected) leaves the queue at once.
+//!
+//! Batch lines (`/v1/batches`) take only idle capacity: a slot that is free while nobody waits
+//! (`try_admit_batch`), held preemptibly. A client's request that finds no free slot takes one from a batch line
+//! instead of waiting or getting a 429: the line is told to stop (its runner aborts it and runs it again later),
+//! and its slot is handed to the request the moment the abort frees it.
 
 use crate::error::ApiError;
 use std::collections::BTreeMap;
@@ -30,26 +35,33 @@ struct State {
     in_flight: usize,
     next_seq: u64,
     queue: BTreeMap<(i64, u64), oneshot::Sender<Result<Permit, ApiError>>>,
+    /// Slots batch lines hold, by line: how to tell each to give its slot up.
+    batch: BTreeMap<u64, oneshot::Sender<()>>,
 }
 
 /// Held for a request's whole life; dropping it frees the slot, or hands it to the head of the queue.
 pub struct Permit {
     inner: Option<Arc<Inner>>,
+    /// A batch line's slot: its key in `State::batch`.
+    batch: Option<u64>,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         if let Some(inner) = self.inner.take() {
-            inner.release();
+            inner.release(self.batch);
         }
     }
 }
 
 impl Inner {
-    fn release(self: Arc<Self>) {
+    fn release(self: Arc<Self>, batch: Option<u64>) {
         let mut st = self.state.lock().unwrap();
+        if let Some(line) = batch {
+            st.batch.remove(&line);
+        }
         while let Some((_, tx)) = st.queue.pop_first() {
-            match tx.send(Ok(Permit { inner: Some(self.clone()) })) {
+            match tx.send(Ok(Permit { inner: Some(self.clone()), batch: None })) {
                 Ok(()) => return, // the slot stays taken, by the waiter
                 // The waiter is gone (its guard had not yet removed it): defuse the permit and try the next one.
                 Err(Ok(mut p)) => drop(p.inner.take()),
@@ -97,7 +109,10 @@ impl Admission {
             if let Some(p) = self.take_free(&mut st) {
                 return Ok(p);
             }
-            if st.queue.len() >= self.inner.max_queued {
+            // A batch line gives its slot up; this request waits only for the line's abort, first in the queue.
+            let preempted = st.batch.pop_last().map(|(_, stop)| stop.send(()));
+            let priority = if preempted.is_some() { i64::MIN } else { priority };
+            if preempted.is_none() && st.queue.len() >= self.inner.max_queued {
                 return Err(match self.inner.max_queued {
                     0 => ApiError::Overloaded(self.inner.capacity),
                     n => ApiError::QueueFull(n),
@@ -126,11 +141,28 @@ impl Admission {
         }
     }
 
+    /// A batch line's slot: only one free while nobody waits; the receiver fires when a client's request takes it.
+    pub fn try_admit_batch(&self) -> Option<(Permit, oneshot::Receiver<()>)> {
+        let mut st = self.inner.state.lock().unwrap();
+        let mut permit = self.take_free(&mut st)?;
+        let line = st.next_seq;
+        st.next_seq += 1;
+        let (stop, stopped) = oneshot::channel();
+        st.batch.insert(line, stop);
+        permit.batch = Some(line);
+        Some((permit, stopped))
+    }
+
+    /// Slots batch lines hold now.
+    pub fn batch_in_flight(&self) -> usize {
+        self.inner.state.lock().unwrap().batch.len()
+    }
+
     fn take_free(&self, st: &mut State) -> Option<Permit> {
         // Nobody jumps the queue: a free slot with waiters is already theirs (`release` hands it over).
         (st.in_flight < self.inner.capacity && st.queue.is_empty()).then(|| {
             st.in_flight += 1;
-            Permit { inner: Some(self.inner.clone()) }
+            Permit { inner: Some(self.inner.clone()), batch: None }
         })
     }
 
@@ -163,6 +195,22 @@ mod tests {
         assert_eq!(a.in_flight(), 2);
         drop(p1);
         assert!(a.try_admit().is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_request_takes_a_batch_lines_slot_instead_of_a_429() {
+        let a = Admission::new(1);
+        let (line, mut stopped) = a.try_admit_batch().unwrap();
+        assert!(a.try_admit_batch().is_none(), "a batch line takes only a free slot");
+        let waiter = a.clone();
+        let request = tokio::spawn(async move { waiter.admit(0).await.map(drop) });
+        while stopped.try_recv().is_err() {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(a.queued(), 1);
+        drop(line); // its runner aborts it
+        request.await.unwrap().unwrap();
+        assert_eq!((a.in_flight(), a.batch_in_flight()), (0, 0));
     }
 
     #[tokio::test]

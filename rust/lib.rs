@@ -3,6 +3,7 @@
 //! Request path: http → admission → codec → dispatch → ring → rank → ring → rank_io → stream → SSE.
 
 pub mod admission;
+pub mod batches;
 pub mod client_io;
 pub mod codec;
 pub mod config;

@@ -47,6 +47,8 @@ SERVED = {
     "/conversations/{conversation_id}/items/{item_id}": "get",
     "/files": "post",
     "/files/{file_id}": "get",
+    "/batches": "post",
+    "/batches/{batch_id}": "get",
 }
 
 # Response bodies and SSE events by our path: (schema for JSON bodies, schema for each SSE event).
@@ -61,7 +63,7 @@ MODEL_PATH = re.compile(r"^/v1/models/.+")
 # Stored responses: GET returns the Response, input_items a ResponseItemList (the spec has no body for DELETE).
 STORED_PATH = re.compile(r"^/v1/responses/[^/]+$")
 INPUT_ITEMS_PATH = re.compile(r"^/v1/responses/[^/]+/input_items$")
-# Conversations and files: (path, method) -> the schema of the body it answers.
+# Conversations, files and batches: (path, method) -> the schema of the body it answers.
 STATE_PATHS = [
     (re.compile(r"^/v1/conversations(/[^/]+)?$"), {"POST", "GET"}, "ConversationResource"),
     (re.compile(r"^/v1/conversations/[^/]+$"), {"DELETE"}, "DeletedConversationResource"),
@@ -72,6 +74,9 @@ STATE_PATHS = [
     (re.compile(r"^/v1/files$"), {"GET"}, "ListFilesResponse"),
     (re.compile(r"^/v1/files/[^/]+$"), {"GET"}, "OpenAIFile"),
     (re.compile(r"^/v1/files/[^/]+$"), {"DELETE"}, "DeleteFileResponse"),
+    (re.compile(r"^/v1/batches(/[^/]+(/cancel)?)?$"), {"POST"}, "Batch"),
+    (re.compile(r"^/v1/batches/[^/]+$"), {"GET"}, "Batch"),
+    (re.compile(r"^/v1/batches$"), {"GET"}, "ListBatchesResponse"),
 ]
 
 # Keys the server adds beyond OpenAI's schema, by where they sit (`*` is any array index). Each is documented
@@ -119,6 +124,7 @@ def _reduced_spec() -> dict[str, Any]:
     schemas = full["components"]["schemas"]
     keep: dict[str, Any] = {}
     todo = [*_refs(paths), "ErrorResponse", "DeletedConversationResource", "ListFilesResponse", "DeleteFileResponse"]
+    todo += ["ListBatchesResponse"]
     while todo:
         name = todo.pop()
         if name not in keep:

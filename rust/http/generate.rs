@@ -10,6 +10,7 @@ use super::AppState;
 use super::body::RawBody;
 use super::request_id::RequestId;
 use super::sse::SseBody;
+use crate::admission::Permit;
 use crate::codec::PrepareRequest;
 use crate::dispatch::{Job, OnFinish, RequestMeta};
 use crate::doors::{Door, GenerateRequest};
@@ -69,18 +70,20 @@ async fn handle(
     if req.background {
         return super::background::start(st, door, req, arrival, request_id).await;
     }
-    serve(st, door, req, arrival, request_id, None).await
+    serve(st, door, req, arrival, request_id, None, None).await
 }
 
 /// The request path from a parsed request. `run`: the background response it is (`super::background` runs it
-/// here, as a stream, once it has answered the client).
-pub(super) async fn serve(
+/// here, as a stream, once it has answered the client). `slot`: a batch line's slot, taken already
+/// (`crate::batches`); others go through admission here.
+pub(crate) async fn serve(
     st: &Arc<AppState>,
     door: Door,
     mut req: GenerateRequest,
     arrival: Instant,
     request_id: String,
     run: Option<Arc<Run>>,
+    slot: Option<Permit>,
 ) -> Result<Response, ApiError> {
     if let Some(&on) = st.config.thinking_pins.get(&req.model) {
         req.body = door.pin_thinking(&req.body, on)?;
@@ -96,7 +99,7 @@ pub(super) async fn serve(
     // finds it cached): a client's costly schema takes that thread's time, not a text thread's. With no slot free
     // it is checked before the wait, so one that cannot be enforced is refused at once, not after the wait.
     let mut grammar_checked = false;
-    let permit = match st.admission.try_admit() {
+    let permit = match slot.map_or_else(|| st.admission.try_admit(), Ok) {
         Ok(permit) => permit,
         Err(_) => {
             if req.may_constrain() {

@@ -2,6 +2,7 @@
 
 mod auth;
 mod background;
+mod batches;
 mod body;
 mod conversations;
 mod cors;
@@ -15,6 +16,8 @@ mod sse;
 mod stored;
 mod tokens;
 mod worker;
+
+pub(crate) use generate::serve;
 
 use crate::admission::Admission;
 use crate::codec::Codec;
@@ -80,6 +83,9 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/files", post(files::upload).layer(DefaultBodyLimit::disable()).get(files::list))
         .route("/v1/files/{id}", get(files::retrieve).delete(files::delete))
         .route("/v1/files/{id}/content", get(files::content))
+        .route("/v1/batches", post(batches::create).get(batches::list))
+        .route("/v1/batches/{id}", get(batches::retrieve))
+        .route("/v1/batches/{id}/cancel", post(batches::cancel))
         .route("/v1/conversations", post(conversations::create))
         .route(
             "/v1/conversations/{id}",

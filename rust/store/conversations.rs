@@ -127,7 +127,7 @@ fn checked_items(items: &[Value]) -> Result<Vec<(String, String)>, ApiError> {
     Ok(items.iter().map(row).collect())
 }
 
-fn checked_metadata(metadata: Option<&Value>) -> Result<Value, ApiError> {
+pub fn checked_metadata(metadata: Option<&Value>) -> Result<Value, ApiError> {
     let bad = |why: String| ApiError::bad_param("metadata", why);
     let pairs = match metadata {
         None | Some(Value::Null) => return Ok(Value::Object(Map::new())),

@@ -45,6 +45,8 @@ pub struct Store {
     pub runs: Arc<background::Runs>,
     /// Where uploaded files' contents go; None: no files.
     pub files: Option<files::FileRoom>,
+    /// Rung when a batch is created or cancelled here: the batch runner looks at once (`crate::batches`).
+    pub batch_bell: tokio::sync::Notify,
 }
 
 impl Store {
@@ -58,6 +60,7 @@ impl Store {
             runtime,
             runs: Arc::default(),
             files,
+            batch_bell: tokio::sync::Notify::new(),
         });
         me.runtime.spawn(responses::write_all(Arc::downgrade(&me), db, queue));
         me
@@ -137,6 +140,15 @@ pub struct StoredFile {
     pub bytes: i64,
     pub filename: String,
     pub purpose: String,
+}
+
+/// A batch: its Batch object as clients read it, and its status for the runner's queries.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct StoredBatch {
+    pub id: String,
+    pub created_at: i64,
+    pub status: String,
+    pub batch: String,
 }
 
 #[derive(Debug, thiserror::Error)]

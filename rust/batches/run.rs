@@ -1,0 +1,325 @@
+//! Running one batch on this replica, from wherever it stands: `validating` (check every line), `in_progress`
+//! (each line not yet done through the one request path, in a batch line's slot: only idle capacity, given up to
+//! any client's request that needs it, and run again later), `finalizing` (the output and error files), or
+//! `cancelling`. Results are recorded as lines finish, one row per line, so a replica that dies loses only the
+//! lines in flight, and a line that runs twice (a takeover) counts once.
+
+use super::object::{self, door, parse_line, result_line, set_counts, set_status};
+use crate::admission::Permit;
+use crate::doors::Door;
+use crate::error::ApiError;
+use crate::http::{AppState, serve};
+use crate::store::{Store, StoreError, items};
+use axum::body::Bytes;
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncBufReadExt;
+use tokio::sync::oneshot;
+use tokio::task::JoinSet;
+
+/// How often a running batch looks for a free slot, records what finished and renews its claim.
+const TICK: Duration = Duration::from_millis(10);
+const RECORD_EVERY: Duration = Duration::from_secs(1);
+/// Lines of the output files read from the store at a time.
+const PAGE: i64 = 512;
+
+pub struct Runner {
+    pub st: Arc<AppState>,
+    pub store: Arc<Store>,
+    pub owner: String,
+}
+
+/// An input line to run: (line number, custom_id, body).
+type Line = (i64, String, Value);
+/// A line run: the line, and its outcome (succeeded, result line), or None if its slot was taken.
+type Ran = (Line, Option<(bool, String)>);
+
+enum Stop {
+    Done,
+    Cancel,
+    Expire,
+}
+
+impl Runner {
+    pub async fn run(&self, id: &str) -> Result<(), StoreError> {
+        loop {
+            let Some(row) = self.store.db.get_batch(id).await? else { return Ok(()) };
+            let mut batch: Value = serde_json::from_str(&row.batch).unwrap_or_default();
+            let now = items::now();
+            let next = match row.status.as_str() {
+                "validating" => self.validate(&mut batch).await?,
+                "in_progress" if now > batch["expires_at"].as_i64().unwrap_or(i64::MAX) => "expired",
+                "in_progress" => match self.lines(id, &mut batch).await? {
+                    Stop::Done => "finalizing",
+                    Stop::Cancel => "cancelling",
+                    Stop::Expire => "expired",
+                },
+                "finalizing" => self.finish(id, &mut batch, "completed").await?,
+                "cancelling" => self.finish(id, &mut batch, "cancelled").await?,
+                _ => return Ok(()),
+            };
+            if next == "expired" {
+                self.finish(id, &mut batch, "expired").await?;
+                return Ok(());
+            }
+            set_status(&mut batch, next, items::now());
+            // Only while this replica holds the claim, and never over a cancel asked meanwhile (then: again).
+            if !self.store.db.set_batch(id, &row.status, next, &batch.to_string(), Some(&self.owner)).await? {
+                let current = self.store.db.get_batch(id).await?.map(|b| b.status);
+                if current.as_deref() == Some("cancelling") {
+                    continue;
+                }
+                return Ok(());
+            }
+            if matches!(next, "completed" | "failed" | "cancelled") {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Check every line: `in_progress` with its count, or `failed` with the lines at fault.
+    async fn validate(&self, batch: &mut Value) -> Result<&'static str, StoreError> {
+        let endpoint = batch["endpoint"].as_str().unwrap_or_default().to_string();
+        let mut errors = Vec::new();
+        let mut ids = HashSet::new();
+        let mut total = 0;
+        match self.input(batch).await {
+            Ok(mut lines) => {
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if line.trim().is_empty() {
+                        continue;
+                    }
+                    if total == object::LINES_MAX {
+                        errors.push((
+                            total,
+                            "too_many_lines",
+                            format!("a batch takes at most {} lines", object::LINES_MAX),
+                        ));
+                        break;
+                    }
+                    match parse_line(&line, &endpoint) {
+                        Ok((custom_id, _)) if !ids.insert(custom_id.clone()) => errors.push((
+                            total,
+                            "duplicate_custom_id",
+                            format!("custom_id '{custom_id}' is used twice"),
+                        )),
+                        Ok(_) => {}
+                        Err((code, why)) => errors.push((total, code, why)),
+                    }
+                    total += 1;
+                    if errors.len() >= 100 {
+                        break;
+                    }
+                }
+                if total == 0 && errors.is_empty() {
+                    errors.push((0, "empty_file", "the input file has no lines".into()));
+                }
+            }
+            Err(why) => errors.push((0, "invalid_file", why)),
+        }
+        if !errors.is_empty() {
+            batch["errors"] = object::errors(&errors);
+            return Ok("failed");
+        }
+        set_counts(batch, total as i64, 0, 0);
+        Ok("in_progress")
+    }
+
+    /// The input file's lines.
+    async fn input(&self, batch: &Value) -> Result<tokio::io::Lines<tokio::io::BufReader<tokio::fs::File>>, String> {
+        let file_id = batch["input_file_id"].as_str().unwrap_or_default();
+        let (_, file) = self.store.file_content(file_id).await.map_err(|e| e.to_string())?;
+        Ok(tokio::io::BufReader::new(file).lines())
+    }
+
+    /// Run every line not done yet, in idle slots, until all are done, the batch is cancelled, or it expires.
+    async fn lines(&self, id: &str, batch: &mut Value) -> Result<Stop, StoreError> {
+        let endpoint = batch["endpoint"].as_str().unwrap_or_default().to_string();
+        let Some(door) = door(&endpoint) else { return Ok(Stop::Cancel) };
+        let expires_at = batch["expires_at"].as_i64().unwrap_or(i64::MAX);
+        let total = batch["request_counts"]["total"].as_i64().unwrap_or(0);
+        let (done, _) = self.store.db.done_lines(id).await?;
+        let done: HashSet<i64> = done.into_iter().collect();
+        let Ok(mut input) = self.input(batch).await else { return Ok(Stop::Cancel) };
+        let mut line_no = -1i64;
+        let mut retry: VecDeque<Line> = VecDeque::new();
+        let mut running: JoinSet<Ran> = JoinSet::new();
+        let mut results: Vec<(i64, bool, String)> = Vec::new();
+        let mut exhausted = false;
+        let mut recorded = Instant::now();
+        let stop = loop {
+            // Fill the idle slots: each line takes one only while nobody waits for it (and none while the server
+            // drains or a rank is down: the lines wait, for this replica or the one that takes the batch over).
+            while (!exhausted || !retry.is_empty()) && self.st.unavailable().is_none() {
+                let Some((slot, stopped)) = self.st.admission.try_admit_batch() else { break };
+                let next = match retry.pop_front() {
+                    Some(line) => Some(line),
+                    None => next_line(&mut input, &mut line_no, &done, &endpoint).await,
+                };
+                let Some((no, custom_id, body)) = next else {
+                    exhausted = true;
+                    break;
+                };
+                let st = self.st.clone();
+                running.spawn(async move {
+                    let outcome = run_line(&st, door, &custom_id, body.clone(), slot, stopped).await;
+                    ((no, custom_id, body), outcome)
+                });
+            }
+            if exhausted && retry.is_empty() && running.is_empty() {
+                break Stop::Done;
+            }
+            tokio::select! {
+                Some(Ok((line, outcome))) = running.join_next() => match outcome {
+                    Some((ok, result)) => results.push((line.0, ok, result)),
+                    None => retry.push_back(line), // a client's request took its slot
+                },
+                () = tokio::time::sleep(TICK) => {}
+            }
+            if recorded.elapsed() >= RECORD_EVERY {
+                recorded = Instant::now();
+                self.record(id, batch, total, &mut results).await?;
+                let status = self.store.db.get_batch(id).await?.map(|b| b.status);
+                if status.as_deref() == Some("cancelling") {
+                    break Stop::Cancel;
+                }
+                if items::now() > expires_at {
+                    break Stop::Expire;
+                }
+                self.store.db.claim_batch(id, &self.owner, items::now(), items::now() + super::LEASE_S).await?;
+            }
+        };
+        running.abort_all(); // a cancelled or expired batch's lines in flight
+        self.record(id, batch, total, &mut results).await?;
+        Ok(stop)
+    }
+
+    /// Write the results gathered since the last time, and the counts they make.
+    async fn record(
+        &self,
+        id: &str,
+        batch: &mut Value,
+        total: i64,
+        results: &mut Vec<(i64, bool, String)>,
+    ) -> Result<(), StoreError> {
+        if !results.is_empty() {
+            self.store.db.put_results(id, results).await?;
+            results.clear();
+        }
+        let (done, failed) = self.store.db.done_lines(id).await?;
+        set_counts(batch, total, done.len() as i64 - failed, failed);
+        let status = batch["status"].as_str().unwrap_or("in_progress").to_string();
+        self.store.db.set_batch(id, &status, &status, &batch.to_string(), Some(&self.owner)).await?;
+        Ok(())
+    }
+
+    /// Write the output and error files from the recorded results, then end as `status`.
+    async fn finish(&self, id: &str, batch: &mut Value, status: &'static str) -> Result<&'static str, StoreError> {
+        let (done, failed) = self.store.db.done_lines(id).await?;
+        let total = batch["request_counts"]["total"].as_i64().unwrap_or(0);
+        set_counts(batch, total, done.len() as i64 - failed, failed);
+        for (ok, key) in [(true, "output_file_id"), (false, "error_file_id")] {
+            if batch.get(key).is_some_and(|v| !v.is_null())
+                || (ok && done.len() as i64 == failed)
+                || (!ok && failed == 0)
+            {
+                continue;
+            }
+            match self.results_file(id, ok).await {
+                Ok(file) => batch[key] = json!(file),
+                Err(e) => tracing::error!(batch_id = %id, "could not write a batch's results file: {e}"),
+            }
+        }
+        if status != "completed" {
+            let was = batch["status"].as_str().unwrap_or_default().to_string();
+            set_status(batch, status, items::now());
+            self.store.db.set_batch(id, &was, status, &batch.to_string(), Some(&self.owner)).await?;
+        }
+        Ok(status)
+    }
+
+    /// One file of results (the succeeded or the failed lines) in line order; its id.
+    async fn results_file(&self, id: &str, ok: bool) -> Result<String, ApiError> {
+        let db = self.store.db.clone();
+        let (id, from) = (id.to_string(), 0i64);
+        let pages = futures_util::stream::unfold(Some(from), move |from| {
+            let (db, id) = (db.clone(), id.clone());
+            async move {
+                let from = from?;
+                let page = db.results(&id, ok, from, PAGE).await;
+                match page {
+                    Ok(rows) if rows.is_empty() => None,
+                    Ok(rows) => {
+                        let next = rows.last().map(|(line, _)| line + 1);
+                        let text: String = rows.iter().map(|(_, r)| format!("{r}\n")).collect();
+                        Some((Ok::<_, StoreError>(Bytes::from(text)), next))
+                    }
+                    Err(e) => Some((Err(e), None)),
+                }
+            }
+        });
+        let up = self.store.receive(pages.boxed()).await?;
+        let name = if ok { "batch_output.jsonl" } else { "batch_errors.jsonl" };
+        let file = self.store.keep_file(up, name, "batch_output", None).await?;
+        Ok(file["id"].as_str().unwrap_or_default().to_string())
+    }
+}
+
+/// The next input line not done yet: (line number, custom_id, body).
+async fn next_line(
+    input: &mut tokio::io::Lines<tokio::io::BufReader<tokio::fs::File>>,
+    line_no: &mut i64,
+    done: &HashSet<i64>,
+    endpoint: &str,
+) -> Option<Line> {
+    while let Ok(Some(text)) = input.next_line().await {
+        if text.trim().is_empty() {
+            continue;
+        }
+        *line_no += 1;
+        if done.contains(line_no) {
+            continue;
+        }
+        if let Ok((custom_id, body)) = parse_line(&text, endpoint) {
+            return Some((*line_no, custom_id, body));
+        }
+    }
+    None
+}
+
+/// Run one line through the request path in its slot: (succeeded, its result line), or None if a client's
+/// request took the slot first (the line runs again later).
+async fn run_line(
+    st: &Arc<AppState>,
+    door: Door,
+    custom_id: &str,
+    mut body: Value,
+    slot: Permit,
+    mut stopped: oneshot::Receiver<()>,
+) -> Option<(bool, String)> {
+    body["stream"] = json!(false);
+    let request_id = crate::ids::random_id("batch_req");
+    let raw = serde_json::to_vec(&body).unwrap_or_default();
+    let served = async {
+        let req = door.parse(&raw, &st.config.served_model_names)?;
+        serve(st, door, req, Instant::now(), request_id.clone(), None, Some(slot)).await
+    };
+    tokio::pin!(served);
+    let answered = tokio::select! {
+        answered = &mut served => answered,
+        // A closed channel is the slot's normal end, not a preemption: keep waiting for the answer then.
+        Ok(()) = &mut stopped => return None,
+    };
+    let (status, bytes) = match answered {
+        Err(ApiError::Unavailable(_)) => return None, // draining, or a rank down: not the line's fault
+        Ok(resp) => {
+            let status = resp.status().as_u16();
+            (status, axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap_or_default())
+        }
+        Err(e) => (e.status().as_u16(), Bytes::from(door.envelope(&e))),
+    };
+    Some((status == 200, result_line(custom_id, &request_id, status, &bytes)))
+}

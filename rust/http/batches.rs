@@ -1,0 +1,125 @@
+//! The Batch API's routes (OpenAI): `POST /v1/batches`, `GET /v1/batches` (newest first), `GET
+//! /v1/batches/{id}` and `POST /v1/batches/{id}/cancel`. A batch is a row in the store from the moment it is
+//! created; `crate::batches` runs it on whichever replica claims it.
+
+use super::AppState;
+use super::body::RawBody;
+use super::stored::{answer, bad_query};
+use crate::batches::object::{ENDPOINTS, new_batch, set_status, shown};
+use crate::error::ApiError;
+use crate::store::conversations::checked_metadata;
+use crate::store::{Store, StoredBatch, failed, items};
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+const PAGE_MAX: usize = 100;
+
+pub async fn create(State(st): State<Arc<AppState>>, RawBody(body): RawBody) -> Response {
+    answer(async {
+        let store = store(&st)?;
+        let body: Value = serde_json::from_slice(&body?)
+            .map_err(|e| ApiError::bad_request(format!("The body is not valid JSON: {e}")))?;
+        let text = |key: &str| body.get(key).and_then(Value::as_str);
+        let Some(input_file_id) = text("input_file_id") else {
+            return Err(ApiError::bad_param("input_file_id", "Missing required parameter: 'input_file_id'."));
+        };
+        let endpoint = text("endpoint").unwrap_or_default();
+        if !ENDPOINTS.contains(&endpoint) {
+            return Err(ApiError::bad_param(
+                "endpoint",
+                format!("'endpoint' must be one of {}.", ENDPOINTS.join(", ")),
+            ));
+        }
+        if text("completion_window") != Some("24h") {
+            return Err(ApiError::bad_param("completion_window", "'completion_window' must be '24h'."));
+        }
+        let metadata = checked_metadata(body.get("metadata"))?;
+        let file = store.file(input_file_id).await.map_err(|e| match e {
+            ApiError::NotFound { what, id, .. } => ApiError::NotFound { what, id, param: Some("input_file_id") },
+            e => e,
+        })?;
+        if file.purpose != "batch" {
+            return Err(ApiError::bad_param("input_file_id", "The input file's purpose must be 'batch'."));
+        }
+        let now = items::now();
+        let id = crate::ids::random_id("batch");
+        let batch = new_batch(&id, endpoint, input_file_id, metadata, now);
+        let row = StoredBatch { id, created_at: now, status: "validating".into(), batch: batch.to_string() };
+        store.db.put_batch(&row).await.map_err(failed)?;
+        store.batch_bell.notify_one();
+        Ok(Json(shown(&batch)).into_response())
+    })
+    .await
+}
+
+pub async fn retrieve(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    answer(async { Ok(Json(shown(&find(store(&st)?, &id).await?.1)).into_response()) }).await
+}
+
+#[derive(Deserialize)]
+pub struct ListQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+pub async fn list(State(st): State<Arc<AppState>>, q: Result<Query<ListQuery>, QueryRejection>) -> Response {
+    answer(async {
+        let Query(q) = q.map_err(bad_query)?;
+        let limit = q.limit.unwrap_or(20);
+        if !(1..=PAGE_MAX).contains(&limit) {
+            return Err(ApiError::bad_param("limit", format!("'limit' must be between 1 and {PAGE_MAX}.")));
+        }
+        let page = store(&st)?.db.list_batches(q.after.as_deref(), limit as i64 + 1).await.map_err(failed)?;
+        let Some(mut page) = page else {
+            return Err(ApiError::bad_param("after", "No batch with that id."));
+        };
+        let has_more = page.len() > limit;
+        page.truncate(limit);
+        let data: Vec<Value> =
+            page.iter().map(|b| shown(&serde_json::from_str(&b.batch).unwrap_or_default())).collect();
+        let id_of = |b: Option<&StoredBatch>| b.map_or_else(|| json!(""), |b| json!(b.id));
+        let (first_id, last_id) = (id_of(page.first()), id_of(page.last()));
+        Ok(Json(
+            json!({"object": "list", "data": data, "first_id": first_id, "last_id": last_id, "has_more": has_more}),
+        )
+        .into_response())
+    })
+    .await
+}
+
+/// A batch not yet finished goes `cancelling`; its runner (on any replica) stops its lines and writes what they
+/// made. One already finished is answered as it is.
+pub async fn cancel(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    answer(async {
+        let store = store(&st)?;
+        let (status, mut batch) = find(store, &id).await?;
+        if matches!(status.as_str(), "validating" | "in_progress" | "finalizing") {
+            let mut cancelling = batch.clone();
+            set_status(&mut cancelling, "cancelling", items::now());
+            // The runner's own writes go only over the status they read: this one wins, or the batch moved on
+            // (finished) meanwhile and is answered as it is now.
+            if store.db.set_batch(&id, &status, "cancelling", &cancelling.to_string(), None).await.map_err(failed)? {
+                store.batch_bell.notify_one();
+                return Ok(Json(shown(&cancelling)).into_response());
+            }
+            batch = find(store, &id).await?.1;
+        }
+        Ok(Json(shown(&batch)).into_response())
+    })
+    .await
+}
+
+async fn find(store: &Store, id: &str) -> Result<(String, Value), ApiError> {
+    let row = store.db.get_batch(id).await.map_err(failed)?;
+    let row = row.ok_or_else(|| ApiError::NotFound { what: "Batch", id: id.to_string(), param: None })?;
+    Ok((row.status, serde_json::from_str(&row.batch).unwrap_or_default()))
+}
+
+fn store(st: &AppState) -> Result<&Arc<Store>, ApiError> {
+    st.store.as_ref().ok_or_else(|| ApiError::bad_request("This server keeps no batches: its state store is off."))
+}
