@@ -9,12 +9,14 @@
 //! Batch lines (`/v1/batches`) take only idle capacity: a slot that is free while nobody waits
 //! (`try_admit_batch`), held preemptibly. A client's request that finds no free slot takes one from a batch line
 //! instead of waiting or getting a 429: the line is told to stop (its runner aborts it and runs it again later),
-//! and its slot is handed to the request the moment the abort frees it.
+//! and its slot is handed to the request the moment the abort frees it. So that this is rare, batch lines leave
+//! free as many slots as clients' requests held at their recent peak, and one more; and while clients are about,
+//! batch lines take at most half of the rest (each sequence in a step makes the step longer for all).
 
 use crate::error::ApiError;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 #[derive(Clone)]
@@ -37,6 +39,32 @@ struct State {
     queue: BTreeMap<(i64, u64), oneshot::Sender<Result<Permit, ApiError>>>,
     /// Slots batch lines hold, by line: how to tell each to give its slot up.
     batch: BTreeMap<u64, oneshot::Sender<()>>,
+    /// The most requests (not batch lines) in flight lately, and when that was seen: batch lines leave that many
+    /// slots and one more free, so clients find a slot rather than take one from a line.
+    recent: (usize, Option<Instant>),
+}
+
+/// How long a peak of clients' requests keeps its slots free of batch lines.
+const RECENT: Duration = Duration::from_secs(5);
+
+impl State {
+    /// Note the clients' requests in flight now (one was just admitted).
+    fn clients_in_flight(&mut self) {
+        let now = Instant::now();
+        let clients = self.in_flight - self.batch.len();
+        let lapsed = self.recent.1.is_none_or(|at| now - at > RECENT);
+        if lapsed || clients >= self.recent.0 {
+            self.recent = (clients, Some(now));
+        }
+    }
+
+    /// Slots batch lines leave free: the recent peak of clients' requests and one more; none if there was none.
+    fn reserve(&self) -> usize {
+        match self.recent.1 {
+            Some(at) if at.elapsed() <= RECENT && self.recent.0 > 0 => self.recent.0 + 1,
+            _ => 0,
+        }
+    }
 }
 
 /// Held for a request's whole life; dropping it frees the slot, or hands it to the head of the queue.
@@ -62,7 +90,10 @@ impl Inner {
         }
         while let Some((_, tx)) = st.queue.pop_first() {
             match tx.send(Ok(Permit { inner: Some(self.clone()), batch: None })) {
-                Ok(()) => return, // the slot stays taken, by the waiter
+                Ok(()) => {
+                    st.clients_in_flight();
+                    return; // the slot stays taken, by the waiter
+                }
                 // The waiter is gone (its guard had not yet removed it): defuse the permit and try the next one.
                 Err(Ok(mut p)) => drop(p.inner.take()),
                 Err(Err(_)) => unreachable!("only slots are sent here"),
@@ -98,7 +129,9 @@ impl Admission {
     /// Never waits: a slot now, or 429.
     pub fn try_admit(&self) -> Result<Permit, ApiError> {
         let mut st = self.inner.state.lock().unwrap();
-        self.take_free(&mut st).ok_or(ApiError::Overloaded(self.inner.capacity))
+        let permit = self.take_free(&mut st).ok_or(ApiError::Overloaded(self.inner.capacity))?;
+        st.clients_in_flight();
+        Ok(permit)
     }
 
     /// A slot now, or a place in the queue until one frees (429 when the queue is full or the wait times out).
@@ -107,6 +140,7 @@ impl Admission {
         let (key, rx) = {
             let mut st = self.inner.state.lock().unwrap();
             if let Some(p) = self.take_free(&mut st) {
+                st.clients_in_flight();
                 return Ok(p);
             }
             // A batch line gives its slot up; this request waits only for the line's abort, first in the queue.
@@ -144,6 +178,14 @@ impl Admission {
     /// A batch line's slot: only one free while nobody waits; the receiver fires when a client's request takes it.
     pub fn try_admit_batch(&self) -> Option<(Permit, oneshot::Receiver<()>)> {
         let mut st = self.inner.state.lock().unwrap();
+        let reserve = st.reserve();
+        if st.in_flight + reserve >= self.inner.capacity {
+            return None;
+        }
+        // Beside clients, half of what is left at most: every sequence a step carries costs the others time.
+        if reserve > 0 && st.batch.len() >= (self.inner.capacity - reserve).div_ceil(2) {
+            return None;
+        }
         let mut permit = self.take_free(&mut st)?;
         let line = st.next_seq;
         st.next_seq += 1;
@@ -202,6 +244,11 @@ mod tests {
         let a = Admission::new(1);
         let (line, mut stopped) = a.try_admit_batch().unwrap();
         assert!(a.try_admit_batch().is_none(), "a batch line takes only a free slot");
+        let a4 = Admission::new(4);
+        let client = a4.try_admit().unwrap();
+        let lines: Vec<_> = std::iter::from_fn(|| a4.try_admit_batch()).collect();
+        assert_eq!(lines.len(), 1, "a client's peak of 1 keeps 2 slots free, and lines take half the rest");
+        drop((client, lines));
         let waiter = a.clone();
         let request = tokio::spawn(async move { waiter.admit(0).await.map(drop) });
         while stopped.try_recv().is_err() {
