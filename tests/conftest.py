@@ -91,14 +91,17 @@ def start_server(
 
     def pump() -> None:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            srv.lines.append(line)
-            m = LISTENING.search(line)
-            if m and not found.is_set():
-                srv.base_url = m.group(1)
-                if m.group(2):
-                    WIRE_PORTS.add(int(m.group(2)))
-                found.set()
+        try:
+            for line in proc.stdout:
+                srv.lines.append(line)
+                m = LISTENING.search(line)
+                if m and not found.is_set():
+                    srv.base_url = m.group(1)
+                    if m.group(2):
+                        WIRE_PORTS.add(int(m.group(2)))
+                    found.set()
+        except ValueError:
+            pass  # `stop` closed the pipe while a process a killed server left (its reaper) still held it open
 
     threading.Thread(target=pump, daemon=True).start()
     deadline = time.monotonic() + timeout
