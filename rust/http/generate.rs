@@ -10,6 +10,7 @@ use super::AppState;
 use super::body::RawBody;
 use super::request_id::RequestId;
 use super::sse::SseBody;
+use super::traced::TraceParent;
 use crate::codec::PrepareRequest;
 use crate::dispatch::{Job, OnFinish, RequestMeta};
 use crate::doors::{Door, GenerateRequest};
@@ -17,6 +18,7 @@ use crate::error::ApiError;
 use crate::ring::records::{ImageSet, Submit};
 use crate::store::responses::{Keep, echo_previous};
 use crate::stream::{Outlet, StreamBuf};
+use crate::trace::{Outcome, RequestTrace, ResponseGuard, body::TracedBody};
 use axum::Extension;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -31,27 +33,35 @@ pub async fn generate(
     door: Door,
     State(st): State<Arc<AppState>>,
     Extension(RequestId(request_id)): Extension<RequestId>,
+    parent: TraceParent,
     RawBody(body): RawBody,
 ) -> Response {
     let arrival = Instant::now();
+    let traced = parent.begin(&st, arrival, door.operation(), door.path());
+    let trace = traced.as_ref().map(|(t, _)| t.clone());
     // Boxed, and only for a body that arrived: a request's whole state machine is allocated once its body is in,
     // not while a slow client is still sending it (axum allocates a handler's future, the largest of its states
     // included, before the body), nor for the 408s of a thousand trickled bodies that time out together.
     let handled = match body {
-        Ok(body) => Box::pin(handle(&st, door, body, arrival, request_id.clone())).await,
+        Ok(body) => Box::pin(handle(&st, door, body, arrival, request_id.clone(), traced)).await,
         Err(e) => Err(e),
     };
     match handled {
         Ok(resp) => resp,
         Err(e) => {
             st.dispatcher.metrics.rejected.with_label_values(&[e.code()]).inc();
+            let trace_id = trace.as_ref().map(|t| t.trace_id());
             tracing::info!(
                 target: "deepinfer_server::request",
                 request_id = %request_id,
+                trace_id,
                 status = e.status().as_u16(),
                 reason = e.code(),
                 "request refused: {e}"
             );
+            if let Some(t) = &trace {
+                t.ended(Outcome::of(e.status().as_u16(), e.code()));
+            }
             door.respond(e)
         }
     }
@@ -63,7 +73,9 @@ async fn handle(
     body: Bytes,
     arrival: Instant,
     request_id: String,
+    traced: Option<(Arc<RequestTrace>, ResponseGuard)>,
 ) -> Result<Response, ApiError> {
+    let (trace, guard) = traced.unzip();
     let mut req = door.parse(&body, &st.config.served_model_names)?;
     if let Some(&on) = st.config.thinking_pins.get(&req.model) {
         req.body = door.pin_thinking(&req.body, on)?;
@@ -102,6 +114,9 @@ async fn handle(
     let fetched = if has_images { st.media.fetch(&req.images, deadline).await? } else { Default::default() };
     let id = st.dispatcher.next_id();
     let response_id = format!("{}{id:x}{:08x}", door.id_prefix(), crate::ids::random_u64() as u32);
+    if let Some(t) = &trace {
+        t.requested(&req.model, &response_id);
+    }
     let previous = keep.as_ref().and_then(|k| k.previous.clone());
     let on_finish = match (keep, &st.responses) {
         (Some(keep), Some(responses)) => {
@@ -170,7 +185,10 @@ async fn handle(
                 },
                 incremental: prepared.incremental,
             };
-            let meta = RequestMeta { id, request_id, arrival, parsed, admitted, on_finish };
+            if let Some(t) = &trace {
+                t.sampling(prepared.max_tokens, prepared.temperature, prepared.top_p);
+            }
+            let meta = RequestMeta { id, request_id, arrival, parsed, admitted, on_finish, trace };
             let images = job.submit.images.clone();
             let sent = dispatcher.submit(meta, job, prepared.decoder, outlet, permit);
             if sent.is_err() {
@@ -183,7 +201,7 @@ async fn handle(
     let rx = match reply {
         Reply::Stream(buf) => {
             let keep_alive = Duration::from_secs_f64(st.config.sse_keep_alive_s);
-            return Ok(sse_response(SseBody::new(buf, ticket, timeout, keep_alive)));
+            return Ok(sse_response(SseBody::new(buf, ticket, timeout, keep_alive, guard)));
         }
         Reply::Unary(rx) => rx,
     };
@@ -199,7 +217,11 @@ async fn handle(
     };
     drop(ticket);
     let json = result.map_err(|_| ApiError::Internal)??;
-    Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
+    let content_type = [(header::CONTENT_TYPE, "application/json")];
+    Ok(match guard {
+        Some(guard) => (content_type, Body::new(TracedBody::new(json, guard))).into_response(),
+        None => (content_type, json).into_response(),
+    })
 }
 
 /// Where the handler gets the answer: a stream's buffer, or a non-stream's whole body once.
