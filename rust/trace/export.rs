@@ -5,6 +5,10 @@
 //! A request never waits on it: a full queue drops the request's spans at once. An export that fails (the
 //! collector is down, slow, or refuses) drops its batch. Both count in `deepinfer_trace_spans_dropped_total`, and
 //! the first failure is logged, once.
+//!
+//! The queue is a plain vector under a lock, not a channel: a request that ends pushes its record and goes on, and
+//! the export thread wakes on its timer, or when enough records wait to fill a batch. A channel would wake that
+//! thread for every request (a futex call and a context switch each, at thousands of requests a second).
 
 use super::RequestTrace;
 use opentelemetry::InstrumentationScope;
@@ -13,9 +17,10 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{SpanData, SpanExporter as _};
 use prometheus::IntCounter;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, oneshot};
 
 /// The spans exported and dropped, in `/metrics`.
 #[derive(Clone)]
@@ -24,25 +29,53 @@ pub struct Counters {
     pub dropped: IntCounter,
 }
 
-/// The request side of the queue.
+/// The queue of finished requests, between the request threads and the export thread.
 pub struct Sink {
-    tx: mpsc::Sender<Arc<RequestTrace>>,
+    queue: Mutex<Vec<Arc<RequestTrace>>>,
+    /// The most records it holds (`OTEL_BSP_MAX_QUEUE_SIZE`); past it a request's spans are dropped.
+    capacity: usize,
+    /// The export thread is woken when this many records wait.
+    wake_at: usize,
+    wake: Notify,
     counters: Counters,
 }
 
 impl Sink {
-    /// Queue a finished request's record (`count` spans); never waits.
-    pub fn send(&self, t: Arc<RequestTrace>, count: u64) {
-        if self.tx.try_send(t).is_err() {
-            self.counters.dropped.inc_by(count);
+    fn new(capacity: usize, wake_at: usize, counters: Counters) -> Self {
+        Sink {
+            queue: Mutex::new(Vec::new()),
+            capacity,
+            wake_at: wake_at.clamp(1, capacity),
+            wake: Notify::new(),
+            counters,
         }
     }
 
+    /// Queue a finished request's record (`count` spans); never waits.
+    pub fn send(&self, t: Arc<RequestTrace>, count: u64) {
+        let waiting = {
+            let mut q = self.queue.lock().unwrap();
+            if q.len() >= self.capacity {
+                drop(q);
+                self.counters.dropped.inc_by(count);
+                return;
+            }
+            q.push(t);
+            q.len()
+        };
+        if waiting == self.wake_at {
+            self.wake.notify_one();
+        }
+    }
+
+    fn take(&self) -> Vec<Arc<RequestTrace>> {
+        std::mem::take(&mut *self.queue.lock().unwrap())
+    }
+
     #[cfg(test)]
-    pub fn for_tests() -> (Arc<Sink>, mpsc::Receiver<Arc<RequestTrace>>) {
-        let (tx, rx) = mpsc::channel(16);
+    pub fn for_tests() -> Arc<Sink> {
         let c = || IntCounter::new("c", "c").unwrap();
-        (Arc::new(Sink { tx, counters: Counters { exported: c(), dropped: c() } }), rx)
+        Arc::new(Sink::new(16, 16, Counters { exported: c(), dropped: c() }))
     }
 }
 
@@ -62,7 +95,8 @@ impl Worker {
     }
 }
 
-/// The batch processor's settings, from the standard `OTEL_BSP_*` variables (the spec's defaults).
+/// The batch processor's settings, from the standard `OTEL_BSP_*` variables (the spec's defaults; the queue holds
+/// finished requests, about a dozen spans each).
 struct Batching {
     queue: usize,
     batch: usize,
@@ -89,13 +123,22 @@ fn timeout() -> Duration {
     Duration::from_millis(ms as u64)
 }
 
-pub fn start(endpoint: &str, protocol: &str, resource: Resource, counters: Counters) -> Result<(Sink, Worker), String> {
+/// Start the export thread for `endpoint` (`shown` is how logs name it).
+pub fn start(
+    endpoint: &str,
+    shown: &str,
+    protocol: &str,
+    resource: Resource,
+    counters: Counters,
+) -> Result<(Arc<Sink>, Worker), String> {
     let batching = Batching::from_env();
-    let (tx, rx) = mpsc::channel(batching.queue);
+    // Woken with about a batch's worth of spans waiting (a streamed request makes 12).
+    let sink = Arc::new(Sink::new(batching.queue, batching.batch / 12, counters));
     let (stop_tx, stop_rx) = oneshot::channel();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (done_tx, done_rx) = std::sync::mpsc::channel();
-    let (endpoint, protocol, run_counters) = (endpoint.to_string(), protocol.to_string(), counters.clone());
+    let (endpoint, protocol, queue) = (endpoint.to_string(), protocol.to_string(), sink.clone());
+    let shown = shown.to_string();
     std::thread::Builder::new()
         .name("otel-export".into())
         .spawn(move || {
@@ -105,21 +148,26 @@ pub fn start(endpoint: &str, protocol: &str, resource: Resource, counters: Count
             };
             rt.block_on(async move {
                 // Built on this runtime: tonic's channel needs one.
-                let exporter = match exporter(&endpoint, &protocol, &resource) {
+                let exporter = match exporter(&endpoint, &shown, &protocol, &resource) {
                     Ok(e) => e,
                     Err(e) => return drop(ready_tx.send(Err(e))),
                 };
                 let _ = ready_tx.send(Ok(()));
-                run(exporter, rx, stop_rx, run_counters, batching, &endpoint).await;
+                run(exporter, &queue, stop_rx, batching, &shown).await;
             });
             let _ = done_tx.send(());
         })
         .map_err(|e| format!("trace export thread: {e}"))?;
     ready_rx.recv().map_err(|_| "the trace export thread died".to_string())??;
-    Ok((Sink { tx, counters }, Worker { stop: stop_tx, done: done_rx }))
+    Ok((sink, Worker { stop: stop_tx, done: done_rx }))
 }
 
-fn exporter(endpoint: &str, protocol: &str, resource: &Resource) -> Result<opentelemetry_otlp::SpanExporter, String> {
+fn exporter(
+    endpoint: &str,
+    shown: &str,
+    protocol: &str,
+    resource: &Resource,
+) -> Result<opentelemetry_otlp::SpanExporter, String> {
     let built = match protocol {
         "grpc" => opentelemetry_otlp::SpanExporter::builder()
             .with_tonic()
@@ -134,7 +182,7 @@ fn exporter(endpoint: &str, protocol: &str, resource: &Resource) -> Result<opent
             .build(),
         other => return Err(format!("unsupported OTLP protocol {other:?} (use http/protobuf or grpc)")),
     };
-    let mut exporter = built.map_err(|e| format!("OTLP exporter for {endpoint}: {e}"))?;
+    let mut exporter = built.map_err(|e| format!("OTLP exporter for {shown}: {e}"))?;
     exporter.set_resource(resource);
     Ok(exporter)
 }
@@ -158,14 +206,14 @@ fn http_client() -> Result<reqwest::Client, String> {
 
 async fn run(
     exporter: opentelemetry_otlp::SpanExporter,
-    mut rx: mpsc::Receiver<Arc<RequestTrace>>,
+    sink: &Sink,
     mut stop: oneshot::Receiver<()>,
-    counters: Counters,
     batching: Batching,
     endpoint: &str,
 ) {
     let scope = InstrumentationScope::builder("deepinfer-server").with_version(env!("CARGO_PKG_VERSION")).build();
     let warned = AtomicBool::new(false);
+    let counters = &sink.counters;
     let export = async |batch: Vec<SpanData>| {
         let n = batch.len() as u64;
         match exporter.export(batch).await {
@@ -182,35 +230,24 @@ async fn run(
             }
         }
     };
-    let mut batch: Vec<SpanData> = Vec::new();
-    let mut tick = tokio::time::interval(batching.delay);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            got = rx.recv() => match got {
-                Some(t) => {
-                    batch.extend(super::spans::build(&t, &scope));
-                    if batch.len() >= batching.batch {
-                        export(std::mem::take(&mut batch)).await;
-                    }
-                }
-                None => break,
-            },
-            _ = tick.tick() => {
-                if !batch.is_empty() {
-                    export(std::mem::take(&mut batch)).await;
-                }
-            }
-            _ = &mut stop => {
-                rx.close();
-                while let Some(t) = rx.recv().await {
-                    batch.extend(super::spans::build(&t, &scope));
-                }
-                break;
+        let stopping = tokio::select! {
+            () = tokio::time::sleep(batching.delay) => false,
+            () = sink.wake.notified() => false,
+            _ = &mut stop => true,
+        };
+        let mut batch: Vec<SpanData> = Vec::new();
+        for t in sink.take() {
+            batch.extend(super::spans::build(&t, &scope));
+            if batch.len() >= batching.batch {
+                export(std::mem::take(&mut batch)).await;
             }
         }
-    }
-    for chunk in batch.chunks(batching.batch) {
-        export(chunk.to_vec()).await;
+        if !batch.is_empty() {
+            export(batch).await;
+        }
+        if stopping {
+            return;
+        }
     }
 }

@@ -43,12 +43,13 @@ impl Traces {
     /// `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG` (the SDK reads them), the resource from
     /// `OTEL_SERVICE_NAME` / `OTEL_RESOURCE_ATTRIBUTES`; headers and timeout from the exporter's own variables.
     pub fn start(endpoint: &str, protocol: &str, counters: Counters) -> Result<Arc<Self>, String> {
-        let (sink, worker) = export::start(endpoint, protocol, resource(), counters)?;
-        tracing::info!(endpoint, protocol, "exporting traces over OTLP");
+        let shown = redacted(endpoint);
+        let (sink, worker) = export::start(endpoint, &shown, protocol, resource(), counters)?;
+        tracing::info!(endpoint = shown, protocol, "exporting traces over OTLP");
         Ok(Arc::new(Traces {
             sampler: Config::default().sampler,
             ids: RandomIdGenerator::default(),
-            sink: Arc::new(sink),
+            sink,
             worker: Mutex::new(Some(worker)),
         }))
     }
@@ -85,6 +86,17 @@ impl Traces {
     }
 }
 
+/// The endpoint as logs show it: without a user or password it may carry.
+fn redacted(endpoint: &str) -> String {
+    match url::Url::parse(endpoint) {
+        Ok(mut u) if !u.username().is_empty() || u.password().is_some() => {
+            let _ = (u.set_username(""), u.set_password(None));
+            u.to_string()
+        }
+        _ => endpoint.to_string(),
+    }
+}
+
 /// The SDK's resource (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`, the SDK's own), named `deepinfer-server`
 /// unless the environment names the service.
 fn resource() -> Resource {
@@ -93,4 +105,13 @@ fn resource() -> Resource {
     let from_env = named("OTEL_SERVICE_NAME", &|v| !v.trim().is_empty())
         || named("OTEL_RESOURCE_ATTRIBUTES", &|v| v.split(',').any(|kv| kv.trim_start().starts_with("service.name=")));
     if from_env { builder.build() } else { builder.with_service_name(SERVICE_NAME).build() }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn logs_name_the_endpoint_without_its_credentials() {
+        assert_eq!(super::redacted("https://u:secret@collector:4318/v1/traces"), "https://collector:4318/v1/traces");
+        assert_eq!(super::redacted("http://collector:4317"), "http://collector:4317");
+    }
 }

@@ -169,10 +169,8 @@ mod tests {
             parent: None,
             trace_state: TraceState::default(),
         };
-        let (sink, _rx) = super::super::export::Sink::for_tests();
-        let t = RequestTrace::new(ids, Some(sink), Instant::now(), "chat", "/v1/chat/completions", "req-1");
-        std::mem::forget(_rx); // keep the queue open: `finish` sends into it
-        t
+        let sink = super::super::export::Sink::for_tests();
+        RequestTrace::new(ids, Some(sink), Instant::now(), "chat", "/v1/chat/completions", "req-1")
     }
 
     #[test]
