@@ -196,7 +196,7 @@ impl Inflight {
                 output_tokens: Some(t.tokens),
                 last_token: t.last,
             });
-            trace.trace_id()
+            tracing::field::display(trace.trace_id())
         });
         tracing::info!(
             target: "deepinfer_server::request",

@@ -50,7 +50,7 @@ pub async fn generate(
         Ok(resp) => resp,
         Err(e) => {
             st.dispatcher.metrics.rejected.with_label_values(&[e.code()]).inc();
-            let trace_id = trace.as_ref().map(|t| t.trace_id());
+            let trace_id = trace.as_ref().map(|t| tracing::field::display(t.trace_id()));
             tracing::info!(
                 target: "deepinfer_server::request",
                 request_id = %request_id,

@@ -82,9 +82,9 @@ impl RequestTrace {
         Arc::new(RequestTrace { ids, sink, start, wall, operation, route, request_id, record: Mutex::default() })
     }
 
-    /// The trace id, for the request's log lines (32 hex digits).
-    pub fn trace_id(&self) -> String {
-        self.ids.trace_id.to_string()
+    /// The trace id, for the request's log lines (displayed as 32 hex digits, only if the line is written).
+    pub fn trace_id(&self) -> TraceId {
+        self.ids.trace_id
     }
 
     fn note(&self, f: impl FnOnce(&mut Record)) {
