@@ -136,6 +136,13 @@ pub struct ServerConfig {
     /// Largest sum of a request's encoded images.
     #[pyo3(default = 50 << 20)]
     pub max_image_total_bytes: usize,
+    /// Where to export OpenTelemetry traces (`--otlp-traces-endpoint` or the `OTEL_EXPORTER_OTLP_*` variables, as
+    /// the launcher resolved them); None: tracing is off and costs nothing.
+    #[pyo3(default)]
+    pub otlp_traces_endpoint: Option<String>,
+    /// `http/protobuf` or `grpc`.
+    #[pyo3(default = "http/protobuf".to_string())]
+    pub otlp_traces_protocol: String,
 }
 
 impl ServerConfig {
@@ -221,6 +228,8 @@ impl ServerConfig {
             max_images_per_request: 8,
             max_image_bytes: 20 << 20,
             max_image_total_bytes: 50 << 20,
+            otlp_traces_endpoint: None,
+            otlp_traces_protocol: "http/protobuf".into(),
         }
     }
 }

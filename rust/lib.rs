@@ -1,6 +1,7 @@
 //! DeepInfer-server's native core: the HTTP front end and the shared-memory rings.
 //!
-//! Request path: http → admission → codec → dispatch → ring → rank → ring → rank_io → stream → SSE.
+//! Request path: http → admission → codec → dispatch → ring → rank → ring → rank_io → stream → SSE; `trace`
+//! turns what a request noted on the way into OpenTelemetry spans when it ends.
 
 pub mod admission;
 pub mod batches;
@@ -23,6 +24,7 @@ pub mod server;
 pub mod store;
 pub mod stream;
 pub mod supervisor;
+pub mod trace;
 pub mod ttft;
 pub mod watchdog;
 

@@ -50,6 +50,8 @@ pub struct Metrics {
     reaborts: IntCounter,
     healthy: IntGauge,
     capacity: IntGauge,
+    /// Spans exported, and dropped (queue full, or the collector could not be reached): `crate::trace`.
+    pub trace_spans: crate::trace::Counters,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -189,6 +191,15 @@ impl Metrics {
                 "Requests admitted at once before a 429: data-parallel ranks x --max-num-seqs.",
             )
             .unwrap(),
+            trace_spans: crate::trace::Counters {
+                exported: IntCounter::new("deepinfer_trace_spans_exported_total", "Trace spans exported over OTLP.")
+                    .unwrap(),
+                dropped: IntCounter::new(
+                    "deepinfer_trace_spans_dropped_total",
+                    "Trace spans dropped: the export queue was full, or the OTLP endpoint failed or could not be reached.",
+                )
+                .unwrap(),
+            },
             registry,
         };
         m.register_all();
@@ -258,6 +269,8 @@ impl Metrics {
             Box::new(self.reaborts.clone()),
             Box::new(self.healthy.clone()),
             Box::new(self.capacity.clone()),
+            Box::new(self.trace_spans.exported.clone()),
+            Box::new(self.trace_spans.dropped.clone()),
         ];
         for c in all {
             r.register(c).expect("unique metric names");

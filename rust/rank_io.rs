@@ -197,7 +197,11 @@ fn deliver(
             let (ttft, gap) = entry.tokens_arrived(now, b.tokens.len());
             if let Some(t) = ttft {
                 metrics.ttft.observe(t.as_secs_f64());
-                metrics.observe_ttft_stages(&entry.stamps.stages(entry.arrival, now));
+                let stages = entry.stamps.stages(entry.arrival, now);
+                metrics.observe_ttft_stages(&stages);
+                if let Some(trace) = &entry.trace {
+                    trace.first_token(now, stages);
+                }
             }
             metrics.observe_tokens(b.tokens.len(), gap);
         }
@@ -255,12 +259,26 @@ fn decode_and_send(link: &RankLink, metrics: &Metrics, codec: &Codec, work: Vec<
                             (&entry.outlet, entry.last_sent(), entry.first_token_at())
                         {
                             let sse = metrics.sse_stage(); // the first visible event: time its write
-                            s.on_written(Box::new(move |at| sse.observe((at - read).as_secs_f64())));
+                            let trace = entry.trace.clone();
+                            s.on_written(Box::new(move |at| {
+                                sse.observe((at - read).as_secs_f64());
+                                if let Some(trace) = trace {
+                                    trace.sse_written(at);
+                                }
+                            }));
                         }
                         entry.mark_sent(now); // the stream interval counts from events the client can see
                     }
                     if finish_one(link, metrics, entry, d.state, d.bytes.freeze()) {
                         metrics.e2e.observe(entry.arrival.elapsed().as_secs_f64());
+                        if let Some(trace) = entry.trace.as_ref().filter(|t| t.wants_reasoning_tokens()) {
+                            // The decoder's own count of the engine's reasoning tokens, read once while attached.
+                            let n =
+                                entry.decoder.bind(py).getattr("reasoning").and_then(|v| v.extract::<Option<u64>>());
+                            if let Ok(Some(n)) = n {
+                                trace.reasoning_tokens(n);
+                            }
+                        }
                         let reason = if b.finish == FINISH_LENGTH { "length" } else { "stop" };
                         metrics.success.with_label_values(&[reason]).inc();
                         entry.log_end(200, reason);

@@ -13,6 +13,7 @@ use crate::metrics::Metrics;
 use crate::rank_io;
 use crate::ring::py::{PyDoorbell, PyRing};
 use crate::supervisor::{Supervisor, fail_in_flight};
+use crate::trace::Traces;
 use crate::watchdog;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
@@ -57,6 +58,7 @@ pub fn serve(
     drop(rings);
     let metrics = Arc::new(Metrics::new(config.served_model_names.first().map_or("", String::as_str)));
     let gather = GatherPolicy { window: config.gather_window(), min_tokens: config.dispatch_gather_min_tokens };
+    let trace_counters = metrics.trace_spans.clone();
     let dispatcher = Dispatcher::with_gather(links, metrics, gather);
     let codec = Codec::start(codec, decode_batch, config.codec_threads);
     let capacity = dispatcher.ranks.len() * config.max_num_seqs as usize;
@@ -66,6 +68,16 @@ pub fn serve(
     }
     let admission = Admission::with_queue(capacity, config.max_queued_requests, config.queue_timeout());
     py.detach(move || {
+        let traces = match &config.otlp_traces_endpoint {
+            Some(endpoint) => match Traces::start(endpoint, &config.otlp_traces_protocol, trace_counters) {
+                Ok(traces) => Some(traces),
+                Err(e) => {
+                    tracing::error!("start-up failed: {e}");
+                    return Ok(1);
+                }
+            },
+            None => None,
+        };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.http_workers.max(1))
             .thread_name("http")
@@ -78,12 +90,16 @@ pub fn serve(
             codec: codec.clone(),
             dispatcher: dispatcher.clone(),
             store,
+            traces: traces.clone(),
             draining: Default::default(),
             started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
             config,
         });
         let code = rt.block_on(run(state, pids, tls));
         rt.shutdown_timeout(Duration::from_secs(1));
+        if let Some(traces) = traces {
+            traces.shutdown(); // the last requests' spans
+        }
         code
     })
     .map_err(|e: std::io::Error| PyOSError::new_err(e.to_string()))

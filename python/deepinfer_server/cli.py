@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from deepinfer_server import __version__, edge_args, limits_args, media_args, state_args
+from deepinfer_server import __version__, edge_args, limits_args, media_args, state_args, trace_args
 from deepinfer_server.engine import sim_config
 from deepinfer_server.engine.registry import ENGINES, Stepping
 from deepinfer_server.prompt_encoder import CHOICES as PROMPT_ENCODERS
@@ -218,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     edge_args.add_arguments(p)  # TLS, --uds, --root-path; CORS
     media_args.add_arguments(p.add_argument_group("image input"))
     state_args.add_arguments(p.add_argument_group("state (stored responses)"))
+    trace_args.add_arguments(p.add_argument_group("traces (OpenTelemetry)"))
     sim = p.add_argument_group("simulated engine (--engine sim)")
     sim_config.add_arguments(sim)  # its cost model, --sim-profile and the failures to inject
     return p
@@ -257,6 +258,7 @@ def check_args(args: argparse.Namespace) -> str | None:
         or limits_args.resolve(args)
         or edge_args.resolve(args)
         or state_args.resolve(args)
+        or trace_args.resolve(args)
     )
     if err:
         return err

@@ -16,7 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
-from deepinfer_server import _native, edge_args, limits_args, logs, media_args, state_args
+from deepinfer_server import _native, edge_args, limits_args, logs, media_args, state_args, trace_args
 from deepinfer_server.codec import Codec, decode_batch
 from deepinfer_server.images import Images
 from deepinfer_server.malloc import PRELOADED, returning_freed_memory
@@ -187,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
             **limits_args.server_config(args, open_files),
             **edge_args.server_config(args),
             **state_args.server_config(args),
+            **trace_args.server_config(args),
         }
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the Rust server handles SIGTERM/SIGINT from here on
         # The codec threads (request conversion) and the rank output threads (decoding) share the GIL. Python's

@@ -305,7 +305,7 @@ async fn run_line(
     let raw = serde_json::to_vec(&body).unwrap_or_default();
     let served = async {
         let req = door.parse(&raw, &st.config.served_model_names)?;
-        serve(st, door, req, Instant::now(), request_id.clone(), None, Some(slot)).await
+        serve(st, door, req, Instant::now(), request_id.clone(), None, Some(slot), None).await
     };
     tokio::pin!(served);
     let answered = tokio::select! {

@@ -5,10 +5,11 @@ use crate::admission::Permit;
 use crate::error::ApiError;
 use crate::ring::records;
 use crate::stream::Outlet;
+use crate::trace::{Outcome, RequestTrace};
 use crate::ttft::Stamps;
 use bytes::Bytes;
 use pyo3::prelude::*;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A request running on a rank.
@@ -36,6 +37,8 @@ pub struct Inflight {
     /// Called with its last bytes as it succeeds, before they go to the client (a stored response is recorded);
     /// returns the bytes to send.
     pub(super) on_finish: Mutex<Option<OnFinish>>,
+    /// Its OpenTelemetry trace (`crate::trace`), when tracing is on: told of its first token and its end.
+    pub trace: Option<Arc<RequestTrace>>,
 }
 
 /// What to do with a request's last bytes as it succeeds: the bytes to send in their place.
@@ -180,13 +183,25 @@ impl Inflight {
         self.outlet.fail(err);
     }
 
-    /// One structured log line for the request's end.
+    /// One structured log line for the request's end, and the end of its trace.
     pub fn log_end(&self, status: u16, reason: &str) {
         let t = self.timing.lock().unwrap();
         let ttft_ms = t.first.map(|f| (f - self.arrival).as_secs_f64() * 1e3);
+        let trace_id = self.trace.as_ref().map(|trace| {
+            trace.ended(Outcome {
+                status,
+                reason: reason.to_string(),
+                rank: Some(self.rank),
+                prompt_tokens: Some(self.prompt_tokens),
+                output_tokens: Some(t.tokens),
+                last_token: t.last,
+            });
+            tracing::field::display(trace.trace_id())
+        });
         tracing::info!(
             target: "deepinfer_server::request",
             request_id = %self.request_id,
+            trace_id,
             rank = self.rank,
             prompt_tokens = self.prompt_tokens,
             output_tokens = t.tokens,
@@ -222,6 +237,7 @@ mod tests {
             timing: Mutex::default(),
             permit: Mutex::new(Some(admission.try_admit().unwrap())),
             on_finish: Mutex::default(),
+            trace: None,
         }
     }
 

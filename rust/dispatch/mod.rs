@@ -40,6 +40,8 @@ pub struct RequestMeta {
     pub admitted: Instant,
     /// Called with its last bytes as it succeeds (`Inflight::finished_with`).
     pub on_finish: Option<OnFinish>,
+    /// Its OpenTelemetry trace, when tracing is on.
+    pub trace: Option<Arc<crate::trace::RequestTrace>>,
 }
 
 pub struct Dispatcher {
@@ -110,7 +112,7 @@ impl Dispatcher {
     ) -> Result<Ticket, ApiError> {
         let rank = self.pick().ok_or_else(|| ApiError::Unavailable("no engine rank is running".into()))?;
         let encoded = Instant::now(); // the codec calls this right after converting and encoding the request
-        let RequestMeta { id, request_id, arrival, parsed, admitted, on_finish } = meta;
+        let RequestMeta { id, request_id, arrival, parsed, admitted, on_finish, trace } = meta;
         // The tokens the engine prefills: an image's placeholder stands for many (as usage counts them).
         let images = job.submit.images.as_ref().map_or(0, |im| im.extra_tokens as usize);
         let prompt_tokens = job.submit.prompt.len() + images;
@@ -128,6 +130,7 @@ impl Dispatcher {
             timing: Mutex::default(),
             permit: Mutex::new(Some(permit)),
             on_finish: Mutex::new(on_finish),
+            trace,
         });
         rank.inflight.lock().unwrap().insert(id, entry.clone());
         // Stored before the count rises, so a watchdog that sees the new count sees the new time too.

@@ -53,6 +53,7 @@ pub fn submit(d: &Arc<Dispatcher>, admission: &Admission) -> Ticket {
         parsed: now,
         admitted: now,
         on_finish: None,
+        trace: None,
     };
     let permit = admission.try_admit().unwrap();
     d.submit(meta, Job { submit, incremental: true }, decoder, outlet, permit).unwrap()

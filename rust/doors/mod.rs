@@ -115,6 +115,14 @@ impl Door {
         spec!(self, D => D::CODE)
     }
 
+    /// What its requests are in OpenTelemetry's `gen_ai.operation.name` (traces): the conversation doors chat.
+    pub fn operation(self) -> &'static str {
+        match self {
+            Door::Completions => "text_completion",
+            Door::Chat | Door::Messages | Door::Responses => "chat",
+        }
+    }
+
     pub fn name(self) -> &'static str {
         spec!(self, D => D::NAME)
     }

@@ -86,7 +86,7 @@ async fn run_in_background(
 ) {
     let outcome = loop {
         let served = match door.parse(&body, &st.config.served_model_names) {
-            Ok(req) => serve(&st, door, req, arrival, request_id.clone(), Some(run.clone()), None).await,
+            Ok(req) => serve(&st, door, req, arrival, request_id.clone(), Some(run.clone()), None, None).await,
             Err(e) => Err(e),
         };
         match served {

@@ -10,6 +10,7 @@ use super::AppState;
 use super::body::RawBody;
 use super::request_id::RequestId;
 use super::sse::SseBody;
+use super::traced::TraceParent;
 use crate::admission::Permit;
 use crate::codec::PrepareRequest;
 use crate::dispatch::{Job, OnFinish, RequestMeta};
@@ -19,6 +20,7 @@ use crate::ring::records::{ImageSet, Submit};
 use crate::store::background::Run;
 use crate::store::responses::{Echo, Keep};
 use crate::stream::{Outlet, StreamBuf};
+use crate::trace::{Outcome, RequestTrace, ResponseGuard, body::TracedBody};
 use axum::Extension;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -33,27 +35,35 @@ pub async fn generate(
     door: Door,
     State(st): State<Arc<AppState>>,
     Extension(RequestId(request_id)): Extension<RequestId>,
+    parent: TraceParent,
     RawBody(body): RawBody,
 ) -> Response {
     let arrival = Instant::now();
+    let traced = parent.begin(&st, arrival, door.operation(), door.path());
+    let trace = traced.as_ref().map(|(t, _)| t.clone());
     // Boxed, and only for a body that arrived: a request's whole state machine is allocated once its body is in,
     // not while a slow client is still sending it (axum allocates a handler's future, the largest of its states
     // included, before the body), nor for the 408s of a thousand trickled bodies that time out together.
     let handled = match body {
-        Ok(body) => Box::pin(handle(&st, door, body, arrival, request_id.clone())).await,
+        Ok(body) => Box::pin(handle(&st, door, body, arrival, request_id.clone(), traced)).await,
         Err(e) => Err(e),
     };
     match handled {
         Ok(resp) => resp,
         Err(e) => {
             st.dispatcher.metrics.rejected.with_label_values(&[e.code()]).inc();
+            let trace_id = trace.as_ref().map(|t| tracing::field::display(t.trace_id()));
             tracing::info!(
                 target: "deepinfer_server::request",
                 request_id = %request_id,
+                trace_id,
                 status = e.status().as_u16(),
                 reason = e.code(),
                 "request refused: {e}"
             );
+            if let Some(t) = &trace {
+                t.ended(Outcome::of(e.status().as_u16(), e.code()));
+            }
             door.respond(e)
         }
     }
@@ -65,17 +75,19 @@ async fn handle(
     body: Bytes,
     arrival: Instant,
     request_id: String,
+    traced: Option<(Arc<RequestTrace>, ResponseGuard)>,
 ) -> Result<Response, ApiError> {
     let req = door.parse(&body, &st.config.served_model_names)?;
     if req.background {
         return super::background::start(st, door, req, arrival, request_id).await;
     }
-    serve(st, door, req, arrival, request_id, None, None).await
+    serve(st, door, req, arrival, request_id, None, None, traced).await
 }
 
 /// The request path from a parsed request. `run`: the background response it is (`super::background` runs it
 /// here, as a stream, once it has answered the client). `slot`: a batch line's slot, taken already
-/// (`crate::batches`); others go through admission here.
+/// (`crate::batches`); others go through admission here. `traced`: its trace, when traces are on.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve(
     st: &Arc<AppState>,
     door: Door,
@@ -84,7 +96,9 @@ pub(crate) async fn serve(
     request_id: String,
     run: Option<Arc<Run>>,
     slot: Option<Permit>,
+    traced: Option<(Arc<RequestTrace>, ResponseGuard)>,
 ) -> Result<Response, ApiError> {
+    let (trace, guard) = traced.unzip();
     if let Some(&on) = st.config.thinking_pins.get(&req.model) {
         req.body = door.pin_thinking(&req.body, on)?;
     }
@@ -126,6 +140,9 @@ pub(crate) async fn serve(
         // The counter keeps ids unique; 64 random bits keep a stored response's id from being guessed.
         None => format!("{}{id:x}{:016x}", door.id_prefix(), crate::ids::random_u64()),
     };
+    if let Some(t) = &trace {
+        t.requested(&req.model, &response_id);
+    }
     // What the Response says that deepseek-recipe cannot know: in its opening events, and at its end.
     let echo = keep.as_ref().map(|k| Echo {
         previous: k.previous.clone(),
@@ -201,7 +218,10 @@ pub(crate) async fn serve(
                 },
                 incremental: prepared.incremental,
             };
-            let meta = RequestMeta { id, request_id, arrival, parsed, admitted, on_finish };
+            if let Some(t) = &trace {
+                t.sampling(prepared.max_tokens, prepared.temperature, prepared.top_p);
+            }
+            let meta = RequestMeta { id, request_id, arrival, parsed, admitted, on_finish, trace };
             let images = job.submit.images.clone();
             let sent = dispatcher.submit(meta, job, prepared.decoder, outlet, permit);
             if sent.is_err() {
@@ -214,7 +234,7 @@ pub(crate) async fn serve(
     let rx = match reply {
         Reply::Stream(buf) => {
             let keep_alive = Duration::from_secs_f64(st.config.sse_keep_alive_s);
-            return Ok(sse_response(Body::from_stream(SseBody::new(buf, ticket, timeout, keep_alive))));
+            return Ok(sse_response(Body::from_stream(SseBody::new(buf, ticket, timeout, keep_alive, guard))));
         }
         Reply::Unary(rx) => rx,
     };
@@ -230,7 +250,11 @@ pub(crate) async fn serve(
     };
     drop(ticket);
     let json = result.map_err(|_| ApiError::Internal)??;
-    Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
+    let content_type = [(header::CONTENT_TYPE, "application/json")];
+    Ok(match guard {
+        Some(guard) => (content_type, Body::new(TracedBody::new(json, guard))).into_response(),
+        None => (content_type, json).into_response(),
+    })
 }
 
 /// Where the handler gets the answer: a stream's buffer, or a non-stream's whole body once.

@@ -15,6 +15,7 @@ pub mod request_id;
 mod sse;
 mod stored;
 mod tokens;
+mod traced;
 mod worker;
 
 pub(crate) use generate::serve;
@@ -44,6 +45,8 @@ pub struct AppState {
     /// Stored responses and conversations; None when the state store is off (`--state-store off`,
     /// `--disable-response-store`).
     pub store: Option<Arc<crate::store::Store>>,
+    /// OpenTelemetry traces; None when off (no OTLP endpoint).
+    pub traces: Option<Arc<crate::trace::Traces>>,
     /// Set on SIGTERM: stop admitting, report 503 on /health, let in-flight requests finish.
     pub draining: AtomicBool,
     pub started_unix: u64,
@@ -71,7 +74,8 @@ pub fn app(state: Arc<AppState>) -> Router {
     let mut keyed = Router::new();
     // Every door's route goes to the one request path, which learns the door from it.
     for door in Door::ALL {
-        keyed = keyed.route(door.path(), post(move |st, id, body| generate::generate(door, st, id, body)));
+        keyed =
+            keyed.route(door.path(), post(move |st, id, parent, body| generate::generate(door, st, id, parent, body)));
     }
     let keyed = keyed
         .route("/v1/chat/completions/render", post(worker::render_chat))
@@ -166,6 +170,7 @@ mod tests {
             dispatcher: Dispatcher::new(Vec::new(), Arc::new(Metrics::new("test-model"))),
             media: crate::media::Fetcher::new(&config).expect("media fetcher"),
             store: None,
+            traces: None,
             draining: AtomicBool::new(false),
             started_unix: 0,
             config,

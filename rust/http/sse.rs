@@ -1,9 +1,11 @@
 //! A stream's SSE response body: what its `StreamBuf` holds, keep-alives while it is silent, and the request's
-//! deadline. It owns the request's ticket, so a client that goes away aborts its request.
+//! deadline. It owns the request's ticket, so a client that goes away aborts its request, and its trace's response
+//! guard, which ends the trace's `stream` stage when the body ends or is dropped.
 
 use crate::dispatch::Ticket;
 use crate::error::ApiError;
 use crate::stream::StreamBuf;
+use crate::trace::ResponseGuard;
 use bytes::Bytes;
 use futures_util::Stream;
 use std::io;
@@ -23,6 +25,8 @@ pub struct SseBody {
     keep_alive_every: Duration,
     deadline: Option<JoinHandle<()>>,
     finished: bool,
+    /// Dropped with the body: when, and whether the client had the whole stream (`crate::trace`).
+    trace: Option<ResponseGuard>,
 }
 
 /// Taken by whoever ends the request first: the body (finished, or dropped) or its deadline.
@@ -30,7 +34,13 @@ type SharedTicket = Arc<Mutex<Option<Ticket>>>;
 
 impl SseBody {
     /// `keep_alive_every`: the longest silence before a `: keep-alive` comment (proxies, dead-peer detection).
-    pub fn new(buf: Arc<StreamBuf>, ticket: Ticket, timeout: Option<Duration>, keep_alive_every: Duration) -> Self {
+    pub fn new(
+        buf: Arc<StreamBuf>,
+        ticket: Ticket,
+        timeout: Option<Duration>,
+        keep_alive_every: Duration,
+        trace: Option<ResponseGuard>,
+    ) -> Self {
         let ticket = Arc::new(Mutex::new(Some(ticket)));
         SseBody {
             deadline: timeout.map(|t| tokio::spawn(deadline(t, ticket.clone(), buf.clone()))),
@@ -39,6 +49,7 @@ impl SseBody {
             keep_alive: Box::pin(tokio::time::sleep(keep_alive_every)),
             keep_alive_every,
             finished: false,
+            trace,
         }
     }
 }
@@ -84,6 +95,9 @@ impl Stream for SseBody {
             Poll::Ready(None) => {
                 this.finished = true;
                 this.ticket.lock().unwrap().take(); // the request already ended on its rank: nothing to abort
+                if let Some(mut guard) = this.trace.take() {
+                    guard.complete(); // every byte went to the connection: the trace's stream stage ends now
+                }
                 return Poll::Ready(None);
             }
             Poll::Pending => {}

@@ -1,0 +1,321 @@
+"""OpenTelemetry traces, received for real: a server exporting OTLP to a receiver in the test (HTTP/protobuf and gRPC,
+decoded with `opentelemetry-proto`). The caller's `traceparent` is the parent; the TTFT stages tile arrival → first
+token and add up to the TTFT; every door has its gen_ai attributes and no text; errors, 429s and disconnects say so;
+an unreachable collector costs requests nothing. The gateway case (nginx keeps the header) is test_tracing_nginx.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import re
+import socket
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import otlp_receiver as rx
+import pytest
+from conftest import MODEL, Server
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE_ID}-{PARENT}-01"
+TO_FIRST_TOKEN = ["parse", "queue", "encode", "dispatch", "ring", "engine_queue", "prefill", "publish"]
+# Spans leave every 50 ms instead of the spec's 5 s, so the tests wait little.
+FAST = {"OTEL_BSP_SCHEDULE_DELAY": "50"}
+CANARY = "zebra-canary-7f3a"
+
+MakeServer = Callable[..., Server]
+
+
+@pytest.fixture
+def http_rec() -> Iterator[rx.Receiver]:
+    rec = rx.http_receiver()
+    yield rec
+    rec.stop()
+
+
+@pytest.fixture
+def grpc_rec() -> Iterator[rx.Receiver]:
+    rec = rx.grpc_receiver()
+    yield rec
+    rec.stop()
+
+
+def chat(srv: Server, rid: str, stream: bool, headers: dict[str, str] | None = None, **kw: Any) -> httpx.Response:
+    body = {"model": MODEL, "stream": stream, "max_tokens": 8, "messages": [{"role": "user", "content": CANARY}], **kw}
+    h = {"x-request-id": rid, **(headers or {})}
+    r = httpx.post(f"{srv.url}/v1/chat/completions", json=body, headers=h, timeout=30)
+    return r
+
+
+def log_line(srv: Server, rid: str, what: str = "request finished") -> str:
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [ln for ln in srv.lines if what in ln and f"request_id={rid} " in ln]
+        if lines:
+            return lines[0]
+        assert time.monotonic() < deadline, f"no {what!r} line for {rid}:\n{srv.log()[-2000:]}"
+        time.sleep(0.05)
+
+
+def check_stages(rec: rx.Receiver, span: rx.Span, stream: bool) -> None:
+    """The TTFT stages in order from the span's start, touching, adding up to its TTFT within a millisecond; then
+    decode and stream to its end (and sse, for a stream)."""
+    kids = rec.children(span)
+    stages = [k for k in kids if k.name in TO_FIRST_TOKEN]
+    assert [k.name for k in stages] == TO_FIRST_TOKEN, [k.name for k in kids]
+    assert stages[0].start_ns == span.start_ns
+    for a, b in itertools.pairwise(stages):
+        assert abs(b.start_ns - a.end_ns) <= 1000, (a, b)
+    ttft_ms = span.attributes["gen_ai.latency.time_to_first_token"] * 1e3
+    assert abs(sum(k.ms for k in stages) - ttft_ms) < 1.0, (ttft_ms, [(k.name, k.ms) for k in stages])
+    assert abs((stages[-1].end_ns - span.start_ns) / 1e6 - ttft_ms) < 1.0
+    by_name = {k.name: k for k in kids}
+    decode, tail = by_name["decode"], by_name["stream"]
+    assert abs(decode.start_ns - stages[-1].end_ns) <= 1000 and abs(tail.start_ns - decode.end_ns) <= 1000
+    assert abs(tail.end_ns - span.end_ns) <= 1000
+    assert ("sse" in by_name) == stream
+    if stream:
+        assert by_name["sse"].start_ns == decode.start_ns
+    assert len(kids) == len(TO_FIRST_TOKEN) + 2 + stream
+
+
+def test_http_export_joins_the_callers_trace_and_its_stages_add_up_to_the_ttft(
+    make_server: MakeServer, http_rec: rx.Receiver
+) -> None:
+    srv = make_server("--otlp-traces-endpoint", http_rec.endpoint, env=FAST)
+    h = {"traceparent": TRACEPARENT, "tracestate": "vendor=abc"}
+    with httpx.stream(
+        "POST",
+        f"{srv.url}/v1/chat/completions",
+        json={"model": MODEL, "stream": True, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+        headers={"x-request-id": "t-stream", **h},
+        timeout=30,
+    ) as r:
+        assert r.status_code == 200
+        assert sum(1 for _ in r.iter_lines()) > 3
+    span = http_rec.by_request_id("t-stream")
+    assert (span.trace_id, span.parent_span_id, span.kind) == (TRACE_ID, PARENT, rx.SERVER)
+    assert span.name == f"chat {MODEL}" and span.status_code == 0
+    check_stages(http_rec, span, stream=True)
+    assert span.resource["service.name"] == "deepinfer-server"
+    # The request's log line names the trace, and its TTFT is the span's.
+    line = log_line(srv, "t-stream")
+    assert f"trace_id={TRACE_ID} " in line, line
+    ttft_ms = float(re.search(r"ttft_ms=([\d.]+)", line).group(1))  # type: ignore[union-attr]
+    assert abs(ttft_ms - span.attributes["gen_ai.latency.time_to_first_token"] * 1e3) < 0.01
+    # Without a traceparent a new trace starts; a non-stream has no sse stage.
+    assert chat(srv, "t-unary", stream=False).status_code == 200
+    span = http_rec.by_request_id("t-unary")
+    assert span.trace_id != TRACE_ID and span.parent_span_id == ""
+    check_stages(http_rec, span, stream=False)
+    assert span.trace_id in log_line(srv, "t-unary")
+    m = re.search(r"^deepinfer_trace_spans_exported_total (\d+)", httpx.get(f"{srv.url}/metrics").text, re.M)
+    assert m and int(m.group(1)) >= 2 * 11, "both requests' spans were exported"
+
+
+def all_text(span: rx.Span) -> str:
+    return " ".join(str(v) for v in [span.name, *span.attributes.values(), *span.events, span.status_message])
+
+
+def test_every_door_has_its_gen_ai_attributes_and_no_text(make_server: MakeServer, http_rec: rx.Receiver) -> None:
+    env = {**FAST, "OTEL_SERVICE_NAME": "svc-x", "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=test"}
+    # Thinking off: in thinking mode the codec runs the model at its own temperature, which the span records.
+    srv = make_server("--dp", "2", "--default-thinking", "off", "--otlp-traces-endpoint", http_rec.endpoint, env=env)
+    sampling = {"max_tokens": 6, "temperature": 0.5, "top_p": 0.9}
+    msgs = [{"role": "user", "content": f"say {CANARY}"}]
+    calls: dict[str, tuple[str, dict[str, Any]]] = {
+        "chat": ("/v1/chat/completions", {"messages": msgs, **sampling}),
+        "chat-stream": ("/v1/chat/completions", {"messages": msgs, "stream": True, **sampling}),
+        "completions": ("/v1/completions", {"prompt": f"say {CANARY}", **sampling}),
+        "messages": ("/v1/messages", {"messages": msgs, **sampling}),
+        "responses": ("/v1/responses", {"input": f"say {CANARY}", "max_output_tokens": 6, "temperature": 0.5,
+                                        "top_p": 0.9, "stream": True}),
+        "count_tokens": ("/v1/messages/count_tokens", {"messages": msgs}),
+        "tokenize": ("/tokenize", {"prompt": f"say {CANARY}"}),
+    }  # fmt: skip
+    bodies = {}
+    for rid, (path, body) in calls.items():
+        r = httpx.post(f"{srv.url}{path}", json={"model": MODEL, **body}, headers={"x-request-id": rid}, timeout=30)
+        assert r.status_code == 200, (rid, r.text)
+        bodies[rid] = r.text
+    operations = {"completions": "text_completion", "count_tokens": "count_tokens", "tokenize": "tokenize"}
+    for rid in calls:
+        span = http_rec.by_request_id(rid)
+        a = span.attributes
+        assert a["gen_ai.operation.name"] == operations.get(rid, "chat"), rid
+        assert (a["http.response.status_code"], a["http.route"], span.status_code) == (200, calls[rid][0], 0), rid
+        assert span.resource["service.name"] == "svc-x" and span.resource["deployment.environment"] == "test"
+        # No prompt or output text anywhere: the prompt's canary, nor a piece of the answer.
+        text = all_text(span)
+        assert CANARY not in text, (rid, text)
+        if rid in ("count_tokens", "tokenize"):
+            continue
+        assert (a["gen_ai.provider.name"], a["gen_ai.request.model"]) == ("deepseek", MODEL), rid
+        assert (a["gen_ai.request.max_tokens"], a["gen_ai.request.temperature"]) == (6, 0.5), rid
+        assert 0 < a["gen_ai.request.top_p"] <= 1, rid  # as deepseek-recipe hands it to the engine
+        assert a["gen_ai.response.id"] in bodies[rid], rid
+        assert a["gen_ai.response.finish_reasons"] in (["length"], ["stop"]), rid
+        assert a["gen_ai.usage.input_tokens"] > 0 and 1 <= a["gen_ai.usage.output_tokens"] <= 6, rid
+        assert a["deepinfer.dp_rank"] in (0, 1) and a["deepinfer.request_id"] == rid
+        check_stages(http_rec, span, stream="stream" in calls[rid][1])
+    a = http_rec.by_request_id("chat").attributes
+    usage = httpx.Response(200, text=bodies["chat"]).json()["usage"]
+    assert a["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
+    assert a.get("gen_ai.usage.reasoning.output_tokens", 0) == usage.get("completion_tokens_details", {}).get(
+        "reasoning_tokens", 0
+    )
+    answer = httpx.Response(200, text=bodies["chat"]).json()["choices"][0]["message"]
+    for part in (answer.get("content") or "", answer.get("reasoning_content") or ""):
+        if len(part) >= 6:
+            assert all(part not in all_text(s) for s in http_rec.requests())
+
+
+def test_refusals_and_disconnects_mark_the_span(make_server: MakeServer, http_rec: rx.Receiver) -> None:
+    srv = make_server(
+        "--dp",
+        "1",
+        "--max-num-seqs",
+        "1",
+        "--sim-decode-step-ms",
+        "20",
+        "--otlp-traces-endpoint",
+        http_rec.endpoint,
+        env=FAST,
+    )
+    body = {"model": MODEL, "stream": True, "max_tokens": 500, "ignore_eos": True, "messages": [{"role": "user",
+            "content": "x"}]}  # fmt: skip
+    url, h = f"{srv.url}/v1/chat/completions", {"x-request-id": "long"}
+    with httpx.Client(timeout=30) as c, c.stream("POST", url, json=body, headers=h) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()  # kept: a dropped iterator closes the stream
+        data = (ln for ln in lines if ln.startswith("data: "))
+        next(data), next(data)  # the role chunk, then a token: its first token was read and written
+        refused = chat(srv, "busy", stream=False, headers={"traceparent": TRACEPARENT})
+        assert refused.status_code == 429
+    # The client left mid-stream (the connection closed with the stream unread).
+    span = http_rec.by_request_id("busy")
+    assert (span.trace_id, span.parent_span_id) == (TRACE_ID, PARENT)
+    assert span.status_code == rx.ERROR and span.status_message == "429 rate_limit_exceeded"
+    assert span.attributes["http.response.status_code"] == 429
+    assert span.attributes["error.type"] == "rate_limit_exceeded" and "rejected" in span.events
+    assert rx.Receiver.children(http_rec, span) == []
+    assert f"trace_id={TRACE_ID} " in log_line(srv, "busy", "request refused")
+    span = http_rec.by_request_id("long")
+    assert span.status_code == rx.ERROR and span.attributes["http.response.status_code"] == 499
+    assert span.attributes["error.type"] == "client_disconnect"
+    assert span.attributes["deepinfer.client_disconnected"] is True and "client_disconnect" in span.events
+    assert "sse" in [k.name for k in http_rec.children(span)]
+    r = httpx.post(
+        f"{srv.url}/v1/chat/completions",
+        json={"model": "nope", "messages": [{"role": "user", "content": "x"}]},
+        headers={"x-request-id": "nomodel"},
+    )
+    assert r.status_code == 404
+    span = http_rec.by_request_id("nomodel")
+    assert span.status_code == rx.ERROR and span.attributes["error.type"] == "model_not_found"
+    assert "nope" not in all_text(span), "the client's model name is not recorded for a refusal"
+
+
+def test_grpc_export_from_the_standard_variables(make_server: MakeServer, grpc_rec: rx.Receiver) -> None:
+    env = {
+        **FAST,
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": grpc_rec.endpoint,
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+        "OTEL_EXPORTER_OTLP_HEADERS": "x-tenant=abc",
+    }
+    srv = make_server(env=env)
+    assert chat(srv, "g1", stream=True, headers={"traceparent": TRACEPARENT}).status_code == 200
+    span = grpc_rec.by_request_id("g1")
+    assert (span.trace_id, span.parent_span_id, span.name) == (TRACE_ID, PARENT, f"chat {MODEL}")
+    check_stages(grpc_rec, span, stream=True)
+    assert grpc_rec.headers[0].get("x-tenant") == "abc"
+    assert "exporting traces over OTLP" in srv.log() and 'protocol="grpc"' in srv.log()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed again when this returns: nothing listens there
+
+
+def metric(srv: Server, name: str) -> float:
+    m = re.search(rf"^{name} (\S+)$", httpx.get(f"{srv.url}/metrics").text, re.M)
+    assert m, name
+    return float(m.group(1))
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_an_unreachable_collector_drops_spans_and_costs_requests_nothing(
+    make_server: MakeServer, protocol: str
+) -> None:
+    env = {**FAST, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": protocol}
+    srv = make_server("--otlp-traces-endpoint", f"http://127.0.0.1:{closed_port()}/v1/traces", env=env)
+    slowest = 0.0
+    for i in range(20):
+        t0 = time.perf_counter()
+        assert chat(srv, f"u{i}", stream=i % 2 == 0).status_code == 200
+        slowest = max(slowest, time.perf_counter() - t0)
+    assert slowest < 1.0, "a request waited for the exporter"
+    deadline = time.monotonic() + 30
+    while metric(srv, "deepinfer_trace_spans_dropped_total") < 20 * 11:
+        assert time.monotonic() < deadline, srv.log()[-2000:]
+        time.sleep(0.1)
+    assert metric(srv, "deepinfer_trace_spans_exported_total") == 0
+    assert chat(srv, "after", stream=False).status_code == 200
+    time.sleep(0.5)
+    assert srv.log().count("cannot export traces") == 1, srv.log()[-3000:]
+
+
+def test_sampling_follows_the_standard_variables(make_server: MakeServer, http_rec: rx.Receiver) -> None:
+    env = {**FAST, "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}
+    srv = make_server("--otlp-traces-endpoint", http_rec.endpoint, env=env)
+    unsampled_parent = f"00-{TRACE_ID[:-4]}beef-{PARENT}-00"
+    for rid, h in (("root", {}), ("off", {"traceparent": unsampled_parent}), ("on", {"traceparent": TRACEPARENT})):
+        assert chat(srv, rid, stream=False, headers=h).status_code == 200
+    assert http_rec.by_request_id("on").trace_id == TRACE_ID  # a sampled parent is followed
+    time.sleep(0.5)
+    assert {s.attributes["deepinfer.request_id"] for s in http_rec.requests()} == {"on"}
+    assert "trace_id=" in log_line(srv, "root"), "an unsampled request still names its trace"
+
+
+def test_off_by_default_exports_nothing_and_logs_no_trace_id(server: Server) -> None:
+    assert chat(server, "plain", stream=False).status_code == 200
+    assert "trace_id" not in log_line(server, "plain")
+    assert "exporting traces" not in server.log()
+    assert metric(server, "deepinfer_trace_spans_exported_total") == 0
+    assert metric(server, "deepinfer_trace_spans_dropped_total") == 0
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "want"),
+    [
+        (None, {}, (None, None)),
+        ("http://c:4318/v1/traces", {}, ("http://c:4318/v1/traces", "http/protobuf")),
+        ("grpc://c:4317", {}, ("http://c:4317", "grpc")),
+        (None, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/"}, ("http://c:4318/v1/traces", "http/protobuf")),
+        (None, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+         ("http://c:4317", "grpc")),
+        (None, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://b", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t/x"},
+         ("http://t/x", "http/protobuf")),
+        ("http://flag/v1/traces", {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://env"},
+         ("http://flag/v1/traces", "http/protobuf")),
+    ],
+)  # fmt: skip
+def test_endpoint_and_protocol_come_from_the_flag_then_the_variables(
+    monkeypatch: pytest.MonkeyPatch, flag: str | None, env: dict[str, str], want: tuple[str | None, str | None]
+) -> None:
+    from deepinfer_server import trace_args
+
+    for var in ("ENDPOINT", "TRACES_ENDPOINT", "PROTOCOL", "TRACES_PROTOCOL"):
+        monkeypatch.delenv(f"OTEL_EXPORTER_OTLP_{var}", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    args = argparse.Namespace(otlp_traces_endpoint=flag)
+    assert trace_args.resolve(args) is None
+    assert (args.otlp_traces_endpoint, args.otlp_traces_protocol) == want
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+    assert "not supported" in (trace_args.resolve(argparse.Namespace(otlp_traces_endpoint="http://c")) or "")
