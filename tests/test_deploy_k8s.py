@@ -163,11 +163,16 @@ def test_the_server_pod_is_sized_and_probed_for_a_model_load_and_a_drain() -> No
     rings = parsed.data_parallel_size * (request_ring + OUTPUT_RING_BYTES)
     assert int(m.group(1)) << 30 >= 64 * rings, (shm, rings)
     # the model cache volume holds HF_HOME and the JIT cache (the image's /cache)
-    cache = next(m for m in c["volumeMounts"] if m["mountPath"] == "/cache")
-    assert (
-        next(v for v in pod["volumes"] if v["name"] == cache["name"])["persistentVolumeClaim"]["claimName"]
-        == (one("PersistentVolumeClaim")["metadata"]["name"])
-    )
+    claim = lambda path: next(  # noqa: E731
+        v for v in pod["volumes"] if v["name"] == next(m for m in c["volumeMounts"] if m["mountPath"] == path)["name"]
+    )["persistentVolumeClaim"]["claimName"]
+    assert one("PersistentVolumeClaim", claim("/cache"))
+    # uploaded files on a volume every replica mounts (--files-dir), their metadata in PostgreSQL from a Secret
+    files = one("PersistentVolumeClaim", claim("/state"))
+    assert files["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert parsed.files_dir.startswith("/state/")
+    store = next(e for e in c["env"] if e["name"] == "DEEPINFER_SERVER_STATE_STORE")
+    assert store["valueFrom"]["secretKeyRef"]["name"] == "deepinfer-server-state"
     # startup: as long as the server's own --startup-timeout; readiness is /health; liveness is not (a draining
     # replica answers 503 there and must not be killed for it)
     sp, rp, lp = c["startupProbe"], c["readinessProbe"], c["livenessProbe"]
