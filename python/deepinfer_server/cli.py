@@ -354,6 +354,11 @@ def argv_without_api_key(argv: Sequence[str]) -> list[str] | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else list(argv)
+    if given[:1] == ["run-batch"]:  # vLLM's offline form: a batch file through this server (run_batch.py)
+        from deepinfer_server.run_batch import main as run_batch
+
+        return run_batch(given[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     err = check_args(args)

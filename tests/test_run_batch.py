@@ -1,0 +1,47 @@
+"""`deepinfer-server run-batch` (issue 31): vLLM's offline form, through this server's Batch API."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import MODEL
+
+
+def test_run_batch_writes_one_result_per_line_in_order(tmp_path: Path) -> None:
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6}
+    lines = [
+        {"custom_id": "c0", "method": "POST", "url": "/v1/chat/completions", "body": chat},
+        {
+            "custom_id": "t0",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": MODEL, "prompt": "Once", "max_tokens": 4},
+        },
+        {"custom_id": "x0", "method": "POST", "url": "/v1/embeddings", "body": {"model": MODEL, "input": "x"}},
+        {"custom_id": "c1", "method": "POST", "url": "/v1/chat/completions", "body": {**chat, "model": "nope"}},
+    ]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepinfer_server",
+        "run-batch",
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        "--served-model-name",
+        MODEL,
+    ]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [g["custom_id"] for g in got] == ["c0", "t0", "x0", "c1"]
+    assert got[0]["response"]["status_code"] == 200 and got[0]["response"]["body"]["object"] == "chat.completion"
+    assert got[1]["response"]["body"]["object"] == "text_completion"
+    assert got[2]["response"] is None and "url" in got[2]["error"]["message"]
+    assert got[3]["response"]["status_code"] == 404
