@@ -6,6 +6,8 @@ use serde_json::{Map, Value, json};
 
 /// What a batch may serve: the doors OpenAI's Batch API names.
 pub const ENDPOINTS: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/responses"];
+/// Anthropic's Message Batches run on the same lane, with this endpoint (`http/message_batches.rs`).
+pub const MESSAGES: &str = "/v1/messages";
 /// Most lines one batch runs (OpenAI's limit).
 pub const LINES_MAX: usize = 50_000;
 /// A batch is given this long to finish (`completion_window`, OpenAI's only one), then it expires.
@@ -28,7 +30,8 @@ pub fn set_status(batch: &mut Value, status: &str, now: i64) {
 
 /// The door of an endpoint.
 pub fn door(endpoint: &str) -> Option<Door> {
-    Door::ALL.into_iter().find(|d| d.path() == endpoint && ENDPOINTS.contains(&endpoint))
+    let served = ENDPOINTS.contains(&endpoint) || endpoint == MESSAGES;
+    Door::ALL.into_iter().find(|d| d.path() == endpoint && served)
 }
 
 /// One input line, checked: (custom_id, body), or why not (OpenAI's line errors: a code and a message).
@@ -97,6 +100,6 @@ mod tests {
         assert_eq!(parse_line("{", "/v1/responses").unwrap_err().0, "invalid_json_line");
         let no_id = r#"{"method":"POST","url":"/v1/responses","body":{}}"#;
         assert_eq!(parse_line(no_id, "/v1/responses").unwrap_err().0, "missing_required_parameter");
-        assert!(door("/v1/messages").is_none() && door("/v1/completions").is_some());
+        assert!(door("/v1/embeddings").is_none() && door("/v1/completions").is_some() && door(MESSAGES).is_some());
     }
 }

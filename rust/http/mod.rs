@@ -11,6 +11,7 @@ mod files;
 mod generate;
 pub mod head_limits;
 mod info;
+mod message_batches;
 pub mod request_id;
 mod sse;
 mod stored;
@@ -87,6 +88,10 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/files", post(files::upload).layer(DefaultBodyLimit::disable()).get(files::list))
         .route("/v1/files/{id}", get(files::retrieve).delete(files::delete))
         .route("/v1/files/{id}/content", get(files::content))
+        .route("/v1/messages/batches", post(message_batches::create).get(message_batches::list))
+        .route("/v1/messages/batches/{id}", get(message_batches::retrieve).delete(message_batches::delete))
+        .route("/v1/messages/batches/{id}/cancel", post(message_batches::cancel))
+        .route("/v1/messages/batches/{id}/results", get(message_batches::results))
         .route("/v1/batches", post(batches::create).get(batches::list))
         .route("/v1/batches/{id}", get(batches::retrieve))
         .route("/v1/batches/{id}/cancel", post(batches::cancel))

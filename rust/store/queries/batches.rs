@@ -67,6 +67,18 @@ impl Db {
         Ok(n > 0)
     }
 
+    /// A batch and its results; whether it was there.
+    pub async fn delete_batch(&self, id: &str) -> Result<bool, StoreError> {
+        let n = on_pool!(self, |pool| {
+            let mut tx = pool.begin().await?;
+            sqlx::query("DELETE FROM batch_results WHERE batch_id = $1").bind(id).execute(&mut *tx).await?;
+            let n = sqlx::query("DELETE FROM batches WHERE id = $1").bind(id).execute(&mut *tx).await?;
+            tx.commit().await?;
+            n.rows_affected()
+        });
+        Ok(n > 0)
+    }
+
     /// Unfinished batches no live replica holds, oldest first.
     pub async fn claimable_batches(&self, owner: &str, now: i64) -> Result<Vec<String>, StoreError> {
         let q = "SELECT id FROM batches WHERE status IN ('validating', 'in_progress', 'finalizing', 'cancelling') \

@@ -1,0 +1,288 @@
+//! Anthropic's Message Batches (`/v1/messages/batches`): create, retrieve, list, cancel, delete and `…/results`.
+//! They run on the batch lane as OpenAI batches do (`crate::batches`): the requests become a `purpose: batch`
+//! file of `/v1/messages` lines, the batch a row; this module speaks Anthropic's objects and envelope over them.
+
+use super::AppState;
+use super::body::RawBody;
+use crate::batches::object::{MESSAGES, new_batch, set_counts, set_status};
+use crate::doors::Door;
+use crate::error::ApiError;
+use crate::store::{Store, StoredBatch, failed, items};
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use futures_util::stream;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Most requests one batch holds (Anthropic's limit).
+const REQUESTS_MAX: usize = 100_000;
+const PAGE_MAX: usize = 1000;
+/// Batch ids as Anthropic writes them; the store's row is the same batch.
+const PREFIX: &str = "msgbatch_";
+
+pub async fn create(State(st): State<Arc<AppState>>, RawBody(body): RawBody) -> Response {
+    answer(async {
+        let store = store(&st)?;
+        let body: Value = serde_json::from_slice(&body?)
+            .map_err(|e| ApiError::bad_request(format!("The body is not valid JSON: {e}")))?;
+        let Some(requests) = body.get("requests").and_then(Value::as_array).filter(|r| !r.is_empty()) else {
+            return Err(ApiError::bad_param("requests", "'requests' must be a non-empty array."));
+        };
+        if requests.len() > REQUESTS_MAX {
+            return Err(ApiError::bad_param("requests", format!("At most {REQUESTS_MAX} requests a batch.")));
+        }
+        let mut lines = String::new();
+        let mut seen = std::collections::HashSet::new();
+        for (i, r) in requests.iter().enumerate() {
+            let custom_id = r.get("custom_id").and_then(Value::as_str).filter(|c| !c.is_empty() && c.len() <= 64);
+            let Some(custom_id) = custom_id else {
+                return Err(ApiError::bad_param(
+                    &format!("requests[{i}].custom_id"),
+                    "A custom_id of 1 to 64 characters is required.",
+                ));
+            };
+            if !seen.insert(custom_id) {
+                return Err(ApiError::bad_param(
+                    &format!("requests[{i}].custom_id"),
+                    format!("custom_id '{custom_id}' is used twice."),
+                ));
+            }
+            let Some(params @ Value::Object(_)) = r.get("params") else {
+                return Err(ApiError::bad_param(&format!("requests[{i}].params"), "'params' must be an object."));
+            };
+            let line = json!({"custom_id": custom_id, "method": "POST", "url": MESSAGES, "body": params});
+            lines.push_str(&line.to_string());
+            lines.push('\n');
+        }
+        let chunks = stream::iter([Ok::<_, std::convert::Infallible>(Bytes::from(lines))]);
+        let up = store.receive(chunks).await?;
+        let file = store.keep_file(up, "message_batch.jsonl", "batch", None).await?;
+        let now = items::now();
+        let id = crate::ids::random_id(PREFIX.trim_end_matches('_'));
+        let input = file["id"].as_str().unwrap_or_default();
+        let mut batch = new_batch(&id, MESSAGES, input, json!({}), now);
+        set_counts(&mut batch, requests.len() as i64, 0, 0); // known now: a batch cancelled at once counts them
+
+        let row = StoredBatch { id, created_at: now, status: "validating".into(), batch: batch.to_string() };
+        store.db.put_batch(&row).await.map_err(failed)?;
+        store.batch_bell.notify_one();
+        Ok(Json(message_batch(&row.status, &batch)).into_response())
+    })
+    .await
+}
+
+pub async fn retrieve(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    answer(async {
+        let (status, batch) = find(store(&st)?, &id).await?;
+        Ok(Json(message_batch(&status, &batch)).into_response())
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+pub struct ListQuery {
+    limit: Option<usize>,
+    after_id: Option<String>,
+}
+
+/// Newest first, `after_id` pages on (Anthropic's cursor); only message batches.
+pub async fn list(State(st): State<Arc<AppState>>, q: Result<Query<ListQuery>, QueryRejection>) -> Response {
+    answer(async {
+        let Query(q) = q.map_err(|e| ApiError::bad_request(format!("Invalid query string: {}", e.body_text())))?;
+        let limit = q.limit.unwrap_or(20);
+        if !(1..=PAGE_MAX).contains(&limit) {
+            return Err(ApiError::bad_param("limit", format!("'limit' must be between 1 and {PAGE_MAX}.")));
+        }
+        let store = store(&st)?;
+        let mut data = Vec::new();
+        let mut after = q.after_id.clone();
+        let has_more = loop {
+            let page = store.db.list_batches(after.as_deref(), 100).await.map_err(failed)?;
+            let page = page.ok_or_else(|| ApiError::bad_param("after_id", "No message batch with that id."))?;
+            for b in &page {
+                if b.id.starts_with(PREFIX) && data.len() < limit {
+                    data.push(message_batch(&b.status, &serde_json::from_str(&b.batch).unwrap_or_default()));
+                } else if b.id.starts_with(PREFIX) {
+                    break;
+                }
+            }
+            if data.len() >= limit || page.len() < 100 {
+                break data.len() >= limit && page.len() >= 100;
+            }
+            after = page.last().map(|b| b.id.clone());
+        };
+        let id_of = |i: Option<&Value>| i.and_then(|b| b.get("id")).cloned().unwrap_or(Value::Null);
+        let (first_id, last_id) = (id_of(data.first()), id_of(data.last()));
+        Ok(Json(json!({"data": data, "has_more": has_more, "first_id": first_id, "last_id": last_id})).into_response())
+    })
+    .await
+}
+
+pub async fn cancel(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    answer(async {
+        let store = store(&st)?;
+        let (status, batch) = find(store, &id).await?;
+        if matches!(status.as_str(), "validating" | "in_progress" | "finalizing") {
+            let mut cancelling = batch.clone();
+            set_status(&mut cancelling, "cancelling", items::now());
+            if store.db.set_batch(&id, &status, "cancelling", &cancelling.to_string(), None).await.map_err(failed)? {
+                store.batch_bell.notify_one();
+                return Ok(Json(message_batch("cancelling", &cancelling)).into_response());
+            }
+        }
+        let (status, batch) = find(store, &id).await?;
+        Ok(Json(message_batch(&status, &batch)).into_response())
+    })
+    .await
+}
+
+/// Only an ended batch may be deleted (Anthropic's rule); its files go with it.
+pub async fn delete(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    answer(async {
+        let store = store(&st)?;
+        let (status, batch) = find(store, &id).await?;
+        if !ended(&status) {
+            return Err(ApiError::bad_request(
+                "A message batch that has not ended cannot be deleted; cancel it first.",
+            ));
+        }
+        for key in ["input_file_id", "output_file_id", "error_file_id"] {
+            if let Some(file) = batch.get(key).and_then(Value::as_str) {
+                let _ = store.delete_file(file).await;
+            }
+        }
+        store.db.delete_batch(&id).await.map_err(failed)?;
+        Ok(Json(json!({"id": id, "type": "message_batch_deleted"})).into_response())
+    })
+    .await
+}
+
+/// JSONL, one line per request: `succeeded` with its Message, `errored` with its error, or `canceled` /
+/// `expired` for a request that never ran.
+pub async fn results(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    answer(async {
+        let store = store(&st)?;
+        let (status, batch) = find(store, &id).await?;
+        if !ended(&status) {
+            return Err(ApiError::bad_request("The message batch has not ended: its results are not ready."));
+        }
+        let mut by_id: HashMap<String, Value> = HashMap::new();
+        for key in ["output_file_id", "error_file_id"] {
+            let Some(file) = batch.get(key).and_then(Value::as_str) else { continue };
+            for line in read_file(store, file).await?.lines() {
+                let Ok(r) = serde_json::from_str::<Value>(line) else { continue };
+                let custom_id = r["custom_id"].as_str().unwrap_or_default().to_string();
+                let body = r["response"]["body"].clone();
+                let result = if r["response"]["status_code"] == 200 {
+                    json!({"type": "succeeded", "message": body})
+                } else {
+                    json!({"type": "errored", "error": body})
+                };
+                by_id.insert(custom_id, result);
+            }
+        }
+        let never = if status == "expired" { "expired" } else { "canceled" };
+        let mut out = String::new();
+        let input = batch["input_file_id"].as_str().unwrap_or_default();
+        for line in read_file(store, input).await?.lines() {
+            let Ok(r) = serde_json::from_str::<Value>(line) else { continue };
+            let custom_id = r["custom_id"].as_str().unwrap_or_default().to_string();
+            let result = by_id.remove(&custom_id).unwrap_or_else(|| json!({"type": never}));
+            out.push_str(&json!({"custom_id": custom_id, "result": result}).to_string());
+            out.push('\n');
+        }
+        Ok(([(header::CONTENT_TYPE, "application/binary")], out).into_response())
+    })
+    .await
+}
+
+/// The MessageBatch object from the batch row.
+fn message_batch(status: &str, b: &Value) -> Value {
+    let counts = &b["request_counts"];
+    let (total, ok, failed) = (
+        counts["total"].as_i64().unwrap_or(0),
+        counts["completed"].as_i64().unwrap_or(0),
+        counts["failed"].as_i64().unwrap_or(0),
+    );
+    let left = (total - ok - failed).max(0);
+    let processing_status = match status {
+        "cancelling" => "canceling",
+        s if ended(s) => "ended",
+        _ => "in_progress",
+    };
+    let at = |key: &str| b.get(key).and_then(Value::as_i64).map(rfc3339);
+    let ended_at =
+        at("completed_at").or_else(|| at("cancelled_at")).or_else(|| at("expired_at")).or_else(|| at("failed_at"));
+    let id = b["id"].as_str().unwrap_or_default();
+    json!({
+        "id": id, "type": "message_batch", "processing_status": processing_status,
+        "request_counts": {
+            "processing": if ended(status) { 0 } else { left },
+            "succeeded": ok, "errored": failed + if status == "failed" { left } else { 0 },
+            "canceled": if status == "cancelled" { left } else { 0 },
+            "expired": if status == "expired" { left } else { 0 },
+        },
+        "ended_at": ended_at, "created_at": at("created_at"), "expires_at": at("expires_at"),
+        "cancel_initiated_at": at("cancelling_at"), "archived_at": null,
+        "results_url": ended(status).then(|| format!("/v1/messages/batches/{id}/results")),
+    })
+}
+
+fn ended(status: &str) -> bool {
+    matches!(status, "completed" | "failed" | "cancelled" | "expired")
+}
+
+/// Unix seconds as RFC 3339 UTC, as Anthropic writes times.
+fn rfc3339(secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+async fn read_file(store: &Store, id: &str) -> Result<String, ApiError> {
+    let (_, mut file) = store.file_content(id).await?;
+    let mut text = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut file, &mut text).await.map_err(|_| ApiError::Store)?;
+    Ok(text)
+}
+
+async fn find(store: &Store, id: &str) -> Result<(String, Value), ApiError> {
+    let row = store.db.get_batch(id).await.map_err(failed)?.filter(|b| b.id.starts_with(PREFIX));
+    let row = row.ok_or_else(|| ApiError::NotFound { what: "Message batch", id: id.to_string(), param: None })?;
+    Ok((row.status, serde_json::from_str(&row.batch).unwrap_or_default()))
+}
+
+fn store(st: &AppState) -> Result<&Arc<Store>, ApiError> {
+    st.store.as_ref().ok_or_else(|| ApiError::bad_request("This server keeps no batches: its state store is off."))
+}
+
+/// Errors in Anthropic's envelope.
+async fn answer(f: impl Future<Output = Result<Response, ApiError>>) -> Response {
+    f.await.unwrap_or_else(|e| Door::Messages.respond(e))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn times_are_rfc3339() {
+        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::rfc3339(1_796_309_623), "2026-12-03T14:13:43Z");
+        assert_eq!(super::rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+    }
+}
