@@ -105,7 +105,7 @@ def test_every_route_answers_under_the_prefix_and_without_it(prefixed: Server) -
         # Only the prefix itself is stripped, not a path that merely starts with its letters.
         assert c.get(f"{PREFIX}x/health").status_code == 404
         # Refusals after the rewrite keep the envelope of the door the stripped path names.
-        r = c.get(f"{PREFIX}/v1/messages/batches")
+        r = c.get(f"{PREFIX}/v1/messages/no-such-route")
         assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", r.text
 
 
