@@ -282,7 +282,7 @@ mod tests {
     #[test]
     fn times_are_rfc3339() {
         assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(super::rfc3339(1_796_309_623), "2026-12-03T14:13:43Z");
+        assert_eq!(super::rfc3339(1_796_309_623), "2026-12-03T14:53:43Z");
         assert_eq!(super::rfc3339(951_782_400), "2000-02-29T00:00:00Z");
     }
 }

@@ -331,7 +331,7 @@ mod tests {
         assert!(s == StatusCode::UNAUTHORIZED && v["error"]["type"] == "authentication_error", "{v}");
         let (s, _, v) = send(&st, keyed(Request::get("/v1/messages")).body(Body::empty()).unwrap()).await;
         assert!(s == StatusCode::METHOD_NOT_ALLOWED && anthropic(&v), "{v}");
-        let (s, _, v) = send(&st, keyed(Request::get("/v1/messages/batches")).body(Body::empty()).unwrap()).await;
+        let (s, _, v) = send(&st, keyed(Request::get("/v1/messages/no-such-route")).body(Body::empty()).unwrap()).await;
         assert!(s == StatusCode::NOT_FOUND && v["error"]["type"] == "not_found_error", "{v}");
         // Every other path keeps the OpenAI envelope.
         for path in ["/v1/chat/completions", "/v1/responses", "/health"] {
