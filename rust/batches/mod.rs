@@ -19,6 +19,25 @@ pub const LEASE_S: i64 = 15;
 /// How often the runner looks for batches to run when nobody rang (another replica's, or one left over).
 const LOOK_EVERY: Duration = Duration::from_secs(2);
 
+/// Ask a batch to stop: `cancelling` if it had not finished (its runner, on any replica, stops its lines and
+/// writes what they made). The runner's own writes go only over the status they read, so one that moves the batch
+/// meanwhile (validating to in_progress) makes this try again. The batch row's status and object after it; None if
+/// there is no such batch.
+pub async fn cancel(store: &Store, id: &str) -> Result<Option<(String, serde_json::Value)>, crate::store::StoreError> {
+    loop {
+        let Some(row) = store.db.get_batch(id).await? else { return Ok(None) };
+        let mut batch: serde_json::Value = serde_json::from_str(&row.batch).unwrap_or_default();
+        if !matches!(row.status.as_str(), "validating" | "in_progress" | "finalizing") {
+            return Ok(Some((row.status, batch)));
+        }
+        object::set_status(&mut batch, "cancelling", items::now());
+        if store.db.set_batch(id, &row.status, "cancelling", &batch.to_string(), None).await? {
+            store.batch_bell.notify_one();
+            return Ok(Some(("cancelling".into(), batch)));
+        }
+    }
+}
+
 /// Run batches from now on: this replica's own as they are created, and any left unfinished by a replica
 /// (itself before a restart included) whose claim ran out.
 pub fn start(st: Arc<AppState>, store: Arc<Store>) {

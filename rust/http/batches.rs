@@ -5,7 +5,7 @@
 use super::AppState;
 use super::body::RawBody;
 use super::stored::{answer, bad_query};
-use crate::batches::object::{ENDPOINTS, new_batch, set_status, shown};
+use crate::batches::object::{ENDPOINTS, new_batch, shown};
 use crate::error::ApiError;
 use crate::store::conversations::checked_metadata;
 use crate::store::{Store, StoredBatch, failed, items};
@@ -96,19 +96,8 @@ pub async fn list(State(st): State<Arc<AppState>>, q: Result<Query<ListQuery>, Q
 /// made. One already finished is answered as it is.
 pub async fn cancel(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
     answer(async {
-        let store = store(&st)?;
-        let (status, mut batch) = find(store, &id).await?;
-        if matches!(status.as_str(), "validating" | "in_progress" | "finalizing") {
-            let mut cancelling = batch.clone();
-            set_status(&mut cancelling, "cancelling", items::now());
-            // The runner's own writes go only over the status they read: this one wins, or the batch moved on
-            // (finished) meanwhile and is answered as it is now.
-            if store.db.set_batch(&id, &status, "cancelling", &cancelling.to_string(), None).await.map_err(failed)? {
-                store.batch_bell.notify_one();
-                return Ok(Json(shown(&cancelling)).into_response());
-            }
-            batch = find(store, &id).await?.1;
-        }
+        let cancelled = crate::batches::cancel(store(&st)?, &id).await.map_err(failed)?;
+        let (_, batch) = cancelled.ok_or_else(|| ApiError::NotFound { what: "Batch", id: id.clone(), param: None })?;
         Ok(Json(shown(&batch)).into_response())
     })
     .await

@@ -4,7 +4,7 @@
 
 use super::AppState;
 use super::body::RawBody;
-use crate::batches::object::{MESSAGES, new_batch, set_counts, set_status};
+use crate::batches::object::{MESSAGES, new_batch, set_counts};
 use crate::doors::Door;
 use crate::error::ApiError;
 use crate::store::{Store, StoredBatch, failed, items};
@@ -127,16 +127,9 @@ pub async fn list(State(st): State<Arc<AppState>>, q: Result<Query<ListQuery>, Q
 pub async fn cancel(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
     answer(async {
         let store = store(&st)?;
-        let (status, batch) = find(store, &id).await?;
-        if matches!(status.as_str(), "validating" | "in_progress" | "finalizing") {
-            let mut cancelling = batch.clone();
-            set_status(&mut cancelling, "cancelling", items::now());
-            if store.db.set_batch(&id, &status, "cancelling", &cancelling.to_string(), None).await.map_err(failed)? {
-                store.batch_bell.notify_one();
-                return Ok(Json(message_batch("cancelling", &cancelling)).into_response());
-            }
-        }
-        let (status, batch) = find(store, &id).await?;
+        find(store, &id).await?; // a message batch's id
+        let cancelled = crate::batches::cancel(store, &id).await.map_err(failed)?;
+        let (status, batch) = cancelled.ok_or(ApiError::Internal)?;
         Ok(Json(message_batch(&status, &batch)).into_response())
     })
     .await
