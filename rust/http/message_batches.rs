@@ -233,19 +233,7 @@ fn ended(status: &str) -> bool {
 
 /// Unix seconds as RFC 3339 UTC, as Anthropic writes times.
 fn rfc3339(secs: i64) -> String {
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+    super::worker::rfc3339(secs.max(0) as u64, 0)
 }
 
 async fn read_file(store: &Store, id: &str) -> Result<String, ApiError> {
@@ -268,14 +256,4 @@ fn store(st: &AppState) -> Result<&Arc<Store>, ApiError> {
 /// Errors in Anthropic's envelope.
 async fn answer(f: impl Future<Output = Result<Response, ApiError>>) -> Response {
     f.await.unwrap_or_else(|e| Door::Messages.respond(e))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn times_are_rfc3339() {
-        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(super::rfc3339(1_796_309_623), "2026-12-03T14:53:43Z");
-        assert_eq!(super::rfc3339(951_782_400), "2000-02-29T00:00:00Z");
-    }
 }

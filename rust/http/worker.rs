@@ -190,7 +190,8 @@ fn rfc3339_now() -> String {
     rfc3339(now.as_secs(), now.subsec_millis())
 }
 
-fn rfc3339(secs: u64, millis: u32) -> String {
+/// Unix seconds (and milliseconds) as RFC 3339 UTC (also Anthropic's message batches' times).
+pub(super) fn rfc3339(secs: u64, millis: u32) -> String {
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
     let z = days as i64 + 719_468;
