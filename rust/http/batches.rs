@@ -4,7 +4,7 @@
 
 use super::AppState;
 use super::body::RawBody;
-use super::stored::{answer, bad_query};
+use super::stored::{answer, bad_query, list_page};
 use crate::batches::object::{ENDPOINTS, new_batch, shown};
 use crate::error::ApiError;
 use crate::store::conversations::checked_metadata;
@@ -14,7 +14,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::sync::Arc;
 
 const PAGE_MAX: usize = 100;
@@ -82,12 +82,7 @@ pub async fn list(State(st): State<Arc<AppState>>, q: Result<Query<ListQuery>, Q
         page.truncate(limit);
         let data: Vec<Value> =
             page.iter().map(|b| shown(&serde_json::from_str(&b.batch).unwrap_or_default())).collect();
-        let id_of = |b: Option<&StoredBatch>| b.map_or_else(|| json!(""), |b| json!(b.id));
-        let (first_id, last_id) = (id_of(page.first()), id_of(page.last()));
-        Ok(Json(
-            json!({"object": "list", "data": data, "first_id": first_id, "last_id": last_id, "has_more": has_more}),
-        )
-        .into_response())
+        Ok(Json(list_page(data, has_more)).into_response())
     })
     .await
 }

@@ -5,7 +5,7 @@
 
 use super::AppState;
 use super::body::RawBody;
-use super::stored::{PageQuery, answer, bad_query, page_bounds};
+use super::stored::{PageQuery, answer, bad_query, list_page, page_bounds};
 use crate::error::ApiError;
 use crate::store::Store;
 use axum::Json;
@@ -48,7 +48,7 @@ pub async fn add_items(State(st): State<Arc<AppState>>, Path(id): Path<String>, 
     answer(async {
         let body = json_body(body?, &["items"])?;
         let added = store(&st)?.add_items(&id, &items_of(&body, true)?).await?;
-        Ok(Json(list(added, false)).into_response())
+        Ok(Json(list_page(added, false)).into_response())
     })
     .await
 }
@@ -63,7 +63,7 @@ pub async fn list_items(
         let (limit, ascending) = page_bounds(&q)?;
         let page = store(&st)?.list_items(&id, q.after.as_deref(), limit as i64, ascending).await?;
         let items = page.items.iter().map(|i| serde_json::from_str(i).map_err(|_| ApiError::Internal));
-        Ok(Json(list(items.collect::<Result<_, _>>()?, page.has_more)).into_response())
+        Ok(Json(list_page(items.collect::<Result<_, _>>()?, page.has_more)).into_response())
     })
     .await
 }
@@ -106,11 +106,4 @@ fn items_of(body: &Value, required: bool) -> Result<Vec<Value>, ApiError> {
         Some(Value::Array(items)) => Ok(items.clone()),
         _ => Err(ApiError::bad_param("items", "'items' must be an array of items.")),
     }
-}
-
-fn list(items: Vec<Value>, has_more: bool) -> Value {
-    // The schema wants strings even for an empty page.
-    let id_of = |i: Option<&Value>| i.and_then(|i| i.get("id")).cloned().unwrap_or_else(|| json!(""));
-    let (first_id, last_id) = (id_of(items.first()), id_of(items.last()));
-    json!({"object": "list", "data": items, "first_id": first_id, "last_id": last_id, "has_more": has_more})
 }

@@ -4,7 +4,7 @@
 //! (`store::files`), never held in memory; it has its own body deadline (`--upload-timeout`, listener.rs).
 
 use super::AppState;
-use super::stored::{answer, bad_query};
+use super::stored::{answer, bad_query, list_page};
 use crate::error::ApiError;
 use crate::store::Store;
 use crate::store::files::{PURPOSES, Upload, file_object};
@@ -16,7 +16,6 @@ use axum::extract::{Multipart, Path, Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use serde_json::{Value, json};
 use std::sync::Arc;
 
 /// Most parts an upload's form may have, and the longest text part: nothing but the file is large.
@@ -95,12 +94,7 @@ pub async fn list(State(st): State<Arc<AppState>>, q: Result<Query<ListQuery>, Q
         };
         let (data, has_more) =
             store(&st)?.list_files(q.after.as_deref(), limit, ascending, q.purpose.as_deref()).await?;
-        let id_of = |f: Option<&Value>| f.and_then(|f| f.get("id")).cloned().unwrap_or_else(|| json!(""));
-        let (first_id, last_id) = (id_of(data.first()), id_of(data.last()));
-        Ok(Json(
-            json!({"object": "list", "data": data, "first_id": first_id, "last_id": last_id, "has_more": has_more}),
-        )
-        .into_response())
+        Ok(Json(list_page(data, has_more)).into_response())
     })
     .await
 }

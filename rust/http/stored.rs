@@ -100,12 +100,7 @@ pub async fn input_items(
         };
         let page: Vec<Value> = items.iter().skip(start).take(limit).cloned().collect();
         let has_more = start + page.len() < items.len();
-        let id_of = |i: Option<&Value>| i.and_then(|i| i.get("id")).cloned().unwrap_or(Value::Null);
-        let (first_id, last_id) = (id_of(page.first()), id_of(page.last()));
-        Ok(Json(
-            json!({"object": "list", "data": page, "first_id": first_id, "last_id": last_id, "has_more": has_more}),
-        )
-        .into_response())
+        Ok(Json(list_page(page, has_more)).into_response())
     })
     .await
 }
@@ -123,6 +118,14 @@ pub struct PageQuery {
     limit: Option<usize>,
     order: Option<String>,
     pub after: Option<String>,
+}
+
+/// OpenAI's list object: a page of objects with ids, and the ids at its ends ("" for an empty page: the schema
+/// wants strings).
+pub fn list_page(data: Vec<Value>, has_more: bool) -> Value {
+    let id_of = |i: Option<&Value>| i.and_then(|i| i.get("id")).cloned().unwrap_or_else(|| json!(""));
+    let (first_id, last_id) = (id_of(data.first()), id_of(data.last()));
+    json!({"object": "list", "data": data, "first_id": first_id, "last_id": last_id, "has_more": has_more})
 }
 
 /// (limit, ascending) of a page query, checked.
