@@ -67,6 +67,10 @@ pub struct ServerConfig {
     /// How long a stored response is kept (`--response-store-ttl`); 0: for ever.
     #[pyo3(default = 2_592_000.0)]
     pub response_store_ttl_s: f64,
+    /// Most bytes stored responses and conversations may hold (`--state-store-max-bytes`); past it the oldest go.
+    /// 0: no cap.
+    #[pyo3(default = 10 << 30)]
+    pub state_store_max_bytes: u64,
     /// Where uploaded files' contents are kept (`--files-dir`, a volume the replicas share); empty: no files.
     #[pyo3(default)]
     pub files_dir: String,
@@ -205,6 +209,7 @@ impl ServerConfig {
             state_store: String::new(),
             store_responses: true,
             response_store_ttl_s: 2_592_000.0,
+            state_store_max_bytes: 10 << 30,
             files_dir: String::new(),
             max_file_bytes: 512 << 20,
             upload_timeout_s: 600.0,

@@ -323,14 +323,7 @@ fn finish_one(link: &RankLink, metrics: &Metrics, entry: &Inflight, state: Decod
             if state == DecodeState::StoppedEarly {
                 link.send_abort(entry.id); // a stop sequence matched: the rank is still generating
             }
-            let bytes = entry.finished_with(bytes); // before the client has them, and may name the response
-            match &entry.outlet {
-                Outlet::Stream(s) => s.with_buf(true, |buf| {
-                    buf.extend_from_slice(&bytes);
-                    buf.extend_from_slice(s.door.done());
-                }),
-                unary => unary.complete(bytes),
-            }
+            entry.finish(bytes); // a stored response is in the store before the client has its end
             true
         }
     }

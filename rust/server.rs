@@ -126,9 +126,11 @@ async fn open_store(
             Some(crate::store::files::FileRoom { dir: dir.into(), max_bytes: config.max_file_bytes })
         }
     };
-    let store = crate::store::Store::new(db, files, runtime.clone());
     let ttl = (config.response_store_ttl_s > 0.0).then(|| Duration::from_secs_f64(config.response_store_ttl_s));
-    store.expire_every(ttl);
+    let cap = (config.state_store_max_bytes > 0).then_some(config.state_store_max_bytes);
+    let retention = crate::store::retention::Retention::new(ttl, cap);
+    let store = crate::store::Store::new(db, files, retention, runtime.clone());
+    store.keep_within_bounds();
     Ok(Some(store))
 }
 

@@ -124,6 +124,9 @@ impl StreamBuf {
     }
 }
 
+/// Sends a request's last bytes (and ends its output), from any thread, once.
+pub type Deliver = Box<dyn FnOnce(Bytes) + Send>;
+
 /// Where a request's output goes.
 pub enum Outlet {
     Stream(Arc<StreamBuf>),
@@ -149,11 +152,27 @@ impl Outlet {
         }
     }
 
-    pub fn complete(&self, body: Bytes) {
-        if let Outlet::Unary(tx) = self
-            && let Some(tx) = tx.lock().unwrap().take()
-        {
-            let _ = tx.send(Ok(body));
+    /// What sends the request's last bytes: a stream's, followed by its door's end (`[DONE]`), or a non-stream's
+    /// whole body. It holds only the outlet's end, not the request, so it may run later on another thread.
+    pub fn last_bytes(&self) -> Deliver {
+        match self {
+            Outlet::Stream(s) => {
+                let s = s.clone();
+                Box::new(move |bytes| {
+                    s.with_buf(true, |buf| {
+                        buf.extend_from_slice(&bytes);
+                        buf.extend_from_slice(s.door.done());
+                    })
+                })
+            }
+            Outlet::Unary(tx) => {
+                let tx = tx.lock().unwrap().take();
+                Box::new(move |bytes| {
+                    if let Some(tx) = tx {
+                        let _ = tx.send(Ok(bytes));
+                    }
+                })
+            }
         }
     }
 }

@@ -85,3 +85,26 @@ def test_a_cancelled_message_batch_ends_with_its_requests_canceled(state_srv: Se
     kinds = [r.result.type for r in c.messages.batches.results(b.id)]
     assert len(kinds) == 400 and kinds.count("canceled") == counts.canceled
     assert kinds.count("succeeded") == counts.succeeded
+
+
+def test_each_api_lists_only_its_own_batches(state_srv: Server) -> None:
+    c = client(state_srv)
+    mine = c.messages.batches.create(requests=requests(1))  # type: ignore[arg-type]
+    oai = state_srv.client()
+    up = oai.files.create(
+        file=(
+            "in.jsonl",
+            b'{"custom_id":"o","method":"POST","url":"/v1/chat/completions","body":{"model":"%s",'
+            b'"max_tokens":4,"messages":[{"role":"user","content":"hi"}]}}\n' % MODEL.encode(),
+        ),
+        purpose="batch",
+    )
+    theirs = oai.batches.create(input_file_id=up.id, endpoint="/v1/chat/completions", completion_window="24h")
+    listed = [x.id for x in c.messages.batches.list(limit=100)]
+    assert mine.id in listed and all(i.startswith("msgbatch_") for i in listed), listed
+    listed = [x.id for x in oai.batches.list(limit=100).data]
+    assert theirs.id in listed and all(i.startswith("batch_") for i in listed), listed
+    # a cursor from the other API names no batch of this one
+    r = httpx.get(f"{state_srv.url}/v1/batches", params={"after": mine.id}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "after", r.text
+    wait(c, mine.id)

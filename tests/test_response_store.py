@@ -5,6 +5,7 @@ SQLite file and a PostgreSQL server (started here) that replicas share."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -161,11 +162,19 @@ def test_stored_responses_survive_a_restart(state: str) -> None:
         b.stop()
 
 
-def test_responses_past_their_time_are_removed(tmp_path: Any) -> None:
+def test_responses_and_batches_past_their_time_are_removed(tmp_path: Any) -> None:
     spec = str(tmp_path / "ttl.sqlite3")
     a = start_server(*ARGS, "--state-store", spec)
     try:
         old = create(a, input="Forget me.")
+        line = {"custom_id": "x", "method": "POST", "url": "/v1/chat/completions"}
+        line["body"] = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+        f = a.client().files.create(file=("in.jsonl", json.dumps(line).encode()), purpose="batch")
+        batch = a.client().batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        deadline = time.monotonic() + 60
+        while a.client().batches.retrieve(batch.id).status != "completed":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
     finally:
         a.stop()
     time.sleep(2.2)  # created_at is in whole seconds
@@ -181,6 +190,8 @@ def test_responses_past_their_time_are_removed(tmp_path: Any) -> None:
             assert time.monotonic() < deadline, "a response past --response-store-ttl is still there"
             time.sleep(0.1)
         assert b.client().responses.retrieve(young.id).id == young.id
+        with pytest.raises(openai.NotFoundError):
+            b.client().batches.retrieve(batch.id)  # ended before the TTL: gone with its results
     finally:
         b.stop()
 

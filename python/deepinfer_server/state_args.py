@@ -47,6 +47,14 @@ def add_arguments(p: argparse._ArgumentGroup) -> None:
         "every 10 minutes. 0: kept until deleted.",
     )
     p.add_argument(
+        "--state-store-max-bytes",
+        type=int,
+        default=10 << 30,
+        metavar="BYTES",
+        help="Most bytes stored responses and conversations may hold together; past it the oldest are removed "
+        "(responses by creation, conversations by their last addition) until they hold 90%% of it. 0: no cap.",
+    )
+    p.add_argument(
         "--files-dir",
         default=None,
         metavar="DIR",
@@ -86,6 +94,8 @@ def resolve(args: argparse.Namespace) -> str | None:
     """Why the store's flags cannot work, if they cannot; makes a SQLite file's directory."""
     if args.response_store_ttl < 0:
         return "--response-store-ttl must be 0 (keep until deleted) or more seconds"
+    if args.state_store_max_bytes < 0:
+        return "--state-store-max-bytes must be 0 (no cap) or more bytes"
     if args.max_file_bytes < 1 or args.upload_timeout <= 0:
         return "--max-file-bytes and --upload-timeout must be positive"
     spec = store_spec(args)
@@ -130,6 +140,7 @@ def server_config(args: argparse.Namespace) -> dict[str, Any]:
         "state_store": spec,
         "store_responses": bool(spec),
         "response_store_ttl_s": args.response_store_ttl,
+        "state_store_max_bytes": args.state_store_max_bytes,
         "files_dir": files_dir(args, spec),
         "max_file_bytes": args.max_file_bytes,
         "upload_timeout_s": args.upload_timeout,

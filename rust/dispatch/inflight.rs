@@ -4,7 +4,7 @@
 use crate::admission::Permit;
 use crate::error::ApiError;
 use crate::ring::records;
-use crate::stream::Outlet;
+use crate::stream::{Deliver, Outlet};
 use crate::trace::{Outcome, RequestTrace};
 use crate::ttft::Stamps;
 use bytes::Bytes;
@@ -34,15 +34,16 @@ pub struct Inflight {
     /// its last bytes go to the client, who may send its next request the moment it has them. A client that is
     /// still (slowly) reading must not hold engine capacity either.
     pub(super) permit: Mutex<Option<Permit>>,
-    /// Called with its last bytes as it succeeds, before they go to the client (a stored response is recorded);
-    /// returns the bytes to send.
+    /// Called with its last bytes as it succeeds, before they go to the client (a stored response is recorded),
+    /// with what sends them.
     pub(super) on_finish: Mutex<Option<OnFinish>>,
     /// Its OpenTelemetry trace (`crate::trace`), when tracing is on: told of its first token and its end.
     pub trace: Option<Arc<RequestTrace>>,
 }
 
-/// What to do with a request's last bytes as it succeeds: the bytes to send in their place.
-pub type OnFinish = Box<dyn FnOnce(Bytes) -> Bytes + Send>;
+/// What to do with a request's last bytes as it succeeds: it hands the bytes to send in their place to `Deliver`,
+/// now or once something they promise is done (a stored response is in the database).
+pub type OnFinish = Box<dyn FnOnce(Bytes, Deliver) + Send>;
 
 /// Tokens held for a later decode.
 #[derive(Default)]
@@ -91,11 +92,13 @@ pub(super) struct Timing {
 }
 
 impl Inflight {
-    /// Hand the request's last bytes to its finish hook, if it has one (once): the bytes to send.
-    pub fn finished_with(&self, last: Bytes) -> Bytes {
+    /// End the request with its last bytes: through its finish hook, if it has one (a stored response is written
+    /// before the client has its end), else to the client now.
+    pub fn finish(&self, last: Bytes) {
+        let deliver = self.outlet.last_bytes();
         match self.on_finish.lock().unwrap().take() {
-            Some(f) => f(last),
-            None => last,
+            Some(f) => f(last, deliver),
+            None => deliver(last),
         }
     }
 

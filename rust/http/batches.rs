@@ -74,7 +74,7 @@ pub async fn list(State(st): State<Arc<AppState>>, q: Result<Query<ListQuery>, Q
         if !(1..=PAGE_MAX).contains(&limit) {
             return Err(ApiError::bad_param("limit", format!("'limit' must be between 1 and {PAGE_MAX}.")));
         }
-        let page = store(&st)?.db.list_batches(q.after.as_deref(), limit as i64 + 1).await.map_err(failed)?;
+        let page = store(&st)?.db.list_batches("batch_", q.after.as_deref(), limit as i64 + 1).await.map_err(failed)?;
         let Some(mut page) = page else {
             return Err(ApiError::bad_param("after", "No batch with that id."));
         };

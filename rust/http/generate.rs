@@ -19,7 +19,7 @@ use crate::error::ApiError;
 use crate::ring::records::{ImageSet, Submit};
 use crate::store::background::Run;
 use crate::store::responses::{Echo, Keep};
-use crate::stream::{Outlet, StreamBuf};
+use crate::stream::{Deliver, Outlet, StreamBuf};
 use crate::trace::{Outcome, RequestTrace, ResponseGuard, body::TracedBody};
 use axum::Extension;
 use axum::body::{Body, Bytes};
@@ -153,16 +153,17 @@ pub(crate) async fn serve(
     let on_finish = match (keep, &st.store) {
         (Some(keep), Some(store)) => {
             let (store, rid, stream, echo) = (store.clone(), response_id.clone(), req.stream, echo.clone());
-            Some(Box::new(move |last: Bytes| {
+            Some(Box::new(move |last: Bytes, deliver: Deliver| {
                 let last = match &echo {
                     Some(e) => Bytes::from(e.apply(&last)),
                     None => last,
                 };
                 // A cancelled background response is recorded as cancelled, by its canceller.
                 if keep.writes() && !run.as_ref().is_some_and(|r| r.is_cancelled()) {
-                    store.record(rid, keep, &last, stream);
+                    store.record_then(rid, keep, last, stream, deliver);
+                } else {
+                    deliver(last);
                 }
-                last
             }) as OnFinish)
         }
         _ => None,

@@ -99,24 +99,15 @@ pub async fn list(State(st): State<Arc<AppState>>, q: Result<Query<ListQuery>, Q
         if !(1..=PAGE_MAX).contains(&limit) {
             return Err(ApiError::bad_param("limit", format!("'limit' must be between 1 and {PAGE_MAX}.")));
         }
-        let store = store(&st)?;
-        let mut data = Vec::new();
-        let mut after = q.after_id.clone();
-        let has_more = loop {
-            let page = store.db.list_batches(after.as_deref(), 100).await.map_err(failed)?;
-            let page = page.ok_or_else(|| ApiError::bad_param("after_id", "No message batch with that id."))?;
-            for b in &page {
-                if b.id.starts_with(PREFIX) && data.len() < limit {
-                    data.push(message_batch(&b.status, &serde_json::from_str(&b.batch).unwrap_or_default()));
-                } else if b.id.starts_with(PREFIX) {
-                    break;
-                }
-            }
-            if data.len() >= limit || page.len() < 100 {
-                break data.len() >= limit && page.len() >= 100;
-            }
-            after = page.last().map(|b| b.id.clone());
-        };
+        let page =
+            store(&st)?.db.list_batches(PREFIX, q.after_id.as_deref(), limit as i64 + 1).await.map_err(failed)?;
+        let mut page = page.ok_or_else(|| ApiError::bad_param("after_id", "No message batch with that id."))?;
+        let has_more = page.len() > limit;
+        page.truncate(limit);
+        let data: Vec<Value> = page
+            .iter()
+            .map(|b| message_batch(&b.status, &serde_json::from_str(&b.batch).unwrap_or_default()))
+            .collect();
         let id_of = |i: Option<&Value>| i.and_then(|b| b.get("id")).cloned().unwrap_or(Value::Null);
         let (first_id, last_id) = (id_of(data.first()), id_of(data.last()));
         Ok(Json(json!({"data": data, "has_more": has_more, "first_id": first_id, "last_id": last_id})).into_response())

@@ -28,6 +28,7 @@ impl Store {
             metadata: metadata.to_string(),
         };
         self.db.put_conversation(&c, &rows).await.map_err(failed)?;
+        self.retention.grew(rows.iter().map(|(_, item)| item.len()).sum());
         Ok(object(&c))
     }
 
@@ -63,6 +64,7 @@ impl Store {
         if !self.db.append_items(id, &rows, items::now()).await.map_err(failed)? {
             return Err(not_found(id));
         }
+        self.retention.grew(rows.iter().map(|(_, item)| item.len()).sum());
         rows.iter().map(|(_, item)| serde_json::from_str(item).map_err(|_| ApiError::Internal)).collect()
     }
 

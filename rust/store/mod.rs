@@ -12,6 +12,7 @@
 //! - `files`: uploaded files, their rows and their contents on disk.
 //! - `responses`: what the request path needs on top: chains and conversations spliced before a request's input,
 //!   and finished responses written in batches, waited for by the next request that names them.
+//! - `retention`: the bounds on what the store keeps, in time and in size.
 
 pub mod background;
 pub mod conversations;
@@ -20,6 +21,7 @@ pub mod files;
 pub mod items;
 pub mod queries;
 pub mod responses;
+pub mod retention;
 
 pub use db::Db;
 
@@ -30,9 +32,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
 /// Longest a request waits for a write it depends on (the response it names, the conversation it continues).
-const WRITE_WAIT: Duration = Duration::from_secs(10);
-/// How often records past their time are removed.
-const EXPIRE_EVERY: Duration = Duration::from_secs(600);
+pub(crate) const WRITE_WAIT: Duration = Duration::from_secs(10);
 
 /// The store as the request path and the routes use it: the database, and the writes still on their way to it.
 pub struct Store {
@@ -47,10 +47,17 @@ pub struct Store {
     pub files: Option<files::FileRoom>,
     /// Rung when a batch is created or cancelled here: the batch runner looks at once (`crate::batches`).
     pub batch_bell: tokio::sync::Notify,
+    /// How long and how much it keeps.
+    pub retention: retention::Retention,
 }
 
 impl Store {
-    pub fn new(db: Db, files: Option<files::FileRoom>, runtime: tokio::runtime::Handle) -> Arc<Self> {
+    pub fn new(
+        db: Db,
+        files: Option<files::FileRoom>,
+        retention: retention::Retention,
+        runtime: tokio::runtime::Handle,
+    ) -> Arc<Self> {
         let db = Arc::new(db);
         let (writer, queue) = mpsc::channel(responses::WRITE_QUEUE);
         let me = Arc::new(Store {
@@ -61,35 +68,10 @@ impl Store {
             runs: Arc::default(),
             files,
             batch_bell: tokio::sync::Notify::new(),
+            retention,
         });
         me.runtime.spawn(responses::write_all(Arc::downgrade(&me), db, queue));
         me
-    }
-
-    /// Remove responses and idle conversations older than `ttl`, now and every few minutes from now on (OpenAI
-    /// keeps responses 30 days): what clients store is bounded by time, not left to grow the disk forever.
-    /// Files past their own `expires_after` go too, with or without a TTL.
-    pub fn expire_every(self: &Arc<Self>, ttl: Option<Duration>) {
-        let me = self.clone();
-        self.runtime.spawn(async move {
-            let mut tick = tokio::time::interval(EXPIRE_EVERY);
-            loop {
-                tick.tick().await;
-                me.expire_files().await;
-                let Some(ttl) = ttl else { continue };
-                let before = items::now() - ttl.as_secs() as i64;
-                match me.db.expire_responses(before).await {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!(removed = n, "stored responses past --response-store-ttl removed"),
-                    Err(e) => tracing::warn!("could not remove expired responses: {e}"),
-                }
-                match me.db.expire_conversations(before).await {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!(removed = n, "conversations idle past --response-store-ttl removed"),
-                    Err(e) => tracing::warn!("could not remove expired conversations: {e}"),
-                }
-            }
-        });
     }
 
     /// Wait until the write of `key` (a response id, a conversation id) on its way, if any, is in the database.

@@ -10,8 +10,10 @@
 //!   write (`Store::settled`).
 
 use super::items::{self, chain_items, output_items, own_items};
-use super::{Db, Store, StoredResponse, failed};
+use super::{Db, Store, StoredResponse, WRITE_WAIT, failed};
 use crate::error::ApiError;
+use crate::stream::Deliver;
+use bytes::Bytes;
 use serde_json::{Value, json};
 use std::sync::{Arc, Weak};
 use tokio::sync::{mpsc, watch};
@@ -94,14 +96,25 @@ impl Store {
         Ok((spliced, Keep { store, previous, conversation, context, body }))
     }
 
-    /// Record a finished response from its last bytes (a whole body, or a stream's final events). Called on the
-    /// rank_io thread before the bytes go to the client: it marks the ids as being written and leaves the rest
-    /// (parsing, writing) to a task.
-    pub fn record(&self, id: String, keep: Keep, last: &[u8], stream: bool) {
-        let Some(response) = response_text(last, stream) else {
+    /// Record a finished response from its last bytes (a whole body, or a stream's final events), then `deliver`
+    /// them: the client has its `response.completed` (or its body) only once the response is in the database, so
+    /// a crash of the server a moment later loses nothing the client was told is done. Called on the rank_io
+    /// thread: it marks the ids as being written and leaves the rest (parsing, writing, sending) to tasks. A store
+    /// that cannot write in `WRITE_WAIT` does not hold the client longer: it gets its answer, the log the failure.
+    pub fn record_then(&self, id: String, keep: Keep, last: Bytes, stream: bool, deliver: Deliver) {
+        let Some(response) = response_text(&last, stream) else {
             tracing::warn!(response_id = %id, "a stored response's last bytes held no Response");
-            return;
+            return deliver(last);
         };
+        let mut written = self.record(id, keep, response);
+        self.runtime.spawn(async move {
+            let _ = tokio::time::timeout(WRITE_WAIT, written.wait_for(|done| *done)).await;
+            deliver(last);
+        });
+    }
+
+    /// Hand a finished response to the writer; its "written" flag.
+    fn record(&self, id: String, keep: Keep, response: &[u8]) -> watch::Receiver<bool> {
         let (done, wait) = watch::channel(false);
         {
             let mut writing = self.writing.lock().unwrap();
@@ -110,12 +123,13 @@ impl Store {
                 writing.insert(conv.clone(), wait.clone());
             }
         }
-        let write = Write { id, keep, response: response.to_vec(), done, wait };
+        let write = Write { id, keep, response: response.to_vec(), done, wait: wait.clone() };
         if let Err(e) = self.writer.try_send(write) {
             let w = e.into_inner();
             tracing::error!(response_id = %w.id, "the state store is {WRITE_QUEUE} responses behind: not stored");
             self.finished(&w);
         }
+        wait
     }
 
     /// The write is in the database (or given up): requests waiting for its ids go on.
@@ -137,17 +151,22 @@ pub(super) async fn write_all(store: Weak<Store>, db: Arc<Db>, mut queue: mpsc::
     while queue.recv_many(&mut batch, WRITE_BATCH).await > 0 {
         let records: Vec<Record> = batch.iter_mut().filter_map(to_record).collect();
         let stored: Vec<StoredResponse> = records.iter().filter_map(|r| r.response.clone()).collect();
-        if let Err(e) = db.put_responses(&stored).await {
-            tracing::error!(responses = stored.len(), "could not store responses: {e}");
+        let mut grew = 0;
+        match db.put_responses(&stored).await {
+            Ok(()) => {
+                grew += stored.iter().map(|r| r.context.len() + r.input_items.len() + r.response.len()).sum::<usize>()
+            }
+            Err(e) => tracing::error!(responses = stored.len(), "could not store responses: {e}"),
         }
         for (conv, rows) in records.iter().filter_map(|r| r.conversation.as_ref()) {
             match db.append_items(conv, rows, items::now()).await {
-                Ok(true) => {}
+                Ok(true) => grew += rows.iter().map(|(_, item)| item.len()).sum::<usize>(),
                 Ok(false) => tracing::info!(conversation = %conv, "a response's conversation was deleted meanwhile"),
                 Err(e) => tracing::error!(conversation = %conv, "could not add a response's items: {e}"),
             }
         }
         let Some(me) = store.upgrade() else { return };
+        me.retention.grew(grew);
         batch.drain(..).for_each(|w| me.finished(&w));
     }
 }

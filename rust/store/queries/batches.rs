@@ -36,21 +36,30 @@ impl Db {
         Ok(on_pool!(self, |pool| sqlx::query_as(q).bind(id).fetch_optional(pool).await?))
     }
 
-    /// Up to `limit` batches made before `after` (newest first); None when `after` is not a batch.
-    pub async fn list_batches(&self, after: Option<&str>, limit: i64) -> Result<Option<Vec<StoredBatch>>, StoreError> {
+    /// Up to `limit` batches whose ids start with `kind` (`batch_`, or Anthropic's `msgbatch_`: each API lists its
+    /// own) made before `after` (newest first); None when `after` is not such a batch.
+    pub async fn list_batches(
+        &self,
+        kind: &str,
+        after: Option<&str>,
+        limit: i64,
+    ) -> Result<Option<Vec<StoredBatch>>, StoreError> {
         let from = match after {
-            Some(after) => match self.get_batch(after).await? {
+            Some(after) => match self.get_batch(after).await?.filter(|b| b.id.starts_with(kind)) {
                 Some(b) => (b.created_at, b.id),
                 None => return Ok(None),
             },
             None => (i64::MAX, String::new()),
         };
-        let q = "SELECT id, created_at, status, batch FROM batches WHERE created_at < $1 OR (created_at = $1 AND id < $2) \
+        let q = "SELECT id, created_at, status, batch FROM batches \
+                 WHERE substr(id, 1, $4) = $5 AND (created_at < $1 OR (created_at = $1 AND id < $2)) \
                  ORDER BY created_at DESC, id DESC LIMIT $3";
         Ok(Some(on_pool!(self, |pool| sqlx::query_as(q)
             .bind(from.0)
             .bind(&from.1)
             .bind(limit)
+            .bind(kind.len() as i32)
+            .bind(kind)
             .fetch_all(pool)
             .await?)))
     }
@@ -115,5 +124,22 @@ impl Db {
         let q = "SELECT line, result FROM batch_results WHERE batch_id = $1 AND ok = $2 AND line >= $3 \
                  ORDER BY line LIMIT $4";
         Ok(on_pool!(self, |pool| sqlx::query_as(q).bind(id).bind(ok).bind(from).bind(limit).fetch_all(pool).await?))
+    }
+
+    /// Remove the finished batches created before `created_before` (Unix seconds), with their results; how many
+    /// went. Their output and error files are files: they go at their own time.
+    pub async fn expire_batches(&self, created_before: i64) -> Result<u64, StoreError> {
+        const ENDED: &str =
+            "created_at < $1 AND status NOT IN ('validating', 'in_progress', 'finalizing', 'cancelling')";
+        let n = on_pool!(self, |pool| {
+            let mut tx = pool.begin().await?;
+            let q = format!("DELETE FROM batch_results WHERE batch_id IN (SELECT id FROM batches WHERE {ENDED})");
+            sqlx::query(&q).bind(created_before).execute(&mut *tx).await?;
+            let q = format!("DELETE FROM batches WHERE {ENDED}");
+            let n = sqlx::query(&q).bind(created_before).execute(&mut *tx).await?;
+            tx.commit().await?;
+            n.rows_affected()
+        });
+        Ok(n)
     }
 }

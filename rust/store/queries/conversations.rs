@@ -10,6 +10,9 @@ pub struct ItemPage {
     pub has_more: bool,
 }
 
+/// An item at the end of a conversation, with its size (for the store's size cap).
+const INSERT_ITEM: &str = "INSERT INTO conversation_items (conversation_id, id, item, bytes) VALUES ($1, $2, $3, $4)";
+
 impl Db {
     /// A new conversation with its first items, in one transaction.
     pub async fn put_conversation(&self, c: &StoredConversation, items: &[(String, String)]) -> Result<(), StoreError> {
@@ -23,12 +26,8 @@ impl Db {
                 .execute(&mut *tx)
                 .await?;
             for (id, item) in items {
-                sqlx::query("INSERT INTO conversation_items (conversation_id, id, item) VALUES ($1, $2, $3)")
-                    .bind(&c.id)
-                    .bind(id)
-                    .bind(item)
-                    .execute(&mut *tx)
-                    .await?;
+                let q = sqlx::query(INSERT_ITEM).bind(&c.id).bind(id).bind(item).bind(item.len() as i64);
+                q.execute(&mut *tx).await?;
             }
             tx.commit().await?;
         });
@@ -78,12 +77,8 @@ impl Db {
                 return Ok(false);
             }
             for (item_id, item) in items {
-                sqlx::query("INSERT INTO conversation_items (conversation_id, id, item) VALUES ($1, $2, $3)")
-                    .bind(id)
-                    .bind(item_id)
-                    .bind(item)
-                    .execute(&mut *tx)
-                    .await?;
+                let q = sqlx::query(INSERT_ITEM).bind(id).bind(item_id).bind(item).bind(item.len() as i64);
+                q.execute(&mut *tx).await?;
             }
             tx.commit().await?;
         });
@@ -159,5 +154,22 @@ impl Db {
             n.rows_affected()
         });
         Ok(n)
+    }
+
+    /// When the conversation least recently added to was last added to.
+    pub async fn oldest_conversation(&self) -> Result<Option<i64>, StoreError> {
+        let q = "SELECT MIN(updated_at) FROM conversations";
+        Ok(on_pool!(self, |pool| sqlx::query_scalar(q).fetch_one(pool).await?))
+    }
+
+    /// Remove the conversation least recently added to, with its items; the bytes they held (None: there was none).
+    pub async fn evict_conversation_oldest(&self) -> Result<Option<i64>, StoreError> {
+        let q = "SELECT id FROM conversations ORDER BY updated_at, id LIMIT 1";
+        let id: Option<String> = on_pool!(self, |pool| sqlx::query_scalar(q).fetch_optional(pool).await?);
+        let Some(id) = id else { return Ok(None) };
+        let q = "SELECT CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM conversation_items WHERE conversation_id = $1";
+        let bytes: i64 = on_pool!(self, |pool| sqlx::query_scalar(q).bind(&id).fetch_one(pool).await?);
+        self.delete_conversation(&id).await?;
+        Ok(Some(bytes))
     }
 }

@@ -1,0 +1,10 @@
+-- What each stored response and conversation item holds, in bytes, kept in its row: the size cap
+-- (--state-store-max-bytes) sums it from an index instead of reading every row's text, and evicts oldest first.
+ALTER TABLE responses ADD COLUMN IF NOT EXISTS bytes BIGINT NOT NULL DEFAULT 0;
+UPDATE responses SET bytes = octet_length(context) + octet_length(input_items) + octet_length(response);
+CREATE INDEX IF NOT EXISTS responses_age_bytes ON responses (created_at, id, bytes);
+ALTER TABLE conversation_items ADD COLUMN IF NOT EXISTS bytes BIGINT NOT NULL DEFAULT 0;
+UPDATE conversation_items SET bytes = octet_length(item);
+CREATE INDEX IF NOT EXISTS conversation_items_bytes ON conversation_items (conversation_id, bytes);
+-- Finished batches past the TTL go, oldest first.
+CREATE INDEX IF NOT EXISTS batches_created_at ON batches (created_at);
