@@ -151,9 +151,11 @@ async fn run(state: Arc<AppState>, pids: Vec<i32>, tls: Option<Arc<Tls>>) -> std
     let readers: Vec<_> = (0..dispatcher.ranks.len())
         .map(|r| rank_io::spawn(dispatcher.clone(), state.codec.clone(), r, state.config.stream_interval()))
         .collect();
-    // Batches run in idle slots from now on: this replica's, and any a dead one left (`crate::batches`).
+    // Batches run in idle slots from now on: this replica's, and any a dead one left (`crate::batches`); so do
+    // background responses a dead replica left (`http::background_lease`).
     if let Some(store) = &state.store {
         crate::batches::start(state.clone(), store.clone());
+        crate::http::background_lease::start(state.clone(), store.clone());
     }
     let (failed_tx, mut failed_rx) = mpsc::unbounded_channel();
     if let Some(timeout) = state.config.watchdog_timeout() {

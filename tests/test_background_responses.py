@@ -114,3 +114,48 @@ def test_a_running_background_response_is_cancelled(paced: Server) -> None:
     # The replayed stream ends where it was stopped.
     events = list(c.responses.retrieve(r.id, stream=True))
     assert events and events[0].type == "response.created" and len(events) < 2000
+
+
+def replica(pg_url: str) -> Server:
+    return start_server(*STATE_ARGS[:2], "--max-num-seqs", "2", "--state-store", pg_url, "--sim-decode-step-ms", "20")
+
+
+def test_a_replica_finishes_the_background_response_of_one_that_was_killed(pg_url: str) -> None:
+    a, b = replica(pg_url), replica(pg_url)
+    try:
+        r = create(a, input="Run long.", background=True, max_output_tokens=100, extra_body=LONG)
+        deadline = time.monotonic() + 30
+        while a.client().responses.retrieve(r.id).status != "in_progress":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        a.proc.kill()  # SIGKILL, mid-answer
+        assert b.client().responses.retrieve(r.id).status in ("queued", "in_progress")
+        a.proc.wait()
+        done = until_done(b, r.id, timeout=90)  # once the dead replica's claim runs out (15 s)
+        assert done.status in ("completed", "incomplete"), done
+        assert done.usage is not None and done.usage.output_tokens == 100 and done.output
+        assert "running again a background response whose replica stopped" in b.log()
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_background_response_is_cancelled_through_another_replica(pg_url: str) -> None:
+    a, b = replica(pg_url), replica(pg_url)
+    try:
+        r = create(a, input="Go on and on.", background=True, max_output_tokens=2000, extra_body=LONG)
+        deadline = time.monotonic() + 30
+        while a.client().responses.retrieve(r.id).status != "in_progress":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        cancelled = b.client().responses.cancel(r.id)  # b does not run it: a does, and a stops it
+        assert cancelled.status == "cancelled" and time.monotonic() - t0 < 6
+        assert a.client().responses.retrieve(r.id).status == "cancelled"
+        deadline = time.monotonic() + 10
+        while httpx.get(f"{a.url}/get_load", timeout=5).json()["load"] != 0:  # its slot on a is free
+            assert time.monotonic() < deadline, "the cancelled response still runs on its replica"
+            time.sleep(0.1)
+    finally:
+        a.stop()
+        b.stop()

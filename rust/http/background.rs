@@ -2,9 +2,11 @@
 //! `stream: true`, its stream), and the request then runs through the one request path like any other, admission
 //! included, as a stream whose events are kept (`store::background`) for `GET /v1/responses/{id}?stream=true&
 //! starting_after=N`. The Response is in the store from the moment it is queued, so any replica answers `GET`;
-//! `POST /v1/responses/{id}/cancel` stops it on the replica that runs it.
+//! `POST /v1/responses/{id}/cancel` stops it on the replica that runs it, asked through any (`background_lease`,
+//! which also runs it again elsewhere if its replica dies).
 
 use super::AppState;
+use super::background_lease::{LEASE_S, cancel_elsewhere};
 use super::generate::{serve, sse_response};
 use crate::doors::{Door, GenerateRequest};
 use crate::error::ApiError;
@@ -67,6 +69,13 @@ pub async fn start(
     }
     body["stream"] = json!(true);
     let body = Bytes::from(serde_json::to_vec(&body).map_err(|_| ApiError::Internal)?);
+    // Claimed with its request kept: if this replica dies, another runs it (`background_lease`).
+    let until = items::now() + LEASE_S;
+    let kept = std::str::from_utf8(&body).map_err(|_| ApiError::Internal)?;
+    if let Err(e) = store.db.put_run(&response_id, kept, &store.instance, until).await {
+        store.runs.forget(&response_id);
+        return Err(failed(e));
+    }
     let task = tokio::spawn(run_in_background(st.clone(), store, door, body, arrival, request_id, run.clone()));
     run.set_task(task.abort_handle());
     if req.stream {
@@ -75,7 +84,7 @@ pub async fn start(
     Ok(Json(queued).into_response())
 }
 
-async fn run_in_background(
+pub(super) async fn run_in_background(
     st: Arc<AppState>,
     store: Arc<Store>,
     door: Door,
@@ -111,16 +120,25 @@ async fn run_in_background(
         }
     }
     run.finish();
+    end_run(&store, &run.id).await;
     store.runs.forget_later(run.id.clone());
+}
+
+/// Give up the claim on a run that ended.
+async fn end_run(store: &Store, id: &str) {
+    if let Err(e) = store.db.end_run(id).await {
+        tracing::warn!(response_id = %id, "could not end a background response's claim: {e}");
+    }
 }
 
 /// `POST /v1/responses/{id}/cancel` for a background response: stopped if it runs here, recorded as cancelled;
 /// one that already ended is answered as it is.
 pub async fn cancel(store: &Arc<Store>, id: &str) -> Result<Option<Response>, ApiError> {
-    let Some(run) = store.runs.get(id) else { return Ok(None) };
+    let Some(run) = store.runs.get(id) else { return cancel_elsewhere(store, id).await };
     if run.cancel() {
         let cancelled = end_as(store, &run, "cancelled", None).await;
         run.finish();
+        end_run(store, id).await;
         store.runs.forget_later(run.id.clone());
         return Ok(Some(Json(cancelled).into_response()));
     }

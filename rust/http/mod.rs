@@ -2,6 +2,7 @@
 
 mod auth;
 mod background;
+pub mod background_lease;
 mod batches;
 mod body;
 mod conversations;

@@ -70,7 +70,7 @@ pub async fn cancel_response(State(st): State<Arc<AppState>>, Path(id): Path<Str
         }
         let r = find(&st, &id).await?;
         if r.response.contains(r#""background":true"#) {
-            let msg = "This background response is not running on this replica (it ended, or another replica runs it).";
+            let msg = "This background response is no longer running: it has ended.";
             return Err(ApiError::bad_param("response_id", msg));
         }
         Err(ApiError::bad_param("response_id", "Only responses created with 'background: true' can be cancelled."))

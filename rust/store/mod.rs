@@ -49,6 +49,8 @@ pub struct Store {
     pub batch_bell: tokio::sync::Notify,
     /// How long and how much it keeps.
     pub retention: retention::Retention,
+    /// This replica's name in claims (background responses).
+    pub instance: String,
 }
 
 impl Store {
@@ -69,6 +71,7 @@ impl Store {
             files,
             batch_bell: tokio::sync::Notify::new(),
             retention,
+            instance: crate::ids::random_id("replica"),
         });
         me.runtime.spawn(responses::write_all(Arc::downgrade(&me), db, queue));
         me

@@ -1,5 +1,6 @@
 //! The store's SQL, one module per kind of record; each adds its methods to `Db`.
 
+mod background;
 mod batches;
 pub mod conversations;
 mod files;
