@@ -29,6 +29,8 @@ struct Inner {
     max_queued: usize,
     queue_timeout: Option<Duration>,
     state: Mutex<State>,
+    /// Rung when a slot becomes free (nobody waited for it): the batch runner looks at once (`slot_freed`).
+    freed: tokio::sync::Notify,
 }
 
 /// Waiters in admission order: (priority, arrival sequence) → where to hand the slot.
@@ -100,6 +102,7 @@ impl Inner {
             }
         }
         st.in_flight -= 1;
+        self.freed.notify_one();
     }
 }
 
@@ -122,7 +125,7 @@ impl Admission {
     }
 
     pub fn with_queue(capacity: usize, max_queued: usize, queue_timeout: Option<Duration>) -> Self {
-        let inner = Inner { capacity, max_queued, queue_timeout, state: Mutex::default() };
+        let inner = Inner { capacity, max_queued, queue_timeout, state: Mutex::default(), freed: Default::default() };
         Admission { inner: Arc::new(inner) }
     }
 
@@ -193,6 +196,11 @@ impl Admission {
         st.batch.insert(line, stop);
         permit.batch = Some(line);
         Some((permit, stopped))
+    }
+
+    /// Wait until a slot is freed that nobody waited for (or one was since the last call).
+    pub async fn slot_freed(&self) {
+        self.inner.freed.notified().await
     }
 
     /// Slots batch lines hold now.

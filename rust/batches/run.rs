@@ -20,8 +20,10 @@ use tokio::io::AsyncBufReadExt;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
-/// How often a running batch looks for a free slot, records what finished and renews its claim.
-const TICK: Duration = Duration::from_millis(10);
+/// A running batch looks for a free slot as one is freed (`Admission::slot_freed`), and at least this often (the
+/// clients' reserve shrinks with time, not with a release).
+const LOOK_EVERY: Duration = Duration::from_millis(100);
+/// How often it records what finished, reads a cancel and renews its claim.
 const RECORD_EVERY: Duration = Duration::from_secs(1);
 /// Lines of the output files read from the store at a time.
 const PAGE: i64 = 512;
@@ -177,7 +179,8 @@ impl Runner {
                     Some((ok, result)) => results.push((line.0, ok, result)),
                     None => retry.push_back(line), // a client's request took its slot
                 },
-                () = tokio::time::sleep(TICK) => {}
+                () = self.st.admission.slot_freed() => {}
+                () = tokio::time::sleep(LOOK_EVERY) => {}
             }
             if recorded.elapsed() >= RECORD_EVERY {
                 recorded = Instant::now();
