@@ -185,8 +185,9 @@ impl Admission {
         if st.in_flight + reserve >= self.inner.capacity {
             return None;
         }
-        // Beside clients, half of what is left at most: every sequence a step carries costs the others time.
-        if reserve > 0 && st.batch.len() >= (self.inner.capacity - reserve).div_ceil(2) {
+        // Beside clients, a quarter of what is left at most: every line a step carries costs the clients time (its
+        // tokens pass the same codec thread and GIL as theirs). With no client about, the batch takes every slot.
+        if reserve > 0 && st.batch.len() >= (self.inner.capacity - reserve).div_ceil(4) {
             return None;
         }
         let mut permit = self.take_free(&mut st)?;
