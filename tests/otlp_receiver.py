@@ -15,6 +15,7 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+UNSET = 0  # Status.STATUS_CODE_UNSET
 ERROR = 2  # Status.STATUS_CODE_ERROR
 SERVER = 2  # Span.SPAN_KIND_SERVER
 

@@ -1,7 +1,8 @@
 """OpenTelemetry traces, received for real: a server exporting OTLP to a receiver in the test (HTTP/protobuf and gRPC,
 decoded with `opentelemetry-proto`). The caller's `traceparent` is the parent; the TTFT stages tile arrival → first
-token and add up to the TTFT; every door has its gen_ai attributes and no text; errors, 429s and disconnects say so;
-an unreachable collector costs requests nothing. The gateway case (nginx keeps the header) is test_tracing_nginx.py.
+token and add up to the TTFT; every door has its gen_ai attributes and no text; a server failure is an error, a
+client's (4xx, 429, a disconnect) is not, and says what it was; an unreachable collector costs requests nothing. The
+gateway case (nginx keeps the header) is test_tracing_nginx.py.
 """
 
 from __future__ import annotations
@@ -199,13 +200,14 @@ def test_refusals_and_disconnects_mark_the_span(make_server: MakeServer, http_re
     # The client left mid-stream (the connection closed with the stream unread).
     span = http_rec.by_request_id("busy")
     assert (span.trace_id, span.parent_span_id) == (TRACE_ID, PARENT)
-    assert span.status_code == rx.ERROR and span.status_message == "429 rate_limit_exceeded"
+    # A refusal is the client's to handle, not a server failure: Unset, but visible as what it was.
+    assert span.status_code == rx.UNSET and span.status_message == ""
     assert span.attributes["http.response.status_code"] == 429
     assert span.attributes["error.type"] == "rate_limit_exceeded" and "rejected" in span.events
     assert rx.Receiver.children(http_rec, span) == []
     assert f"trace_id={TRACE_ID} " in log_line(srv, "busy", "request refused")
     span = http_rec.by_request_id("long")
-    assert span.status_code == rx.ERROR and span.attributes["http.response.status_code"] == 499
+    assert span.status_code == rx.UNSET and span.attributes["http.response.status_code"] == 499
     assert span.attributes["error.type"] == "client_disconnect"
     assert span.attributes["deepinfer.client_disconnected"] is True and "client_disconnect" in span.events
     assert "sse" in [k.name for k in http_rec.children(span)]
@@ -216,8 +218,28 @@ def test_refusals_and_disconnects_mark_the_span(make_server: MakeServer, http_re
     )
     assert r.status_code == 404
     span = http_rec.by_request_id("nomodel")
-    assert span.status_code == rx.ERROR and span.attributes["error.type"] == "model_not_found"
+    assert span.status_code == rx.UNSET and span.attributes["error.type"] == "model_not_found"
+    assert span.attributes["http.response.status_code"] == 404
     assert "nope" not in all_text(span), "the client's model name is not recorded for a refusal"
+
+
+def test_a_server_failure_is_an_error_and_a_client_error_is_not(make_server: MakeServer, http_rec: rx.Receiver) -> None:
+    """OpenTelemetry's HTTP conventions for a server: Error for a 5xx only; a 4xx leaves the status Unset, with the
+    status code and the error's code as `error.type`."""
+    # 20 ms a token and a half-second deadline: a long request times out (504).
+    srv = make_server(
+        "--sim-decode-step-ms", "20", "--request-timeout", "0.5", "--otlp-traces-endpoint", http_rec.endpoint, env=FAST
+    )
+    bad = chat(srv, "bad", stream=False, temperature=9)
+    assert bad.status_code == 400
+    span = http_rec.by_request_id("bad")
+    assert (span.status_code, span.attributes["http.response.status_code"]) == (rx.UNSET, 400)
+    assert span.attributes["error.type"] == bad.json()["error"]["code"] == "invalid_request_error"
+    slow = chat(srv, "slow", stream=False, max_tokens=200, ignore_eos=True)
+    assert slow.status_code == 504
+    span = http_rec.by_request_id("slow")
+    assert (span.status_code, span.status_message) == (rx.ERROR, "504 timeout")
+    assert (span.attributes["http.response.status_code"], span.attributes["error.type"]) == (504, "timeout")
 
 
 def test_grpc_export_from_the_standard_variables(make_server: MakeServer, grpc_rec: rx.Receiver) -> None:

@@ -6,6 +6,11 @@
 //! a request pays for its ids, the sampling decision and a handful of stores; its spans are built and exported on
 //! the export thread, never while a request thread waits, never with the GIL.
 //!
+//! Status, by OpenTelemetry's HTTP conventions for servers: Error for 5xx only (the server failed); a 4xx (429
+//! and a client that left, 499, included) leaves it Unset, with `http.response.status_code` and `error.type` (the
+//! error's code: `invalid_request_error`, `queue_full`, `client_disconnect`, ...) saying what happened, so error
+//! rates count the server's failures, not its clients'.
+//!
 //! `context` reads a W3C `traceparent`, `record` is what a request notes on its way, `spans` turns that into span
 //! data, `body` tells a record when the response's last byte left, `export` is the queue, its thread and the
 //! exporter.

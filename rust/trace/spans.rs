@@ -3,6 +3,10 @@
 //! explicit times. The TTFT stages tile arrival → first token exactly (they are `Stamps::stages`), `decode` tiles
 //! first → last token and `stream` last token → last byte written, so the children cover the span end to end;
 //! `sse` (first token read → its event written) overlaps `decode`.
+//!
+//! Status, as OpenTelemetry's HTTP conventions have it for a server: Error only for a failure of the server's
+//! (5xx); a refusal of the client's request (4xx, 429 included) and a client that went away (499) leave it Unset,
+//! and say what happened in `error.type` (the error's code) beside the status code.
 
 use super::record::{Record, RequestTrace};
 use opentelemetry::trace::{Event, SpanContext, SpanId, SpanKind, Status, TraceFlags};
@@ -81,6 +85,8 @@ pub(super) fn build(t: &RequestTrace, scope: &InstrumentationScope) -> Vec<SpanD
     let mut span_status = Status::Unset;
     if status >= 400 || status == 0 {
         attrs.push(KeyValue::new("error.type", reason.to_string()));
+    }
+    if status >= 500 || status == 0 {
         span_status = Status::error(format!("{status} {reason}"));
     }
     if status == 429 {
@@ -171,6 +177,31 @@ mod tests {
         };
         let sink = super::super::export::Sink::for_tests();
         RequestTrace::new(ids, Some(sink), Instant::now(), "chat", "/v1/chat/completions", "req-1")
+    }
+
+    /// The request span of a trace that ended `status` with `reason`, its response sent.
+    fn ended(t: &std::sync::Arc<RequestTrace>, status: u16, reason: &str) -> SpanData {
+        t.ended(Outcome::of(status, reason));
+        drop(ResponseGuard::new(t.clone()));
+        build(t, &InstrumentationScope::builder("test").build()).remove(0)
+    }
+
+    fn attr<'a>(span: &'a SpanData, key: &str) -> Option<&'a Value> {
+        span.attributes.iter().find(|kv| kv.key.as_str() == key).map(|kv| &kv.value)
+    }
+
+    #[test]
+    fn only_a_server_failure_is_an_error_and_a_refusal_says_what_it_was() {
+        for (status, code) in [(400, "invalid_request_error"), (429, "queue_full"), (499, "client_disconnect")] {
+            let span = ended(&traced(), status, code);
+            assert_eq!(span.status, Status::Unset, "{status}");
+            assert_eq!(attr(&span, "error.type"), Some(&Value::from(code)), "{status}");
+            assert_eq!(attr(&span, "http.response.status_code"), Some(&Value::I64(status as i64)));
+        }
+        let span = ended(&traced(), 503, "service_unavailable");
+        assert_eq!(span.status, Status::error("503 service_unavailable"));
+        let span = ended(&traced(), 200, "stop");
+        assert_eq!((span.status.clone(), attr(&span, "error.type")), (Status::Unset, None));
     }
 
     #[test]
