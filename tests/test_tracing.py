@@ -1,8 +1,9 @@
 """OpenTelemetry traces, received for real: a server exporting OTLP to a receiver in the test (HTTP/protobuf and gRPC,
 decoded with `opentelemetry-proto`). The caller's `traceparent` is the parent; the TTFT stages tile arrival → first
-token and add up to the TTFT; every door has its gen_ai attributes and no text; a server failure is an error, a
-client's (4xx, 429, a disconnect) is not, and says what it was; an unreachable collector costs requests nothing. The
-gateway case (nginx keeps the header) is test_tracing_nginx.py.
+token and add up to the TTFT; every door has its gen_ai attributes and no text; a background response's run has a
+trace of its own, linked to the request that created it; a server failure is an error, a client's (4xx, 429, a
+disconnect) is not, and says what it was; an unreachable collector costs requests nothing. The gateway case (nginx
+keeps the header) is test_tracing_nginx.py.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ TO_FIRST_TOKEN = ["parse", "queue", "encode", "dispatch", "ring", "engine_queue"
 # Spans leave every 50 ms instead of the spec's 5 s, so the tests wait little.
 FAST = {"OTEL_BSP_SCHEDULE_DELAY": "50"}
 CANARY = "zebra-canary-7f3a"
+STATE = ("--state-store", "memory")
 
 MakeServer = Callable[..., Server]
 
@@ -242,6 +244,85 @@ def test_a_server_failure_is_an_error_and_a_client_error_is_not(make_server: Mak
     assert (span.attributes["http.response.status_code"], span.attributes["error.type"]) == (504, "timeout")
 
 
+def wait_until(what: str, done: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def links(span: rx.Span) -> list[tuple[str, str, bool]]:
+    return [(k.trace_id, k.span_id, k.sampled) for k in span.links]
+
+
+def test_a_background_response_runs_in_a_trace_of_its_own_linked_to_its_post(
+    make_server: MakeServer, http_rec: rx.Receiver
+) -> None:
+    srv = make_server(*STATE, "--otlp-traces-endpoint", http_rec.endpoint, env=FAST)
+    c = srv.client()
+    h = {"traceparent": TRACEPARENT, "x-request-id": "bg"}
+    r = c.responses.create(model=MODEL, input=f"say {CANARY}", max_output_tokens=8, background=True, extra_headers=h)
+    assert r.background and r.status in ("queued", "in_progress")
+    wait_until("the run", lambda: c.responses.retrieve(r.id).status not in ("queued", "in_progress"))
+    done = c.responses.retrieve(r.id)
+    assert done.status in ("completed", "incomplete") and done.usage
+    # The POST: a short SERVER span in the caller's trace, without stages (it never reached a rank).
+    post = http_rec.by_request_id("bg")
+    assert (post.trace_id, post.parent_span_id, post.status_code) == (TRACE_ID, PARENT, rx.UNSET)
+    a = post.attributes
+    assert (a["http.response.status_code"], a["gen_ai.response.id"], a["deepinfer.background"]) == (200, r.id, True)
+    assert http_rec.children(post) == [] and post.links == []
+    # The run: the root of a trace of its own, linked to the POST's span, with a request's attributes and stages.
+    [run] = http_rec.roots("gen_ai.response.id", r.id)
+    assert run.trace_id != TRACE_ID and links(run) == [(TRACE_ID, post.span_id, True)]
+    assert (run.name, run.status_code) == (f"chat {MODEL}", rx.UNSET)
+    a = run.attributes
+    assert (a["deepinfer.background"], a["deepinfer.status_code"], a["deepinfer.request_id"]) == (True, 200, "bg")
+    assert "http.route" not in a and "error.type" not in a
+    assert (a["gen_ai.operation.name"], a["gen_ai.request.model"]) == ("chat", MODEL)
+    assert a["gen_ai.usage.output_tokens"] == done.usage.output_tokens
+    assert a["gen_ai.response.finish_reasons"] in (["length"], ["stop"])
+    check_stages(http_rec, run, stream=True)
+    assert abs(run.start_ns - post.start_ns) < 1e6, "the run starts when its POST arrived"
+    assert CANARY not in all_text(run)
+    # Streamed, the POST follows the run's events: its span ends with the last of them, whole.
+    h = {"x-request-id": "bg-stream"}
+    events = list(c.responses.create(model=MODEL, input="x", max_output_tokens=4, background=True, stream=True,
+                                     extra_headers=h))  # fmt: skip
+    rid = events[0].response.id  # type: ignore[union-attr]
+    post = http_rec.by_request_id("bg-stream")
+    assert "deepinfer.client_disconnected" not in post.attributes and post.attributes["gen_ai.response.id"] == rid
+    [run] = http_rec.roots("gen_ai.response.id", rid)
+    assert links(run) == [(post.trace_id, post.span_id, True)] and run.end_ns <= post.end_ns + 1000
+
+
+def test_a_cancelled_run_says_so_and_is_no_error(make_server: MakeServer, http_rec: rx.Receiver) -> None:
+    """A cancel stops a run from the server's side: `error.type` says `cancelled` (not the client disconnect its
+    abort looks like to the request path), whether it was running or still waiting for the one slot."""
+    srv = make_server(
+        *STATE, "--max-num-seqs", "1", "--sim-decode-step-ms", "20", "--otlp-traces-endpoint", http_rec.endpoint,
+        env=FAST,
+    )  # fmt: skip
+    c = srv.client()
+    long = {
+        "model": MODEL,
+        "input": "x",
+        "max_output_tokens": 2000,
+        "background": True,
+        "extra_body": {"ignore_eos": True},
+    }
+    running, waiting = c.responses.create(**long), c.responses.create(**long)  # type: ignore[call-overload]
+    wait_until("the first run", lambda: c.responses.retrieve(running.id).status == "in_progress")
+    for r in (waiting, running):
+        assert c.responses.cancel(r.id).status == "cancelled"
+    for r, reached_a_rank in ((running, True), (waiting, False)):
+        [run] = http_rec.roots("gen_ai.response.id", r.id)
+        a = run.attributes
+        assert (run.status_code, a["deepinfer.status_code"], a["error.type"]) == (rx.UNSET, 499, "cancelled"), a
+        assert "deepinfer.client_disconnected" not in a and run.events == []
+        assert ("deepinfer.dp_rank" in a) == reached_a_rank
+
+
 def test_grpc_export_from_the_standard_variables(make_server: MakeServer, grpc_rec: rx.Receiver) -> None:
     env = {
         **FAST,
@@ -294,13 +375,24 @@ def test_an_unreachable_collector_drops_spans_and_costs_requests_nothing(
 
 def test_sampling_follows_the_standard_variables(make_server: MakeServer, http_rec: rx.Receiver) -> None:
     env = {**FAST, "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}
-    srv = make_server("--otlp-traces-endpoint", http_rec.endpoint, env=env)
+    srv = make_server(*STATE, "--otlp-traces-endpoint", http_rec.endpoint, env=env)
     unsampled_parent = f"00-{TRACE_ID[:-4]}beef-{PARENT}-00"
     for rid, h in (("root", {}), ("off", {"traceparent": unsampled_parent}), ("on", {"traceparent": TRACEPARENT})):
         assert chat(srv, rid, stream=False, headers=h).status_code == 200
     assert http_rec.by_request_id("on").trace_id == TRACE_ID  # a sampled parent is followed
+    # A background run is a new root, but a parent-based sampler follows the request that created it.
+    c = srv.client()
+    ids = {}
+    for rid, tp in (("bg-off", unsampled_parent), ("bg-on", TRACEPARENT)):
+        h = {"traceparent": tp, "x-request-id": rid}
+        ids[rid] = c.responses.create(model=MODEL, input="x", max_output_tokens=4, background=True, extra_headers=h).id
+    for rid in ids.values():
+        wait_until("the runs", lambda rid=rid: c.responses.retrieve(rid).status not in ("queued", "in_progress"))
+    [run] = http_rec.roots("gen_ai.response.id", ids["bg-on"])
+    assert links(run) == [(TRACE_ID, http_rec.by_request_id("bg-on").span_id, True)]
     time.sleep(0.5)
-    assert {s.attributes["deepinfer.request_id"] for s in http_rec.requests()} == {"on"}
+    assert {s.attributes["deepinfer.request_id"] for s in http_rec.requests()} == {"on", "bg-on"}
+    assert not http_rec.roots("gen_ai.response.id", ids["bg-off"], n=0), "its creator was not sampled"
     assert "trace_id=" in log_line(srv, "root"), "an unsampled request still names its trace"
 
 

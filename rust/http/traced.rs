@@ -28,15 +28,12 @@ impl FromRequestParts<Arc<AppState>> for TraceParent {
 impl TraceParent {
     /// Start the request's trace at `arrival` (the moment its TTFT counts from): the trace, and the guard that ends
     /// it with the response.
-    pub fn begin(
-        self,
-        st: &AppState,
-        arrival: Instant,
-        operation: &'static str,
-        route: &'static str,
-    ) -> Option<(Arc<RequestTrace>, ResponseGuard)> {
+    pub fn begin(self, st: &AppState, arrival: Instant, operation: &'static str, route: &'static str) -> Traced {
         let (traces, (parent, id)) = (st.traces.as_ref()?, self.0?);
         let t = traces.begin(parent, arrival, operation, route, &id);
         Some((t.clone(), ResponseGuard::new(t)))
     }
 }
+
+/// A request's trace and the guard that ends it with its response, when traces are on.
+pub type Traced = Option<(Arc<RequestTrace>, ResponseGuard)>;
