@@ -1,15 +1,17 @@
 """OpenTelemetry traces, received for real: a server exporting OTLP to a receiver in the test (HTTP/protobuf and gRPC,
 decoded with `opentelemetry-proto`). The caller's `traceparent` is the parent; the TTFT stages tile arrival → first
-token and add up to the TTFT; every door has its gen_ai attributes and no text; a background response's run has a
-trace of its own, linked to the request that created it; a server failure is an error, a client's (4xx, 429, a
-disconnect) is not, and says what it was; an unreachable collector costs requests nothing. The gateway case (nginx
-keeps the header) is test_tracing_nginx.py.
+token and add up to the TTFT; every door has its gen_ai attributes and no text; a background response's run and each
+batch line have a trace of their own, linked to the request that created them; a server failure is an error, a
+client's (4xx, 429, a disconnect) is not, and says what it was; an unreachable collector costs requests nothing. The
+gateway case (nginx keeps the header) is test_tracing_nginx.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import itertools
+import json
 import re
 import socket
 import time
@@ -321,6 +323,55 @@ def test_a_cancelled_run_says_so_and_is_no_error(make_server: MakeServer, http_r
         assert (run.status_code, a["deepinfer.status_code"], a["error.type"]) == (rx.UNSET, 499, "cancelled"), a
         assert "deepinfer.client_disconnected" not in a and run.events == []
         assert ("deepinfer.dp_rank" in a) == reached_a_rank
+
+
+def test_each_batch_line_has_a_span_linked_to_the_request_that_created_the_batch(
+    make_server: MakeServer, http_rec: rx.Receiver
+) -> None:
+    srv = make_server(*STATE, "--otlp-traces-endpoint", http_rec.endpoint, env=FAST)
+    c = srv.client()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": CANARY}], "max_tokens": 4}
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body} for i in range(3)]
+    lines.append({**lines[0], "custom_id": "bad", "body": {**body, "model": "no-such-model"}})
+    text = "\n".join(json.dumps(x) for x in lines).encode()
+    f = c.files.create(file=("in.jsonl", io.BytesIO(text)), purpose="batch")
+    h = {"traceparent": TRACEPARENT, "x-request-id": "mkbatch"}
+    b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h", extra_headers=h)
+    wait_until("the batch", lambda: c.batches.retrieve(b.id).status == "completed")
+    done = c.batches.retrieve(b.id)
+    assert done.output_file_id
+    out = [json.loads(x) for x in c.files.content(done.output_file_id).text.splitlines()]
+    request_ids = {x["custom_id"]: x["response"]["request_id"] for x in out}
+    # The creating request's span, in the caller's trace: the one every line links to.
+    create = http_rec.by_request_id("mkbatch")
+    assert (create.trace_id, create.parent_span_id, create.name) == (TRACE_ID, PARENT, "create_batch")
+    assert (create.attributes["http.route"], create.attributes["deepinfer.batch.id"]) == ("/v1/batches", b.id)
+    spans = {s.attributes["deepinfer.batch.custom_id"]: s for s in http_rec.roots("deepinfer.batch.id", b.id, n=4)}
+    assert sorted(spans) == ["bad", "r0", "r1", "r2"]
+    assert len({s.trace_id for s in spans.values()} | {TRACE_ID}) == 5, "each line is a trace of its own"
+    for custom_id, span in spans.items():
+        assert links(span) == [(TRACE_ID, create.span_id, True)], custom_id
+    for i in range(3):
+        span = spans[f"r{i}"]
+        a = span.attributes
+        assert (span.name, span.status_code, a["deepinfer.status_code"]) == (f"chat {MODEL}", rx.UNSET, 200)
+        assert a["deepinfer.request_id"] == request_ids[f"r{i}"] and a["gen_ai.usage.output_tokens"] > 0
+        check_stages(http_rec, span, stream=False)
+    bad = spans["bad"]
+    assert (bad.status_code, bad.attributes["deepinfer.status_code"]) == (rx.UNSET, 404)
+    assert bad.attributes["error.type"] == "model_not_found" and http_rec.children(bad) == []
+
+    # Anthropic's Message Batches run on the same lane; without a traceparent the batch's POST starts a trace.
+    reqs = [{"custom_id": "m0", "params": {**body, "max_tokens": 4}}]
+    url = f"{srv.url}/v1/messages/batches"
+    mb = httpx.post(url, json={"requests": reqs}, headers={"x-request-id": "mkmsg"}, timeout=30).json()
+    ended = lambda: httpx.get(f"{url}/{mb['id']}", timeout=30).json()["processing_status"] == "ended"  # noqa: E731
+    wait_until("the message batch", ended)
+    create = http_rec.by_request_id("mkmsg")
+    assert (create.parent_span_id, create.attributes["http.route"]) == ("", "/v1/messages/batches")
+    [line] = http_rec.roots("deepinfer.batch.id", mb["id"])
+    assert links(line) == [(create.trace_id, create.span_id, True)]
+    assert (line.attributes["deepinfer.batch.custom_id"], line.name) == ("m0", f"chat {MODEL}")
 
 
 def test_grpc_export_from_the_standard_variables(make_server: MakeServer, grpc_rec: rx.Receiver) -> None:
