@@ -15,7 +15,9 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+UNSET = 0  # Status.STATUS_CODE_UNSET
 ERROR = 2  # Status.STATUS_CODE_ERROR
+INTERNAL = 1  # Span.SPAN_KIND_INTERNAL
 SERVER = 2  # Span.SPAN_KIND_SERVER
 
 
@@ -24,6 +26,13 @@ def value(v: AnyValue) -> Any:
     if kind == "array_value":
         return [value(x) for x in v.array_value.values]
     return getattr(v, kind) if kind else None
+
+
+@dataclass
+class Link:
+    trace_id: str
+    span_id: str
+    sampled: bool
 
 
 @dataclass
@@ -41,6 +50,7 @@ class Span:
     events: list[str]
     resource: dict[str, Any]
     scope: str
+    links: list[Link] = field(default_factory=list)
 
     @property
     def ms(self) -> float:
@@ -78,6 +88,7 @@ class Receiver:
                             events=[e.name for e in s.events],
                             resource=resource,
                             scope=ss.scope.name,
+                            links=[Link(k.trace_id.hex(), k.span_id.hex(), bool(k.flags & 1)) for k in s.links],
                         )
                     )
         with self.lock:
@@ -88,6 +99,23 @@ class Receiver:
         """The request spans (SERVER), in arrival order."""
         with self.lock:
             return [s for s in self.spans if s.kind == SERVER]
+
+    def roots(self, key: str, value: Any, n: int = 1, timeout: float = 20.0) -> list[Span]:
+        """The `n` root spans of work a request left behind (INTERNAL, no parent) whose attribute `key` is `value`."""
+
+        def found() -> list[Span]:
+            with self.lock:
+                return [
+                    s
+                    for s in self.spans
+                    if s.kind == INTERNAL and not s.parent_span_id and s.attributes.get(key) == value
+                ]
+
+        deadline = time.monotonic() + timeout
+        while len(spans := found()) < n:
+            assert time.monotonic() < deadline, f"{len(spans)} of {n} spans with {key}={value!r}"
+            time.sleep(0.05)
+        return spans
 
     def children(self, parent: Span) -> list[Span]:
         with self.lock:

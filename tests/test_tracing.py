@@ -1,13 +1,17 @@
 """OpenTelemetry traces, received for real: a server exporting OTLP to a receiver in the test (HTTP/protobuf and gRPC,
 decoded with `opentelemetry-proto`). The caller's `traceparent` is the parent; the TTFT stages tile arrival → first
-token and add up to the TTFT; every door has its gen_ai attributes and no text; errors, 429s and disconnects say so;
-an unreachable collector costs requests nothing. The gateway case (nginx keeps the header) is test_tracing_nginx.py.
+token and add up to the TTFT; every door has its gen_ai attributes and no text; a background response's run and each
+batch line have a trace of their own, linked to the request that created them; a server failure is an error, a
+client's (4xx, 429, a disconnect) is not, and says what it was; an unreachable collector costs requests nothing. The
+gateway case (nginx keeps the header) is test_tracing_nginx.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import itertools
+import json
 import re
 import socket
 import time
@@ -26,6 +30,7 @@ TO_FIRST_TOKEN = ["parse", "queue", "encode", "dispatch", "ring", "engine_queue"
 # Spans leave every 50 ms instead of the spec's 5 s, so the tests wait little.
 FAST = {"OTEL_BSP_SCHEDULE_DELAY": "50"}
 CANARY = "zebra-canary-7f3a"
+STATE = ("--state-store", "memory")
 
 MakeServer = Callable[..., Server]
 
@@ -199,13 +204,14 @@ def test_refusals_and_disconnects_mark_the_span(make_server: MakeServer, http_re
     # The client left mid-stream (the connection closed with the stream unread).
     span = http_rec.by_request_id("busy")
     assert (span.trace_id, span.parent_span_id) == (TRACE_ID, PARENT)
-    assert span.status_code == rx.ERROR and span.status_message == "429 rate_limit_exceeded"
+    # A refusal is the client's to handle, not a server failure: Unset, but visible as what it was.
+    assert span.status_code == rx.UNSET and span.status_message == ""
     assert span.attributes["http.response.status_code"] == 429
     assert span.attributes["error.type"] == "rate_limit_exceeded" and "rejected" in span.events
     assert rx.Receiver.children(http_rec, span) == []
     assert f"trace_id={TRACE_ID} " in log_line(srv, "busy", "request refused")
     span = http_rec.by_request_id("long")
-    assert span.status_code == rx.ERROR and span.attributes["http.response.status_code"] == 499
+    assert span.status_code == rx.UNSET and span.attributes["http.response.status_code"] == 499
     assert span.attributes["error.type"] == "client_disconnect"
     assert span.attributes["deepinfer.client_disconnected"] is True and "client_disconnect" in span.events
     assert "sse" in [k.name for k in http_rec.children(span)]
@@ -216,8 +222,156 @@ def test_refusals_and_disconnects_mark_the_span(make_server: MakeServer, http_re
     )
     assert r.status_code == 404
     span = http_rec.by_request_id("nomodel")
-    assert span.status_code == rx.ERROR and span.attributes["error.type"] == "model_not_found"
+    assert span.status_code == rx.UNSET and span.attributes["error.type"] == "model_not_found"
+    assert span.attributes["http.response.status_code"] == 404
     assert "nope" not in all_text(span), "the client's model name is not recorded for a refusal"
+
+
+def test_a_server_failure_is_an_error_and_a_client_error_is_not(make_server: MakeServer, http_rec: rx.Receiver) -> None:
+    """OpenTelemetry's HTTP conventions for a server: Error for a 5xx only; a 4xx leaves the status Unset, with the
+    status code and the error's code as `error.type`."""
+    # 20 ms a token and a half-second deadline: a long request times out (504).
+    srv = make_server(
+        "--sim-decode-step-ms", "20", "--request-timeout", "0.5", "--otlp-traces-endpoint", http_rec.endpoint, env=FAST
+    )
+    bad = chat(srv, "bad", stream=False, temperature=9)
+    assert bad.status_code == 400
+    span = http_rec.by_request_id("bad")
+    assert (span.status_code, span.attributes["http.response.status_code"]) == (rx.UNSET, 400)
+    assert span.attributes["error.type"] == bad.json()["error"]["code"] == "invalid_request_error"
+    slow = chat(srv, "slow", stream=False, max_tokens=200, ignore_eos=True)
+    assert slow.status_code == 504
+    span = http_rec.by_request_id("slow")
+    assert (span.status_code, span.status_message) == (rx.ERROR, "504 timeout")
+    assert (span.attributes["http.response.status_code"], span.attributes["error.type"]) == (504, "timeout")
+
+
+def wait_until(what: str, done: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def links(span: rx.Span) -> list[tuple[str, str, bool]]:
+    return [(k.trace_id, k.span_id, k.sampled) for k in span.links]
+
+
+def test_a_background_response_runs_in_a_trace_of_its_own_linked_to_its_post(
+    make_server: MakeServer, http_rec: rx.Receiver
+) -> None:
+    srv = make_server(*STATE, "--otlp-traces-endpoint", http_rec.endpoint, env=FAST)
+    c = srv.client()
+    h = {"traceparent": TRACEPARENT, "x-request-id": "bg"}
+    r = c.responses.create(model=MODEL, input=f"say {CANARY}", max_output_tokens=8, background=True, extra_headers=h)
+    assert r.background and r.status in ("queued", "in_progress")
+    wait_until("the run", lambda: c.responses.retrieve(r.id).status not in ("queued", "in_progress"))
+    done = c.responses.retrieve(r.id)
+    assert done.status in ("completed", "incomplete") and done.usage
+    # The POST: a short SERVER span in the caller's trace, without stages (it never reached a rank).
+    post = http_rec.by_request_id("bg")
+    assert (post.trace_id, post.parent_span_id, post.status_code) == (TRACE_ID, PARENT, rx.UNSET)
+    a = post.attributes
+    assert (a["http.response.status_code"], a["gen_ai.response.id"], a["deepinfer.background"]) == (200, r.id, True)
+    assert http_rec.children(post) == [] and post.links == []
+    # The run: the root of a trace of its own, linked to the POST's span, with a request's attributes and stages.
+    [run] = http_rec.roots("gen_ai.response.id", r.id)
+    assert run.trace_id != TRACE_ID and links(run) == [(TRACE_ID, post.span_id, True)]
+    assert (run.name, run.status_code) == (f"chat {MODEL}", rx.UNSET)
+    a = run.attributes
+    assert (a["deepinfer.background"], a["deepinfer.status_code"], a["deepinfer.request_id"]) == (True, 200, "bg")
+    assert "http.route" not in a and "error.type" not in a
+    assert (a["gen_ai.operation.name"], a["gen_ai.request.model"]) == ("chat", MODEL)
+    assert a["gen_ai.usage.output_tokens"] == done.usage.output_tokens
+    assert a["gen_ai.response.finish_reasons"] in (["length"], ["stop"])
+    check_stages(http_rec, run, stream=True)
+    assert abs(run.start_ns - post.start_ns) < 1e6, "the run starts when its POST arrived"
+    assert CANARY not in all_text(run)
+    # Streamed, the POST follows the run's events: its span ends with the last of them, whole.
+    h = {"x-request-id": "bg-stream"}
+    events = list(c.responses.create(model=MODEL, input="x", max_output_tokens=4, background=True, stream=True,
+                                     extra_headers=h))  # fmt: skip
+    rid = events[0].response.id  # type: ignore[union-attr]
+    post = http_rec.by_request_id("bg-stream")
+    assert "deepinfer.client_disconnected" not in post.attributes and post.attributes["gen_ai.response.id"] == rid
+    [run] = http_rec.roots("gen_ai.response.id", rid)
+    assert links(run) == [(post.trace_id, post.span_id, True)] and run.end_ns <= post.end_ns + 1000
+
+
+def test_a_cancelled_run_says_so_and_is_no_error(make_server: MakeServer, http_rec: rx.Receiver) -> None:
+    """A cancel stops a run from the server's side: `error.type` says `cancelled` (not the client disconnect its
+    abort looks like to the request path), whether it was running or still waiting for the one slot."""
+    srv = make_server(
+        *STATE, "--max-num-seqs", "1", "--sim-decode-step-ms", "20", "--otlp-traces-endpoint", http_rec.endpoint,
+        env=FAST,
+    )  # fmt: skip
+    c = srv.client()
+    long = {
+        "model": MODEL,
+        "input": "x",
+        "max_output_tokens": 2000,
+        "background": True,
+        "extra_body": {"ignore_eos": True},
+    }
+    running, waiting = c.responses.create(**long), c.responses.create(**long)  # type: ignore[call-overload]
+    wait_until("the first run", lambda: c.responses.retrieve(running.id).status == "in_progress")
+    for r in (waiting, running):
+        assert c.responses.cancel(r.id).status == "cancelled"
+    for r, reached_a_rank in ((running, True), (waiting, False)):
+        [run] = http_rec.roots("gen_ai.response.id", r.id)
+        a = run.attributes
+        assert (run.status_code, a["deepinfer.status_code"], a["error.type"]) == (rx.UNSET, 499, "cancelled"), a
+        assert "deepinfer.client_disconnected" not in a and run.events == []
+        assert ("deepinfer.dp_rank" in a) == reached_a_rank
+
+
+def test_each_batch_line_has_a_span_linked_to_the_request_that_created_the_batch(
+    make_server: MakeServer, http_rec: rx.Receiver
+) -> None:
+    srv = make_server(*STATE, "--otlp-traces-endpoint", http_rec.endpoint, env=FAST)
+    c = srv.client()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": CANARY}], "max_tokens": 4}
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body} for i in range(3)]
+    lines.append({**lines[0], "custom_id": "bad", "body": {**body, "model": "no-such-model"}})
+    text = "\n".join(json.dumps(x) for x in lines).encode()
+    f = c.files.create(file=("in.jsonl", io.BytesIO(text)), purpose="batch")
+    h = {"traceparent": TRACEPARENT, "x-request-id": "mkbatch"}
+    b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h", extra_headers=h)
+    wait_until("the batch", lambda: c.batches.retrieve(b.id).status == "completed")
+    done = c.batches.retrieve(b.id)
+    assert done.output_file_id
+    out = [json.loads(x) for x in c.files.content(done.output_file_id).text.splitlines()]
+    request_ids = {x["custom_id"]: x["response"]["request_id"] for x in out}
+    # The creating request's span, in the caller's trace: the one every line links to.
+    create = http_rec.by_request_id("mkbatch")
+    assert (create.trace_id, create.parent_span_id, create.name) == (TRACE_ID, PARENT, "create_batch")
+    assert (create.attributes["http.route"], create.attributes["deepinfer.batch.id"]) == ("/v1/batches", b.id)
+    spans = {s.attributes["deepinfer.batch.custom_id"]: s for s in http_rec.roots("deepinfer.batch.id", b.id, n=4)}
+    assert sorted(spans) == ["bad", "r0", "r1", "r2"]
+    assert len({s.trace_id for s in spans.values()} | {TRACE_ID}) == 5, "each line is a trace of its own"
+    for custom_id, span in spans.items():
+        assert links(span) == [(TRACE_ID, create.span_id, True)], custom_id
+    for i in range(3):
+        span = spans[f"r{i}"]
+        a = span.attributes
+        assert (span.name, span.status_code, a["deepinfer.status_code"]) == (f"chat {MODEL}", rx.UNSET, 200)
+        assert a["deepinfer.request_id"] == request_ids[f"r{i}"] and a["gen_ai.usage.output_tokens"] > 0
+        check_stages(http_rec, span, stream=False)
+    bad = spans["bad"]
+    assert (bad.status_code, bad.attributes["deepinfer.status_code"]) == (rx.UNSET, 404)
+    assert bad.attributes["error.type"] == "model_not_found" and http_rec.children(bad) == []
+
+    # Anthropic's Message Batches run on the same lane; without a traceparent the batch's POST starts a trace.
+    reqs = [{"custom_id": "m0", "params": {**body, "max_tokens": 4}}]
+    url = f"{srv.url}/v1/messages/batches"
+    mb = httpx.post(url, json={"requests": reqs}, headers={"x-request-id": "mkmsg"}, timeout=30).json()
+    ended = lambda: httpx.get(f"{url}/{mb['id']}", timeout=30).json()["processing_status"] == "ended"  # noqa: E731
+    wait_until("the message batch", ended)
+    create = http_rec.by_request_id("mkmsg")
+    assert (create.parent_span_id, create.attributes["http.route"]) == ("", "/v1/messages/batches")
+    [line] = http_rec.roots("deepinfer.batch.id", mb["id"])
+    assert links(line) == [(create.trace_id, create.span_id, True)]
+    assert (line.attributes["deepinfer.batch.custom_id"], line.name) == ("m0", f"chat {MODEL}")
 
 
 def test_grpc_export_from_the_standard_variables(make_server: MakeServer, grpc_rec: rx.Receiver) -> None:
@@ -272,13 +426,24 @@ def test_an_unreachable_collector_drops_spans_and_costs_requests_nothing(
 
 def test_sampling_follows_the_standard_variables(make_server: MakeServer, http_rec: rx.Receiver) -> None:
     env = {**FAST, "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}
-    srv = make_server("--otlp-traces-endpoint", http_rec.endpoint, env=env)
+    srv = make_server(*STATE, "--otlp-traces-endpoint", http_rec.endpoint, env=env)
     unsampled_parent = f"00-{TRACE_ID[:-4]}beef-{PARENT}-00"
     for rid, h in (("root", {}), ("off", {"traceparent": unsampled_parent}), ("on", {"traceparent": TRACEPARENT})):
         assert chat(srv, rid, stream=False, headers=h).status_code == 200
     assert http_rec.by_request_id("on").trace_id == TRACE_ID  # a sampled parent is followed
+    # A background run is a new root, but a parent-based sampler follows the request that created it.
+    c = srv.client()
+    ids = {}
+    for rid, tp in (("bg-off", unsampled_parent), ("bg-on", TRACEPARENT)):
+        h = {"traceparent": tp, "x-request-id": rid}
+        ids[rid] = c.responses.create(model=MODEL, input="x", max_output_tokens=4, background=True, extra_headers=h).id
+    for rid in ids.values():
+        wait_until("the runs", lambda rid=rid: c.responses.retrieve(rid).status not in ("queued", "in_progress"))
+    [run] = http_rec.roots("gen_ai.response.id", ids["bg-on"])
+    assert links(run) == [(TRACE_ID, http_rec.by_request_id("bg-on").span_id, True)]
     time.sleep(0.5)
-    assert {s.attributes["deepinfer.request_id"] for s in http_rec.requests()} == {"on"}
+    assert {s.attributes["deepinfer.request_id"] for s in http_rec.requests()} == {"on", "bg-on"}
+    assert not http_rec.roots("gen_ai.response.id", ids["bg-off"], n=0), "its creator was not sampled"
     assert "trace_id=" in log_line(srv, "root"), "an unsampled request still names its trace"
 
 

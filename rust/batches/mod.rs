@@ -4,10 +4,12 @@
 //!
 //! - `object`: the Batch object, the input lines' checks, the output lines;
 //! - `run`: running one batch: its lines through the one request path in idle slots only (`Admission::
-//!   try_admit_batch`), given up to any client's request that needs one.
+//!   try_admit_batch`), given up to any client's request that needs one;
+//! - `traced`: a line's span, linked to the request that created the batch.
 
 pub mod object;
 mod run;
+mod traced;
 
 use crate::http::AppState;
 use crate::store::{Store, items};

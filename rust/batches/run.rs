@@ -5,11 +5,13 @@
 //! lines in flight, and a line that runs twice (a takeover) counts once.
 
 use super::object::{self, door, parse_line, result_line, set_counts, set_status};
+use super::traced::LineTraces;
 use crate::admission::Permit;
 use crate::doors::Door;
 use crate::error::ApiError;
 use crate::http::{AppState, serve};
 use crate::store::{Store, StoreError, items};
+use crate::trace::{Outcome, ResponseGuard, StopCause};
 use axum::body::Bytes;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
@@ -54,7 +56,7 @@ impl Runner {
             let next = match row.status.as_str() {
                 "validating" => self.validate(&mut batch).await?,
                 "in_progress" if now > batch["expires_at"].as_i64().unwrap_or(i64::MAX) => "expired",
-                "in_progress" => match self.lines(id, &mut batch).await? {
+                "in_progress" => match self.lines(id, &mut batch, row.trace_context.as_deref()).await? {
                     Stop::Done => "finalizing",
                     Stop::Cancel => "cancelling",
                     Stop::Expire => "expired",
@@ -138,8 +140,10 @@ impl Runner {
     }
 
     /// Run every line not done yet, in idle slots, until all are done, the batch is cancelled, or it expires.
-    async fn lines(&self, id: &str, batch: &mut Value) -> Result<Stop, StoreError> {
+    /// `trace_context`: the span of the request that created it, which the lines' spans link to.
+    async fn lines(&self, id: &str, batch: &mut Value, trace_context: Option<&str>) -> Result<Stop, StoreError> {
         let endpoint = batch["endpoint"].as_str().unwrap_or_default().to_string();
+        let traces = LineTraces::new(&self.st, id, trace_context);
         let Some(door) = door(&endpoint) else { return Ok(Stop::Cancel) };
         let expires_at = batch["expires_at"].as_i64().unwrap_or(i64::MAX);
         let total = batch["request_counts"]["total"].as_i64().unwrap_or(0);
@@ -165,9 +169,9 @@ impl Runner {
                     exhausted = true;
                     break;
                 };
-                let st = self.st.clone();
+                let (st, traces) = (self.st.clone(), traces.clone());
                 running.spawn(async move {
-                    let outcome = run_line(&st, door, &custom_id, body.clone(), slot, stopped).await;
+                    let outcome = run_line(&st, door, &custom_id, body.clone(), slot, stopped, traces).await;
                     ((no, custom_id, body), outcome)
                 });
             }
@@ -294,7 +298,7 @@ async fn next_line(
 }
 
 /// Run one line through the request path in its slot: (succeeded, its result line), or None if a client's
-/// request took the slot first (the line runs again later).
+/// request took the slot first (the line runs again later, with a span of its own).
 async fn run_line(
     st: &Arc<AppState>,
     door: Door,
@@ -302,27 +306,43 @@ async fn run_line(
     mut body: Value,
     slot: Permit,
     mut stopped: oneshot::Receiver<()>,
+    traces: Option<Arc<LineTraces>>,
 ) -> Option<(bool, String)> {
     body["stream"] = json!(false);
     let request_id = crate::ids::random_id("batch_req");
     let raw = serde_json::to_vec(&body).unwrap_or_default();
+    let arrival = Instant::now();
+    let trace = traces.and_then(|t| t.begin(st, door, custom_id, &request_id, arrival));
+    let traced = trace.as_ref().map(|t| (t.clone(), ResponseGuard::new(t.clone())));
     let served = async {
         let req = door.parse(&raw, &st.config.served_model_names)?;
-        serve(st, door, req, Instant::now(), request_id.clone(), None, Some(slot), None).await
+        serve(st, door, req, arrival, request_id.clone(), None, Some(slot), traced).await
     };
     tokio::pin!(served);
+    // Dropped before `served` (whose drop aborts the request): a line the runner stops (its batch cancelled or
+    // expired, or its slot given up) says so in its span.
+    let mut stop = StopCause::new(trace.clone(), "batch_stopped");
     let answered = tokio::select! {
         answered = &mut served => answered,
         // A closed channel is the slot's normal end, not a preemption: keep waiting for the answer then.
-        Ok(()) = &mut stopped => return None,
+        Ok(()) = &mut stopped => {
+            stop.cause = "batch_preempted";
+            return None;
+        }
     };
+    stop.disarm(); // it ran to its end: it ends as its request did
     let (status, bytes) = match answered {
         Err(ApiError::Unavailable(_)) => return None, // draining, or a rank down: not the line's fault
         Ok(resp) => {
             let status = resp.status().as_u16();
             (status, axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap_or_default())
         }
-        Err(e) => (e.status().as_u16(), Bytes::from(door.envelope(&e))),
+        Err(e) => {
+            if let Some(t) = &trace {
+                t.ended(Outcome::of(e.status().as_u16(), e.code()));
+            }
+            (e.status().as_u16(), Bytes::from(door.envelope(&e)))
+        }
     };
     Some((status == 200, result_line(custom_id, &request_id, status, &bytes)))
 }

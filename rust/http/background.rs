@@ -4,18 +4,25 @@
 //! starting_after=N`. The Response is in the store from the moment it is queued, so any replica answers `GET`;
 //! `POST /v1/responses/{id}/cancel` stops it on the replica that runs it, asked through any (`background_lease`,
 //! which also runs it again elsewhere if its replica dies).
+//!
+//! Traced, the `POST` has its own short span, and the run a trace of its own linked to it (`crate::trace`).
 
 use super::AppState;
 use super::background_lease::{LEASE_S, cancel_elsewhere};
 use super::generate::{serve, sse_response};
+use super::traced::Traced;
 use crate::doors::{Door, GenerateRequest};
 use crate::error::ApiError;
 use crate::store::background::{RUNS_MAX, Run};
 use crate::store::{Store, StoredResponse, failed, items};
+use crate::trace::body::{TracedBody, TracedStream};
+use crate::trace::{EndIfDropped, Outcome, RequestTrace, ResponseGuard, StopCause};
 use axum::Json;
 use axum::body::{Body, Bytes};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
+use opentelemetry::KeyValue;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,6 +37,7 @@ pub async fn start(
     req: GenerateRequest,
     arrival: Instant,
     request_id: String,
+    traced: Traced,
 ) -> Result<Response, ApiError> {
     let Some(store) = st.store.clone() else {
         let msg = "This server keeps no responses (its state store is off): background responses need it.";
@@ -76,14 +84,51 @@ pub async fn start(
         store.runs.forget(&response_id);
         return Err(failed(e));
     }
-    let task = tokio::spawn(run_in_background(st.clone(), store, door, body, arrival, request_id, run.clone()));
+    let (guard, run_trace) = traces(st, traced, &req, &response_id, arrival, door, &request_id);
+    let task =
+        tokio::spawn(run_in_background(st.clone(), store, door, body, arrival, request_id, run.clone(), run_trace));
     run.set_task(task.abort_handle());
     if req.stream {
-        return Ok(sse_response(Body::from_stream(run.follow(None))));
+        let events = run.follow(None);
+        let body = match guard {
+            Some(guard) => Body::from_stream(TracedStream::new(events, guard)),
+            None => Body::from_stream(events),
+        };
+        return Ok(sse_response(body));
     }
-    Ok(Json(queued).into_response())
+    Ok(match guard {
+        Some(guard) => {
+            let json = Bytes::from(serde_json::to_vec(&queued).map_err(|_| ApiError::Internal)?);
+            ([(header::CONTENT_TYPE, "application/json")], Body::new(TracedBody::new(json, guard))).into_response()
+        }
+        None => Json(queued).into_response(),
+    })
 }
 
+/// The `POST`'s span, ended as it answers (its guard goes with its body), and the run's trace, linked to it.
+fn traces(
+    st: &AppState,
+    traced: Traced,
+    req: &GenerateRequest,
+    response_id: &str,
+    arrival: Instant,
+    door: Door,
+    request_id: &str,
+) -> (Option<ResponseGuard>, Option<Arc<RequestTrace>>) {
+    let Some((post, guard)) = traced else { return (None, None) };
+    let background = || vec![KeyValue::new("deepinfer.background", true)];
+    post.requested(&req.model, response_id);
+    background().into_iter().for_each(|kv| post.attribute(kv));
+    post.ended(Outcome::of(200, ""));
+    let run = st.traces.as_ref().map(|traces| {
+        let run = traces.begin_linked(Some(post.span_context()), arrival, door.operation(), request_id, background());
+        run.requested(&req.model, response_id); // named even if it is cancelled before it reaches a rank
+        run
+    });
+    (Some(guard), run)
+}
+
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn run_in_background(
     st: Arc<AppState>,
     store: Arc<Store>,
@@ -92,10 +137,14 @@ pub(super) async fn run_in_background(
     arrival: Instant,
     request_id: String,
     run: Arc<Run>,
+    trace: Option<Arc<RequestTrace>>,
 ) {
+    // Dropped last: a run cancelled before it reached a rank still ends its trace.
+    let mut unfinished = EndIfDropped::new(trace.clone(), "cancelled");
     let outcome = loop {
+        let traced = trace.as_ref().map(|t| (t.clone(), ResponseGuard::new(t.clone())));
         let served = match door.parse(&body, &st.config.served_model_names) {
-            Ok(req) => serve(&st, door, req, arrival, request_id.clone(), Some(run.clone()), None, None).await,
+            Ok(req) => serve(&st, door, req, arrival, request_id.clone(), Some(run.clone()), None, traced).await,
             Err(e) => Err(e),
         };
         match served {
@@ -108,17 +157,24 @@ pub(super) async fn run_in_background(
     match outcome {
         Ok(resp) => {
             let mut data = resp.into_body().into_data_stream();
+            // Dropped before `data` (the request's body, whose drop aborts it): a cancel names itself first.
+            let mut cancel = StopCause::new(trace.clone(), "cancelled");
             while let Some(Ok(chunk)) = data.next().await {
                 run.push(&chunk);
             }
+            cancel.disarm();
         }
         Err(e) => {
+            if let Some(t) = &trace {
+                t.ended(Outcome::of(e.status().as_u16(), e.code()));
+            }
             tracing::info!(target: "deepinfer_server::request", request_id = %request_id, response_id = %run.id,
                 status = e.status().as_u16(), reason = e.code(), "background response failed: {e}");
             let error = json!({"code": e.code(), "message": e.to_string()});
             end_as(&store, &run, "failed", Some(error)).await;
         }
     }
+    unfinished.disarm();
     run.finish();
     end_run(&store, &run.id).await;
     store.runs.forget_later(run.id.clone());

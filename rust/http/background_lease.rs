@@ -74,6 +74,7 @@ async fn resume(st: &Arc<AppState>, store: &Arc<Store>, id: String, body: String
         Instant::now(),
         request_id,
         run.clone(),
+        None, // its creator's span is gone with its replica
     ));
     run.set_task(task.abort_handle());
 }

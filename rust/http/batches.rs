@@ -5,7 +5,9 @@
 use super::AppState;
 use super::body::RawBody;
 use super::stored::{answer, bad_query, list_page};
+use super::traced::{TraceParent, answered, stored_context};
 use crate::batches::object::{ENDPOINTS, new_batch, shown};
+use crate::doors::Door;
 use crate::error::ApiError;
 use crate::store::conversations::checked_metadata;
 use crate::store::{Store, StoredBatch, failed, items};
@@ -16,11 +18,14 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::Value;
 use std::sync::Arc;
+use std::time::Instant;
 
 const PAGE_MAX: usize = 100;
 
-pub async fn create(State(st): State<Arc<AppState>>, RawBody(body): RawBody) -> Response {
-    answer(async {
+/// Traced, its span is the one the batch's lines link to: kept with the batch (`trace_context`).
+pub async fn create(State(st): State<Arc<AppState>>, parent: TraceParent, RawBody(body): RawBody) -> Response {
+    let traced = parent.begin(&st, Instant::now(), "create_batch", "/v1/batches");
+    let created: Result<Response, ApiError> = async {
         let store = store(&st)?;
         let body: Value = serde_json::from_slice(&body?)
             .map_err(|e| ApiError::bad_request(format!("The body is not valid JSON: {e}")))?;
@@ -49,12 +54,15 @@ pub async fn create(State(st): State<Arc<AppState>>, RawBody(body): RawBody) -> 
         let now = items::now();
         let id = crate::ids::random_id("batch");
         let batch = new_batch(&id, endpoint, input_file_id, metadata, now);
-        let row = StoredBatch { id, created_at: now, status: "validating".into(), batch: batch.to_string() };
+        let trace_context = stored_context(&traced, "deepinfer.batch.id", &id);
+        let row =
+            StoredBatch { id, created_at: now, status: "validating".into(), batch: batch.to_string(), trace_context };
         store.db.put_batch(&row).await.map_err(failed)?;
         store.batch_bell.notify_one();
         Ok(Json(shown(&batch)).into_response())
-    })
-    .await
+    }
+    .await;
+    answered(traced, created, |e| Door::Responses.respond(e))
 }
 
 pub async fn retrieve(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {

@@ -79,7 +79,7 @@ async fn handle(
 ) -> Result<Response, ApiError> {
     let req = door.parse(&body, &st.config.served_model_names)?;
     if req.background {
-        return super::background::start(st, door, req, arrival, request_id).await;
+        return super::background::start(st, door, req, arrival, request_id, traced).await;
     }
     serve(st, door, req, arrival, request_id, None, None, traced).await
 }

@@ -4,6 +4,7 @@
 
 use super::AppState;
 use super::body::RawBody;
+use super::traced::{TraceParent, answered, stored_context};
 use crate::batches::object::{MESSAGES, new_batch, set_counts};
 use crate::doors::Door;
 use crate::error::ApiError;
@@ -19,6 +20,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Most requests one batch holds (Anthropic's limit).
 const REQUESTS_MAX: usize = 100_000;
@@ -26,8 +28,10 @@ const PAGE_MAX: usize = 1000;
 /// Batch ids as Anthropic writes them; the store's row is the same batch.
 const PREFIX: &str = "msgbatch_";
 
-pub async fn create(State(st): State<Arc<AppState>>, RawBody(body): RawBody) -> Response {
-    answer(async {
+/// Traced, its span is the one the batch's lines link to: kept with the batch (`trace_context`).
+pub async fn create(State(st): State<Arc<AppState>>, parent: TraceParent, RawBody(body): RawBody) -> Response {
+    let traced = parent.begin(&st, Instant::now(), "create_batch", "/v1/messages/batches");
+    let created: Result<Response, ApiError> = async {
         let store = store(&st)?;
         let body: Value = serde_json::from_slice(&body?)
             .map_err(|e| ApiError::bad_request(format!("The body is not valid JSON: {e}")))?;
@@ -69,12 +73,15 @@ pub async fn create(State(st): State<Arc<AppState>>, RawBody(body): RawBody) -> 
         let mut batch = new_batch(&id, MESSAGES, input, json!({}), now);
         set_counts(&mut batch, requests.len() as i64, 0, 0); // known now: a batch cancelled at once counts them
 
-        let row = StoredBatch { id, created_at: now, status: "validating".into(), batch: batch.to_string() };
+        let trace_context = stored_context(&traced, "deepinfer.batch.id", &id);
+        let row =
+            StoredBatch { id, created_at: now, status: "validating".into(), batch: batch.to_string(), trace_context };
         store.db.put_batch(&row).await.map_err(failed)?;
         store.batch_bell.notify_one();
         Ok(Json(message_batch(&row.status, &batch)).into_response())
-    })
-    .await
+    }
+    .await;
+    answered(traced, created, |e| Door::Messages.respond(e))
 }
 
 pub async fn retrieve(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {

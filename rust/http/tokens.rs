@@ -6,10 +6,9 @@
 
 use super::AppState;
 use super::body::RawBody;
-use super::traced::TraceParent;
+use super::traced::{TraceParent, answered};
 use crate::doors::{Door, fields};
 use crate::error::ApiError;
-use crate::trace::Outcome;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
@@ -18,21 +17,7 @@ use std::time::Instant;
 
 pub async fn count_messages_tokens(State(st): State<Arc<AppState>>, parent: TraceParent, body: RawBody) -> Response {
     let traced = parent.begin(&st, Instant::now(), "count_tokens", "/v1/messages/count_tokens");
-    traced_end(traced, count(&st, Door::Messages, body).await, Door::Messages)
-}
-
-/// The response, and the end of its trace (a span without stages: these never reach a rank).
-fn traced_end(
-    traced: Option<(Arc<crate::trace::RequestTrace>, crate::trace::ResponseGuard)>,
-    result: Result<Response, ApiError>,
-    door: Door,
-) -> Response {
-    if let Some((trace, mut guard)) = traced {
-        let (status, code) = result.as_ref().map_or_else(|e| (e.status().as_u16(), e.code()), |_| (200, ""));
-        trace.ended(Outcome::of(status, code));
-        guard.complete();
-    }
-    result.unwrap_or_else(|e| door.respond(e))
+    answered(traced, count(&st, Door::Messages, body).await, |e| Door::Messages.respond(e))
 }
 
 /// A count of what `door`'s request with this body would prompt: the body goes through the door's own checks.
@@ -48,13 +33,13 @@ async fn count(st: &AppState, door: Door, RawBody(body): RawBody) -> Result<Resp
 /// `POST /tokenize`: `{"prompt": text}` or a chat body's `{"messages": [...]}`; `model` may be left out.
 pub async fn tokenize(State(st): State<Arc<AppState>>, parent: TraceParent, body: RawBody) -> Response {
     let traced = parent.begin(&st, Instant::now(), "tokenize", "/tokenize");
-    traced_end(traced, tokens_call(&st, "tokenize", body).await, Door::Chat)
+    answered(traced, tokens_call(&st, "tokenize", body).await, |e| Door::Chat.respond(e))
 }
 
 /// `POST /detokenize`: `{"tokens": [...]}` → `{"prompt": text}`.
 pub async fn detokenize(State(st): State<Arc<AppState>>, parent: TraceParent, body: RawBody) -> Response {
     let traced = parent.begin(&st, Instant::now(), "detokenize", "/detokenize");
-    traced_end(traced, tokens_call(&st, "detokenize", body).await, Door::Chat)
+    answered(traced, tokens_call(&st, "detokenize", body).await, |e| Door::Chat.respond(e))
 }
 
 /// A count includes the images' tokens, so URL images are fetched as a request's would be (their size decides).

@@ -134,6 +134,9 @@ pub struct StoredBatch {
     pub created_at: i64,
     pub status: String,
     pub batch: String,
+    /// The span of the request that created it (`crate::trace::stored`), which its lines' spans link to; None
+    /// when traces were off.
+    pub trace_context: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

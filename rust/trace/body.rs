@@ -1,8 +1,10 @@
-//! A non-streaming response's body for a traced request: the JSON, then, as hyper drops it (the bytes went to the
-//! connection, or the client left first), the end of the request's `stream` stage.
+//! Response bodies for a traced request that does not stream through `SseBody`: a non-streaming response's JSON,
+//! and the events a background response's `POST` follows. As hyper drops one (the bytes went to the connection,
+//! or the client left first), the request's `stream` stage ends.
 
 use super::ResponseGuard;
 use bytes::Bytes;
+use futures_util::Stream;
 use http_body::{Body, Frame, SizeHint};
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -40,5 +42,30 @@ impl Body for TracedBody {
 
     fn size_hint(&self) -> SizeHint {
         SizeHint::with_exact(self.bytes.as_ref().map_or(0, |b| b.len() as u64))
+    }
+}
+
+/// A stream of chunks, complete when its end is read.
+pub struct TracedStream<S> {
+    inner: Pin<Box<S>>,
+    guard: ResponseGuard,
+}
+
+impl<S> TracedStream<S> {
+    pub fn new(inner: S, guard: ResponseGuard) -> Self {
+        TracedStream { inner: Box::pin(inner), guard }
+    }
+}
+
+impl<S: Stream> Stream for TracedStream<S> {
+    type Item = S::Item;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+        let this = self.get_mut();
+        let next = this.inner.as_mut().poll_next(cx);
+        if let Poll::Ready(None) = next {
+            this.guard.complete();
+        }
+        next
     }
 }

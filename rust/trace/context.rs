@@ -1,10 +1,12 @@
 //! Context in: the W3C `traceparent` / `tracestate` a client (or its gateway) sent, read with OpenTelemetry's own
-//! propagator, so a request's span joins the caller's trace.
+//! propagator, so a request's span joins the caller's trace. And context kept: a span stored as the same two
+//! headers (a batch's creating request, which its lines link to wherever and whenever they run).
 
 use axum::http::HeaderMap;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::{SpanContext, TraceContextExt};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
+use std::collections::HashMap;
 
 struct Headers<'a>(&'a HeaderMap);
 
@@ -29,9 +31,49 @@ pub fn parent_from(headers: &HeaderMap) -> Option<SpanContext> {
     span.is_valid().then_some(span)
 }
 
+/// A span as text to store: its `traceparent` (the flags carry its sampling decision), then its `tracestate` on a
+/// second line if it has one.
+pub fn stored(span: &SpanContext) -> String {
+    let mut headers = HashMap::new();
+    let cx = opentelemetry::Context::new().with_remote_span_context(span.clone());
+    TraceContextPropagator::new().inject_context(&cx, &mut headers);
+    let parent = headers.remove("traceparent").unwrap_or_default();
+    match headers.remove("tracestate").filter(|s| !s.is_empty()) {
+        Some(state) => format!("{parent}\n{state}"),
+        None => parent,
+    }
+}
+
+/// A stored span back (remote: it may come from another replica, or from before a restart); None if the text is
+/// not one.
+pub fn from_stored(text: &str) -> Option<SpanContext> {
+    let (parent, state) = text.split_once('\n').unwrap_or((text, ""));
+    let headers = HashMap::from([("traceparent".to_string(), parent.to_string()), ("tracestate".into(), state.into())]);
+    let cx = TraceContextPropagator::new().extract_with_context(&opentelemetry::Context::new(), &headers);
+    let span = cx.span().span_context().clone();
+    span.is_valid().then_some(span)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stored_span_comes_back_with_its_flags_and_state() {
+        use opentelemetry::trace::{SpanId, TraceFlags, TraceId, TraceState};
+        let state = TraceState::from_key_value([("vendor", "x y")]).unwrap();
+        let span = SpanContext::new(TraceId::from(7u128), SpanId::from(9u64), TraceFlags::SAMPLED, false, state);
+        let text = stored(&span);
+        assert_eq!(text, "00-00000000000000000000000000000007-0000000000000009-01\nvendor=x y");
+        let back = from_stored(&text).unwrap();
+        assert_eq!((back.trace_id(), back.span_id(), back.is_sampled()), (span.trace_id(), span.span_id(), true));
+        assert_eq!(back.trace_state().get("vendor"), Some("x y"));
+        let unsampled =
+            SpanContext::new(TraceId::from(7u128), SpanId::from(9u64), TraceFlags::default(), false, TraceState::NONE);
+        let back = from_stored(&stored(&unsampled)).unwrap();
+        assert!(!back.is_sampled() && back.trace_state().header().is_empty());
+        assert!(from_stored("garbage").is_none());
+    }
 
     #[test]
     fn a_valid_traceparent_is_the_parent_and_a_bad_one_is_ignored() {

@@ -1,10 +1,13 @@
 //! What a traced request notes on its way: what it asked for, its TTFT stages at its first token, how it ended,
 //! and when its response's last byte left. Two parties end a request, in either order: its outcome (the request
 //! log line: `Inflight::log_end`, or a refusal) and its response (`ResponseGuard`, dropped with the body). The
-//! second hands the record to the export thread, which builds the spans (`spans`); nothing is built here.
+//! second hands the record to the export thread, which builds the spans (`spans`); nothing is built here. The
+//! first outcome counts, and nothing changes once the record is sent: a handler that also reports an error the
+//! request's log line already ended with adds nothing, and cannot race the export thread.
 
 use super::export::Sink;
-use opentelemetry::trace::{SpanContext, SpanId, TraceId, TraceState};
+use opentelemetry::KeyValue;
+use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -14,6 +17,15 @@ pub(super) struct Ids {
     pub span_id: SpanId,
     pub parent: Option<SpanContext>,
     pub trace_state: TraceState,
+}
+
+/// What a span stands for.
+pub(super) enum Origin {
+    /// An HTTP request: a SERVER span, a child of the caller's span if it sent one.
+    Request { route: &'static str },
+    /// Work a request left to run later (a background response's run, a batch line): an INTERNAL span, the root of
+    /// a trace of its own, linked to the span of the request that created it (when that one was traced).
+    Linked { creator: Option<SpanContext> },
 }
 
 /// How a request ended, as its log line says it.
@@ -52,6 +64,11 @@ pub(super) struct Record {
     /// When the response's last byte was handed to the connection (or the response was dropped), and whether the
     /// client took it whole.
     pub responded: Option<(Instant, bool)>,
+    /// Attributes of its own (a batch line's batch and custom_id, a background response's flag).
+    pub attributes: Vec<KeyValue>,
+    /// Why the server stopped it, when it did (`stopped_by`): its `error.type`, rather than the client disconnect
+    /// its abort looks like to the request path.
+    pub cause: Option<&'static str>,
     sent: bool,
 }
 
@@ -63,7 +80,7 @@ pub struct RequestTrace {
     /// `start` on the wall clock: spans carry wall-clock times, the stamps are `Instant`s.
     pub(super) wall: SystemTime,
     pub(super) operation: &'static str,
-    pub(super) route: &'static str,
+    pub(super) origin: Origin,
     pub(super) request_id: String,
     pub(super) record: Mutex<Record>,
 }
@@ -74,12 +91,14 @@ impl RequestTrace {
         sink: Option<Arc<Sink>>,
         start: Instant,
         operation: &'static str,
-        route: &'static str,
+        origin: Origin,
         request_id: &str,
+        attributes: Vec<KeyValue>,
     ) -> Arc<Self> {
         let wall = SystemTime::now() - start.elapsed();
         let request_id = if sink.is_some() { request_id.to_string() } else { String::new() };
-        Arc::new(RequestTrace { ids, sink, start, wall, operation, route, request_id, record: Mutex::default() })
+        let record = Mutex::new(Record { attributes, ..Record::default() });
+        Arc::new(RequestTrace { ids, sink, start, wall, operation, origin, request_id, record })
     }
 
     /// The trace id, for the request's log lines (displayed as 32 hex digits, only if the line is written).
@@ -87,9 +106,32 @@ impl RequestTrace {
         self.ids.trace_id
     }
 
+    /// Its span, as work it leaves behind links to it (sampled or not: the flag carries its sampling decision).
+    pub fn span_context(&self) -> SpanContext {
+        let flags = if self.sink.is_some() { TraceFlags::SAMPLED } else { TraceFlags::default() };
+        SpanContext::new(self.ids.trace_id, self.ids.span_id, flags, false, self.ids.trace_state.clone())
+    }
+
+    pub fn attribute(&self, kv: KeyValue) {
+        self.note(|r| r.attributes.push(kv));
+    }
+
+    /// The server is stopping it for `cause` (a batch line given up to a client's request, a cancelled background
+    /// response), before the request path ends it as a disconnect; nothing once it ended.
+    pub fn stopped_by(&self, cause: &'static str) {
+        self.note(|r| {
+            if r.outcome.is_none() {
+                r.cause = Some(cause);
+            }
+        });
+    }
+
     fn note(&self, f: impl FnOnce(&mut Record)) {
         if self.sink.is_some() {
-            f(&mut self.record.lock().unwrap());
+            let mut r = self.record.lock().unwrap();
+            if !r.sent {
+                f(&mut r);
+            }
         }
     }
 
@@ -125,15 +167,27 @@ impl RequestTrace {
 
     /// The request ended (its log line): half of what sends the record.
     pub fn ended(self: &Arc<Self>, outcome: Outcome) {
-        self.finish(|r| r.outcome = Some(outcome));
+        self.finish(|r| {
+            r.outcome.get_or_insert(outcome);
+        });
+    }
+
+    /// End it now unless it ended already: for a task that was dropped before its request did (a background
+    /// response cancelled while it waited for a slot).
+    pub fn end_unless_ended(self: &Arc<Self>, outcome: Outcome) {
+        self.ended(outcome);
+        drop(ResponseGuard::new(self.clone()));
     }
 
     fn finish(self: &Arc<Self>, f: impl FnOnce(&mut Record)) {
         let Some(sink) = &self.sink else { return };
         let count = {
             let mut r = self.record.lock().unwrap();
+            if r.sent {
+                return;
+            }
             f(&mut r);
-            if r.sent || r.outcome.is_none() || r.responded.is_none() {
+            if r.outcome.is_none() || r.responded.is_none() {
                 return;
             }
             r.sent = true;

@@ -1,11 +1,16 @@
 //! A finished request's record as span data, on the export thread: the request span (a SERVER span with the
-//! OpenTelemetry `gen_ai` attributes, never prompt or output text) and its children, built after the fact with
-//! explicit times. The TTFT stages tile arrival → first token exactly (they are `Stamps::stages`), `decode` tiles
-//! first → last token and `stream` last token → last byte written, so the children cover the span end to end;
-//! `sse` (first token read → its event written) overlaps `decode`.
+//! OpenTelemetry `gen_ai` attributes, never prompt or output text; or, for work a request left behind, an
+//! INTERNAL root span linked to that request's span) and its children, built after the fact with explicit times.
+//! The TTFT stages tile arrival → first token exactly (they are `Stamps::stages`), `decode` tiles first → last
+//! token and `stream` last token → last byte written, so the children cover the span end to end; `sse` (first
+//! token read → its event written) overlaps `decode`.
+//!
+//! Status, as OpenTelemetry's HTTP conventions have it for a server: Error only for a failure of the server's
+//! (5xx); a refusal of the client's request (4xx, 429 included) and a client that went away (499) leave it Unset,
+//! and say what happened in `error.type` (the error's code) beside the status code.
 
-use super::record::{Record, RequestTrace};
-use opentelemetry::trace::{Event, SpanContext, SpanId, SpanKind, Status, TraceFlags};
+use super::record::{Origin, Record, RequestTrace};
+use opentelemetry::trace::{Event, Link, SpanContext, SpanId, SpanKind, Status, TraceFlags};
 use opentelemetry::{InstrumentationScope, KeyValue, Value};
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SpanData, SpanEvents, SpanLinks};
 use std::time::Instant;
@@ -35,17 +40,27 @@ pub(super) fn build(t: &RequestTrace, scope: &InstrumentationScope) -> Vec<SpanD
     let (end, complete) = r.responded.unwrap_or((t.start, false));
     let end = end.max(last.unwrap_or(end));
     let status = outcome.map_or(0, |o| o.status);
-    let reason = outcome.map_or("", |o| o.reason.as_str());
-    let disconnected = reason == "client_disconnect" || (status == 200 && !complete);
+    // A stop the server chose is not the client disconnect the request path saw.
+    let reason = r.cause.unwrap_or_else(|| outcome.map_or("", |o| o.reason.as_str()));
+    let disconnected = r.cause.is_none() && (reason == "client_disconnect" || (status == 200 && !complete));
 
-    let mut attrs = vec![
-        KeyValue::new("gen_ai.operation.name", t.operation),
-        KeyValue::new("gen_ai.provider.name", PROVIDER),
-        KeyValue::new("http.request.method", "POST"),
-        KeyValue::new("http.route", t.route),
-        KeyValue::new("http.response.status_code", status as i64),
-        KeyValue::new("deepinfer.request_id", t.request_id.clone()),
-    ];
+    let mut attrs =
+        vec![KeyValue::new("gen_ai.operation.name", t.operation), KeyValue::new("gen_ai.provider.name", PROVIDER)];
+    let (kind, parent, links) = match &t.origin {
+        Origin::Request { route } => {
+            attrs.push(KeyValue::new("http.request.method", "POST"));
+            attrs.push(KeyValue::new("http.route", *route));
+            attrs.push(KeyValue::new("http.response.status_code", status as i64));
+            (SpanKind::Server, t.ids.parent.as_ref(), Vec::new())
+        }
+        Origin::Linked { creator } => {
+            // No HTTP exchange of its own: the status its request would have had (a batch line's `status_code`).
+            attrs.push(KeyValue::new("deepinfer.status_code", status as i64));
+            (SpanKind::Internal, None, creator.iter().cloned().map(Link::with_context).collect())
+        }
+    };
+    attrs.push(KeyValue::new("deepinfer.request_id", t.request_id.clone()));
+    attrs.extend(r.attributes.iter().cloned());
     if let Some(model) = &r.model {
         attrs.push(KeyValue::new("gen_ai.request.model", model.clone()));
         attrs.push(KeyValue::new("gen_ai.response.model", model.clone()));
@@ -81,6 +96,8 @@ pub(super) fn build(t: &RequestTrace, scope: &InstrumentationScope) -> Vec<SpanD
     let mut span_status = Status::Unset;
     if status >= 400 || status == 0 {
         attrs.push(KeyValue::new("error.type", reason.to_string()));
+    }
+    if status >= 500 || status == 0 {
         span_status = Status::error(format!("{status} {reason}"));
     }
     if status == 429 {
@@ -98,19 +115,20 @@ pub(super) fn build(t: &RequestTrace, scope: &InstrumentationScope) -> Vec<SpanD
         Some(model) => format!("{} {model}", t.operation),
         None => t.operation.to_string(),
     };
-    let parent = t.ids.parent.as_ref();
+    let mut linked = SpanLinks::default();
+    linked.links = links;
     let mut spans = vec![SpanData {
         span_context: ctx,
         parent_span_id: parent.map_or(SpanId::INVALID, SpanContext::span_id),
         parent_span_is_remote: parent.is_some(),
-        span_kind: SpanKind::Server,
+        span_kind: kind,
         name: name.into(),
         start_time: t.wall,
         end_time: at(end),
         attributes: attrs,
         dropped_attributes_count: 0,
         events,
-        links: SpanLinks::default(),
+        links: linked,
         status: span_status,
         instrumentation_scope: scope.clone(),
     }];
@@ -160,9 +178,10 @@ mod tests {
     use super::super::record::{Ids, Outcome, ResponseGuard};
     use super::*;
     use opentelemetry::trace::{TraceId, TraceState};
+    use std::sync::Arc;
     use std::time::Duration;
 
-    fn traced() -> std::sync::Arc<RequestTrace> {
+    fn traced_as(origin: Origin) -> Arc<RequestTrace> {
         let ids = Ids {
             trace_id: TraceId::from(7u128),
             span_id: SpanId::from(9u64),
@@ -170,7 +189,73 @@ mod tests {
             trace_state: TraceState::default(),
         };
         let sink = super::super::export::Sink::for_tests();
-        RequestTrace::new(ids, Some(sink), Instant::now(), "chat", "/v1/chat/completions", "req-1")
+        RequestTrace::new(ids, Some(sink), Instant::now(), "chat", origin, "req-1", Vec::new())
+    }
+
+    fn traced() -> Arc<RequestTrace> {
+        traced_as(Origin::Request { route: "/v1/chat/completions" })
+    }
+
+    /// The request span of a trace that ended `status` with `reason`, its response sent.
+    fn ended(t: &Arc<RequestTrace>, status: u16, reason: &str) -> SpanData {
+        t.ended(Outcome::of(status, reason));
+        drop(ResponseGuard::new(t.clone()));
+        build(t, &InstrumentationScope::builder("test").build()).remove(0)
+    }
+
+    fn attr<'a>(span: &'a SpanData, key: &str) -> Option<&'a Value> {
+        span.attributes.iter().find(|kv| kv.key.as_str() == key).map(|kv| &kv.value)
+    }
+
+    #[test]
+    fn only_a_server_failure_is_an_error_and_a_refusal_says_what_it_was() {
+        for (status, code) in [(400, "invalid_request_error"), (429, "queue_full"), (499, "client_disconnect")] {
+            let span = ended(&traced(), status, code);
+            assert_eq!(span.status, Status::Unset, "{status}");
+            assert_eq!(attr(&span, "error.type"), Some(&Value::from(code)), "{status}");
+            assert_eq!(attr(&span, "http.response.status_code"), Some(&Value::I64(status as i64)));
+        }
+        let span = ended(&traced(), 503, "service_unavailable");
+        assert_eq!(span.status, Status::error("503 service_unavailable"));
+        let span = ended(&traced(), 200, "stop");
+        assert_eq!((span.status.clone(), attr(&span, "error.type")), (Status::Unset, None));
+    }
+
+    #[test]
+    fn linked_work_is_an_internal_root_linked_to_its_creator() {
+        let creator = SpanContext::new(
+            TraceId::from(1u128),
+            SpanId::from(2u64),
+            TraceFlags::SAMPLED,
+            true,
+            TraceState::default(),
+        );
+        let t = traced_as(Origin::Linked { creator: Some(creator.clone()) });
+        t.attribute(KeyValue::new("deepinfer.batch.custom_id", "c1"));
+        t.stopped_by("batch_preempted");
+        let span = ended(&t, 499, "client_disconnect");
+        assert_eq!((span.span_kind.clone(), span.parent_span_id), (SpanKind::Internal, SpanId::INVALID));
+        assert_eq!(span.links.links.len(), 1);
+        assert_eq!(span.links.links[0].span_context, creator);
+        assert_eq!(attr(&span, "deepinfer.batch.custom_id"), Some(&Value::from("c1")));
+        assert_eq!(attr(&span, "deepinfer.status_code"), Some(&Value::I64(499)));
+        assert!(attr(&span, "http.route").is_none() && attr(&span, "http.response.status_code").is_none());
+        // The server stopped it: its cause, not a client disconnect, and not a failure.
+        assert_eq!(attr(&span, "error.type"), Some(&Value::from("batch_preempted")));
+        assert!(attr(&span, "deepinfer.client_disconnected").is_none() && span.status == Status::Unset);
+    }
+
+    #[test]
+    fn the_first_ending_counts_and_a_sent_record_stays_as_sent() {
+        let t = traced();
+        t.ended(Outcome::of(500, "engine_error"));
+        t.ended(Outcome::of(400, "invalid_request_error"));
+        drop(ResponseGuard::new(t.clone()));
+        t.stopped_by("cancelled");
+        t.attribute(KeyValue::new("late", true));
+        let span = build(&t, &InstrumentationScope::builder("test").build()).remove(0);
+        assert_eq!(attr(&span, "error.type"), Some(&Value::from("engine_error")));
+        assert!(attr(&span, "late").is_none());
     }
 
     #[test]

@@ -5,9 +5,10 @@ use crate::store::{StoreError, StoredBatch};
 
 impl Db {
     pub async fn put_batch(&self, b: &StoredBatch) -> Result<(), StoreError> {
-        let q = "INSERT INTO batches (id, created_at, status, batch) VALUES ($1, $2, $3, $4)";
+        let q = "INSERT INTO batches (id, created_at, status, batch, trace_context) VALUES ($1, $2, $3, $4, $5)";
         on_pool!(self, |pool| {
-            sqlx::query(q).bind(&b.id).bind(b.created_at).bind(&b.status).bind(&b.batch).execute(pool).await?;
+            let q = sqlx::query(q).bind(&b.id).bind(b.created_at).bind(&b.status).bind(&b.batch);
+            q.bind(&b.trace_context).execute(pool).await?;
         });
         Ok(())
     }
@@ -32,7 +33,7 @@ impl Db {
     }
 
     pub async fn get_batch(&self, id: &str) -> Result<Option<StoredBatch>, StoreError> {
-        let q = "SELECT id, created_at, status, batch FROM batches WHERE id = $1";
+        let q = "SELECT id, created_at, status, batch, trace_context FROM batches WHERE id = $1";
         Ok(on_pool!(self, |pool| sqlx::query_as(q).bind(id).fetch_optional(pool).await?))
     }
 
@@ -51,7 +52,7 @@ impl Db {
             },
             None => (i64::MAX, String::new()),
         };
-        let q = "SELECT id, created_at, status, batch FROM batches \
+        let q = "SELECT id, created_at, status, batch, trace_context FROM batches \
                  WHERE substr(id, 1, $4) = $5 AND (created_at < $1 OR (created_at = $1 AND id < $2)) \
                  ORDER BY created_at DESC, id DESC LIMIT $3";
         Ok(Some(on_pool!(self, |pool| sqlx::query_as(q)
