@@ -75,3 +75,14 @@ def postgres() -> Iterator[str]:
             server.kill()
             server.wait()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def fresh_database(url: str, name: str) -> str:
+    """A new, empty database on the server of `url` (dropped first if a test made it before); its URL. For tests
+    whose replicas must not take over what other tests' stopped servers left in the shared one (batches,
+    background responses)."""
+    base, _ = url.rsplit("/", 1)
+    psql = [f"{bindir()}/psql", url, "-q", "-v", "ON_ERROR_STOP=1"]
+    for sql in (f"DROP DATABASE IF EXISTS {name}", f"CREATE DATABASE {name}"):
+        subprocess.run([*psql, "-c", sql], check=True, capture_output=True, timeout=60)
+    return f"{base}/{name}"

@@ -14,6 +14,7 @@ import openai
 import pytest
 from conftest import MODEL, Server, start_server
 
+from pg_server import fresh_database
 from state_servers import STATE_ARGS
 
 LONG = {"ignore_eos": True}  # the sim answers until max_output_tokens
@@ -116,12 +117,14 @@ def test_a_running_background_response_is_cancelled(paced: Server) -> None:
     assert events and events[0].type == "response.created" and len(events) < 2000
 
 
-def replica(pg_url: str) -> Server:
-    return start_server(*STATE_ARGS[:2], "--max-num-seqs", "2", "--state-store", pg_url, "--sim-decode-step-ms", "20")
+def replica(store: str) -> Server:
+    return start_server(*STATE_ARGS[:2], "--max-num-seqs", "2", "--state-store", store, "--sim-decode-step-ms", "20")
 
 
 def test_a_replica_finishes_the_background_response_of_one_that_was_killed(pg_url: str) -> None:
-    a, b = replica(pg_url), replica(pg_url)
+    # A database of its own: what other tests' stopped servers left running in the shared one is not this test's.
+    store = fresh_database(pg_url, "background_takeover")
+    a, b = replica(store), replica(store)
     try:
         r = create(a, input="Run long.", background=True, max_output_tokens=100, extra_body=LONG)
         deadline = time.monotonic() + 30
