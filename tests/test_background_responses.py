@@ -35,6 +35,13 @@ def until_done(srv: Server, rid: str, timeout: float = 60) -> Any:
         time.sleep(0.05)
 
 
+def until_running(srv: Server, rid: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while srv.client().responses.retrieve(rid).status != "in_progress":
+        assert time.monotonic() < deadline, f"{rid} never ran"
+        time.sleep(0.05)
+
+
 @pytest.fixture(scope="module")
 def paced() -> Iterator[Server]:
     """One slot, 20 ms a token: a background response takes long enough to be seen queued, running, cancelled."""
@@ -102,10 +109,7 @@ def test_background_responses_wait_for_a_slot_instead_of_a_429(paced: Server) ->
 def test_a_running_background_response_is_cancelled(paced: Server) -> None:
     c = paced.client()
     r = create(paced, input="Go on and on.", background=True, max_output_tokens=2000, extra_body=LONG)
-    deadline = time.monotonic() + 30
-    while c.responses.retrieve(r.id).status != "in_progress":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    until_running(paced, r.id)
     cancelled = c.responses.cancel(r.id)
     assert cancelled.status == "cancelled" and cancelled.id == r.id
     assert c.responses.retrieve(r.id).status == "cancelled"
@@ -127,10 +131,7 @@ def test_a_replica_finishes_the_background_response_of_one_that_was_killed(pg_ur
     a, b = replica(store), replica(store)
     try:
         r = create(a, input="Run long.", background=True, max_output_tokens=100, extra_body=LONG)
-        deadline = time.monotonic() + 30
-        while a.client().responses.retrieve(r.id).status != "in_progress":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        until_running(a, r.id)
         a.proc.kill()  # SIGKILL, mid-answer
         assert b.client().responses.retrieve(r.id).status in ("queued", "in_progress")
         a.proc.wait()
@@ -147,10 +148,7 @@ def test_a_background_response_is_cancelled_through_another_replica(pg_url: str)
     a, b = replica(pg_url), replica(pg_url)
     try:
         r = create(a, input="Go on and on.", background=True, max_output_tokens=2000, extra_body=LONG)
-        deadline = time.monotonic() + 30
-        while a.client().responses.retrieve(r.id).status != "in_progress":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        until_running(a, r.id)
         t0 = time.monotonic()
         cancelled = b.client().responses.cancel(r.id)  # b does not run it: a does, and a stops it
         assert cancelled.status == "cancelled" and time.monotonic() - t0 < 6

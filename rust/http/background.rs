@@ -16,7 +16,7 @@ use crate::error::ApiError;
 use crate::store::background::{RUNS_MAX, Run};
 use crate::store::{Store, StoredResponse, failed, items};
 use crate::trace::body::{TracedBody, TracedStream};
-use crate::trace::{EndIfDropped, Outcome, RequestTrace, ResponseGuard, StopCause};
+use crate::trace::{Outcome, RequestTrace, ResponseGuard, StopCause};
 use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::http::header;
@@ -140,7 +140,7 @@ pub(super) async fn run_in_background(
     trace: Option<Arc<RequestTrace>>,
 ) {
     // Dropped last: a run cancelled before it reached a rank still ends its trace.
-    let mut unfinished = EndIfDropped::new(trace.clone(), "cancelled");
+    let mut unfinished = StopCause::end_if_dropped(trace.clone(), "cancelled");
     let outcome = loop {
         let traced = trace.as_ref().map(|t| (t.clone(), ResponseGuard::new(t.clone())));
         let served = match door.parse(&body, &st.config.served_model_names) {

@@ -107,7 +107,8 @@ pub async fn cancel_elsewhere(store: &Store, id: &str) -> Result<Option<Response
     Ok(Some(Json(response).into_response()))
 }
 
-/// Whether a stored Response has yet to end.
+/// Whether a stored Response has yet to end (its own `status`, not a `status` its metadata may hold).
 fn is_running(response: &str) -> bool {
-    response.contains(r#""status":"queued""#) || response.contains(r#""status":"in_progress""#)
+    let status = serde_json::from_str::<Value>(response).ok().and_then(|r| r.get("status").cloned());
+    matches!(status.as_ref().and_then(Value::as_str), Some("queued" | "in_progress"))
 }

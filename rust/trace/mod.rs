@@ -43,7 +43,7 @@ mod stop;
 pub use context::{from_stored, parent_from, stored};
 pub use export::Counters;
 pub use record::{Outcome, RequestTrace, ResponseGuard};
-pub use stop::{EndIfDropped, StopCause};
+pub use stop::StopCause;
 
 use opentelemetry::trace::{Link, SpanContext, SpanKind, TraceContextExt, TraceState};
 use opentelemetry::{Context, KeyValue};
