@@ -6,7 +6,10 @@ in PostgreSQL when Debian's package is installed (tests/pg_server.py starts a th
 Each round: a closed loop of `--clients` streaming Responses requests (stored by default, as OpenAI's are) for
 `--seconds`, then `--probes` lone requests. Per request: time to the first text delta (TTFT) and to
 `response.completed`, which now leaves only once the response is committed (the store's added latency), and the
-server process's CPU (HTTP, codec, SSE, the store's writer) from /proc, per request served.
+server process's CPU (HTTP, codec, SSE, the store's writer) and thread switches (all its threads' voluntary and
+involuntary context switches) from /proc, per request served. CPU swings by a quarter from round to round on a
+shared machine, so each round's figure is also divided by storing-off's in the same round, and the medians of
+those ratios are what to quote.
 
     python bench/store_cost.py [--rounds 3] [--seconds 10] [--clients 16] [--tokens 32] [--probes 40]
 """
@@ -30,7 +33,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from bench import cpu_seconds, wait_health
+from bench import TICK, cpu_seconds, wait_health
 
 from pg_server import bindir, postgres
 
@@ -65,6 +68,28 @@ def one(c: httpx.Client, url: str, tokens: int) -> tuple[float, float]:
     return first or done, done
 
 
+def switches(pid: int) -> int:
+    """Context switches so far of every thread of `pid` (threads that ended are not counted)."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        with contextlib.suppress(OSError):
+            for line in status.read_text().splitlines():
+                if "ctxt_switches:" in line:
+                    total += int(line.split()[1])
+    return total
+
+
+def store_thread_seconds(pid: int) -> float:
+    """CPU so far of the threads that run SQLite's statements (sqlx's connection workers): the store's own work."""
+    total = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            if (task / "comm").read_text().startswith("sqlx-sqlite"):
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / TICK
+    return total
+
+
 def loop(url: str, clients: int, seconds: float, tokens: int, pid: int) -> dict[str, float]:
     got: list[tuple[float, float]] = []
     stop = time.monotonic() + seconds
@@ -74,13 +99,13 @@ def loop(url: str, clients: int, seconds: float, tokens: int, pid: int) -> dict[
             while time.monotonic() < stop:
                 got.append(one(c, url, tokens))
 
-    cpu0 = cpu_seconds([pid])
+    cpu0, sw0, db0 = cpu_seconds([pid]), switches(pid), store_thread_seconds(pid)
     threads = [threading.Thread(target=client) for _ in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    cpu = cpu_seconds([pid]) - cpu0
+    cpu, sw, db = cpu_seconds([pid]) - cpu0, switches(pid) - sw0, store_thread_seconds(pid) - db0
     ttft, e2e = sorted(g[0] for g in got), sorted(g[1] for g in got)
     p95 = lambda xs: xs[int(0.95 * (len(xs) - 1))]  # noqa: E731
     return {
@@ -90,6 +115,8 @@ def loop(url: str, clients: int, seconds: float, tokens: int, pid: int) -> dict[
         "e2e_ms_p50": round(1e3 * statistics.median(e2e), 3),
         "e2e_ms_p95": round(1e3 * p95(e2e), 3),
         "server_us_per_request": round(1e6 * cpu / max(1, len(got)), 1),
+        "switches_per_request": round(sw / max(1, len(got)), 1),
+        "sqlite_thread_us_per_request": round(1e6 * db / max(1, len(got)), 1),
     }
 
 
@@ -142,18 +169,25 @@ def main() -> int:
                 run = loop(url, args.clients, args.seconds, args.tokens, proc.pid) | lone(url, args.probes, args.tokens)
                 runs[label].append(run)
                 print(f"round {i + 1} {label}: {run}", file=sys.stderr, flush=True)
+    # Each round's CPU and switches over storing-off's in the same round.
+    for rs in runs.values():
+        for r, off_r in zip(rs, runs["off"], strict=True):
+            r["cpu_over_off"] = round(r["server_us_per_request"] / off_r["server_us_per_request"], 3)
+            r["switches_over_off"] = round(r["switches_per_request"] / off_r["switches_per_request"], 3)
     keys = list(next(iter(runs.values()))[0])
     summary = {label: {k: statistics.median(r[k] for r in rs) for k in keys} for label, rs in runs.items()}
     print(json.dumps({"rounds": runs, "median": summary}, indent=1))
-    off = summary["off"]
     print("\n| store | TTFT p50 / p95 ms | to response.completed p50 / p95 ms | lone TTFT / completed p50 ms "
-          "| server µs/request (/ off) | requests |\n|---|---|---|---|---|---|")  # fmt: skip
+          "| server µs/request | / off, per round | SQLite thread µs/request | switches/request (/ off) | requests |\n"
+          "|---|---|---|---|---|---|---|---|---|")  # fmt: skip
     for label, s in summary.items():
+        rounds = ", ".join(f"{r['cpu_over_off']:.2f}" for r in runs[label])
         print(
             f"| {label} | {s['ttft_ms_p50']:.2f} / {s['ttft_ms_p95']:.2f} | {s['e2e_ms_p50']:.2f} / "
             f"{s['e2e_ms_p95']:.2f} | {s['lone_ttft_ms_p50']:.2f} / {s['lone_e2e_ms_p50']:.2f} | "
-            f"{s['server_us_per_request']:.0f} ({s['server_us_per_request'] / off['server_us_per_request']:.3f}) "
-            f"| {s['requests']:.0f} |"
+            f"{s['server_us_per_request']:.0f} | {s['cpu_over_off']:.3f} ({rounds}) | "
+            f"{s['sqlite_thread_us_per_request']:.0f} | "
+            f"{s['switches_per_request']:.1f} ({s['switches_over_off']:.3f}) | {s['requests']:.0f} |"
         )
     return 0
 

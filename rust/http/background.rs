@@ -71,7 +71,7 @@ pub async fn start(
         input_items: Value::Array(items::own_items(body.get("input"))).to_string(),
         response: queued.to_string(),
     };
-    if let Err(e) = store.db.put_responses(&[row]).await {
+    if let Err(e) = store.db.put_responses(None, &[&row]).await {
         store.runs.forget(&response_id);
         return Err(failed(e));
     }
@@ -216,7 +216,7 @@ async fn end_as(store: &Store, run: &Run, status: &str, error: Option<Value>) ->
     }
     if let Some(mut row) = stored {
         row.response = response.to_string();
-        if let Err(e) = store.db.put_responses(&[row]).await {
+        if let Err(e) = store.db.put_responses(None, &[&row]).await {
             tracing::error!(response_id = %run.id, "could not record a {status} background response: {e}");
         }
     }

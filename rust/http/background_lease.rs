@@ -103,7 +103,7 @@ pub async fn cancel_elsewhere(store: &Store, id: &str) -> Result<Option<Response
     let mut response: Value = serde_json::from_str(&row.response).map_err(|_| ApiError::Internal)?;
     response["status"] = json!("cancelled");
     row.response = response.to_string();
-    store.db.put_responses(&[row]).await.map_err(failed)?;
+    store.db.put_responses(None, &[&row]).await.map_err(failed)?;
     Ok(Some(Json(response).into_response()))
 }
 

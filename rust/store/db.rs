@@ -4,8 +4,9 @@
 //! it on whichever pool is open. Only the migrations (`migrations/<backend>/`) and the pools' settings differ.
 
 use super::StoreError;
-use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgPool, PgPoolOptions, Postgres};
+use sqlx::sqlite::{Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -30,6 +31,40 @@ macro_rules! on_pool {
     };
 }
 pub(super) use on_pool;
+
+/// A connection the store's writer keeps across its writes. Each use of the pool costs two round trips more than
+/// the query (sqlx checks a connection as it is taken and again as it is given back), and for SQLite each round
+/// trip is two thread switches to its connection's worker thread: on a short stored response, more than the
+/// write itself.
+pub enum Held {
+    Sqlite(PoolConnection<Sqlite>),
+    Postgres(PoolConnection<Postgres>),
+}
+
+/// Run `$body` with `$e` bound to an executor: the held connection if there is one, else the pool.
+macro_rules! on_held {
+    ($db:expr, $held:expr, |$e:ident| $body:expr) => {
+        match ($held, &$db.pool) {
+            (Some($crate::store::db::Held::Sqlite(c)), _) => {
+                let $e = &mut **c;
+                $body
+            }
+            (Some($crate::store::db::Held::Postgres(c)), _) => {
+                let $e = &mut **c;
+                $body
+            }
+            (None, $crate::store::db::Pool::Sqlite(p)) => {
+                let $e = p;
+                $body
+            }
+            (None, $crate::store::db::Pool::Postgres(p)) => {
+                let $e = p;
+                $body
+            }
+        }
+    };
+}
+pub(super) use on_held;
 
 impl Db {
     /// Open the store `spec` names, running its migrations: `postgres://…` / `postgresql://…`, `sqlite://PATH`,
@@ -57,9 +92,21 @@ impl Db {
             .min_connections(if memory { 1 } else { 0 })
             .idle_timeout(if memory { None } else { Some(Duration::from_secs(600)) })
             .max_lifetime(if memory { None } else { Some(Duration::from_secs(3600)) })
+            // A local file's connection does not go stale: no ping (a round trip to its worker thread) to check
+            // each one out.
+            .test_before_acquire(false)
             .connect_with(options)
             .await?;
         sqlx::migrate!("./rust/store/migrations/sqlite").run(&pool).await?;
         Ok(Db { pool: Pool::Sqlite(pool) })
+    }
+
+    /// A connection for the writer to keep; None for an in-memory SQLite, whose one connection every query shares.
+    pub async fn hold(&self) -> Result<Option<Held>, StoreError> {
+        Ok(match &self.pool {
+            Pool::Sqlite(p) if p.options().get_max_connections() == 1 => None,
+            Pool::Sqlite(p) => Some(Held::Sqlite(p.acquire().await?)),
+            Pool::Postgres(p) => Some(Held::Postgres(p.acquire().await?)),
+        })
     }
 }

@@ -148,11 +148,26 @@ impl Store {
 /// The writer: what has gathered since its last transaction, in one; then each conversation's new items.
 pub(super) async fn write_all(store: Weak<Store>, db: Arc<Db>, mut queue: mpsc::Receiver<Write>) {
     let mut batch = Vec::with_capacity(WRITE_BATCH);
+    let mut held = None;
     while queue.recv_many(&mut batch, WRITE_BATCH).await > 0 {
         let records: Vec<Record> = batch.iter_mut().filter_map(to_record).collect();
-        let stored: Vec<StoredResponse> = records.iter().filter_map(|r| r.response.clone()).collect();
+        let stored: Vec<&StoredResponse> = records.iter().filter_map(|r| r.response.as_ref()).collect();
         let mut grew = 0;
-        match db.put_responses(&stored).await {
+        if held.is_none() {
+            held = db.hold().await.unwrap_or_else(|e| {
+                tracing::warn!("the store's writer has no connection of its own: {e}");
+                None
+            });
+        }
+        let mut put = db.put_responses(held.as_mut(), &stored).await;
+        if let (Err(e), Some(_)) = (&put, &held) {
+            // The held connection may be what failed (a PostgreSQL restarted, a network cut): once more through
+            // the pool, which checks the connection it gives; the next batch holds a new one.
+            tracing::warn!("the store's writer lost its connection ({e}): writing through the pool");
+            held = None;
+            put = db.put_responses(None, &stored).await;
+        }
+        match put {
             Ok(()) => {
                 grew += stored.iter().map(|r| r.context.len() + r.input_items.len() + r.response.len()).sum::<usize>()
             }

@@ -1,35 +1,40 @@
 //! Stored responses' rows.
 
-use crate::store::db::{Db, on_pool};
+use crate::store::db::{Db, Held, on_held, on_pool};
 use crate::store::{StoreError, StoredResponse};
 
 impl Db {
-    /// Insert responses, in one transaction. An id already there is replaced but for its creation time: a retried
-    /// write is harmless, and a background response's finished record replaces its queued one.
-    pub async fn put_responses(&self, rs: &[StoredResponse]) -> Result<(), StoreError> {
-        on_pool!(self, |pool| {
-            let mut tx = pool.begin().await?;
-            for r in rs {
-                sqlx::query(
-                    "INSERT INTO responses \
-                     (id, created_at, model, previous_response_id, context, input_items, response, bytes) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-                     ON CONFLICT (id) DO UPDATE SET model = excluded.model, \
-                     previous_response_id = excluded.previous_response_id, context = excluded.context, \
-                     input_items = excluded.input_items, response = excluded.response, bytes = excluded.bytes",
-                )
-                .bind(&r.id)
-                .bind(r.created_at)
-                .bind(&r.model)
-                .bind(&r.previous_response_id)
-                .bind(&r.context)
-                .bind(&r.input_items)
-                .bind(&r.response)
-                .bind((r.context.len() + r.input_items.len() + r.response.len()) as i64)
-                .execute(&mut *tx)
-                .await?;
-            }
-            tx.commit().await?;
+    /// Insert responses, in one statement (so one transaction, and one round trip), on the writer's held connection
+    /// if given. An id already there is replaced but for its creation time: a retried write is harmless, and a
+    /// background response's finished record replaces its queued one. An id twice in `rs` is written once, the
+    /// later (one statement cannot update a row twice).
+    pub async fn put_responses(&self, held: Option<&mut Held>, rs: &[&StoredResponse]) -> Result<(), StoreError> {
+        let mut seen = std::collections::HashSet::new();
+        let rows: Vec<&StoredResponse> = rs.iter().rev().copied().filter(|r| seen.insert(&r.id)).collect();
+        if rows.is_empty() {
+            return Ok(());
+        }
+        on_held!(self, held, |e| {
+            let mut q = sqlx::QueryBuilder::new(
+                "INSERT INTO responses (id, created_at, model, previous_response_id, context, input_items, response, \
+                 bytes) ",
+            );
+            q.push_values(rows, |mut row, r| {
+                row.push_bind(&r.id)
+                    .push_bind(r.created_at)
+                    .push_bind(&r.model)
+                    .push_bind(&r.previous_response_id)
+                    .push_bind(&r.context)
+                    .push_bind(&r.input_items)
+                    .push_bind(&r.response)
+                    .push_bind((r.context.len() + r.input_items.len() + r.response.len()) as i64);
+            });
+            q.push(
+                " ON CONFLICT (id) DO UPDATE SET model = excluded.model, \
+                 previous_response_id = excluded.previous_response_id, context = excluded.context, \
+                 input_items = excluded.input_items, response = excluded.response, bytes = excluded.bytes",
+            );
+            q.build().execute(e).await?;
         });
         Ok(())
     }
@@ -89,5 +94,40 @@ impl Db {
             tx.commit().await?;
         });
         Ok((freed, gone))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str, text: &str) -> StoredResponse {
+        StoredResponse {
+            id: id.into(),
+            created_at: 1,
+            model: "m".into(),
+            previous_response_id: None,
+            context: "[]".into(),
+            input_items: "[]".into(),
+            response: text.into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_one_statement_on_the_held_connection_and_an_id_twice_keeps_the_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path().join("s.sqlite3").to_str().unwrap()).await.unwrap();
+        let mut held = db.hold().await.unwrap();
+        assert!(held.is_some(), "a file's store holds a connection for its writer");
+        let many: Vec<StoredResponse> = (0..256).map(|i| row(&format!("resp_{i}"), "{}")).collect();
+        db.put_responses(held.as_mut(), &many.iter().collect::<Vec<_>>()).await.unwrap();
+        let (first, again) = (row("resp_7", r#"{"v":1}"#), row("resp_7", r#"{"v":2}"#));
+        db.put_responses(held.as_mut(), &[&first, &again]).await.unwrap();
+        assert_eq!(db.get_response("resp_7").await.unwrap().unwrap().response, r#"{"v":2}"#);
+        assert_eq!(db.get_response("resp_255").await.unwrap().unwrap().response, "{}");
+        let memory = Db::open("memory").await.unwrap();
+        assert!(memory.hold().await.unwrap().is_none(), "an in-memory store's one connection is everyone's");
+        memory.put_responses(None, &[&first]).await.unwrap();
+        assert!(memory.get_response("resp_7").await.unwrap().is_some());
     }
 }
