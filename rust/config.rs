@@ -77,6 +77,9 @@ pub struct ServerConfig {
     /// The largest file one upload may hold (`--max-file-bytes`).
     #[pyo3(default = 512 << 20)]
     pub max_file_bytes: u64,
+    /// Most bytes all stored files may hold together (`--files-max-total-bytes`); 0: no cap.
+    #[pyo3(default = 100 << 30)]
+    pub files_max_total_bytes: u64,
     /// Longest a file upload's body may take to arrive (`--upload-timeout`).
     #[pyo3(default = 600.0)]
     pub upload_timeout_s: f64,
@@ -212,6 +215,7 @@ impl ServerConfig {
             state_store_max_bytes: 10 << 30,
             files_dir: String::new(),
             max_file_bytes: 512 << 20,
+            files_max_total_bytes: 100 << 30,
             upload_timeout_s: 600.0,
             allowed_origins: Vec::new(),
             allowed_methods: Vec::new(),

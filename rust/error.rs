@@ -16,6 +16,12 @@ pub enum ApiError {
     ModelNotFound(String),
     #[error("The request body is larger than the limit of {0} bytes.")]
     PayloadTooLarge(usize),
+    /// An upload past what all stored files may hold together (`--files-max-total-bytes`).
+    #[error(
+        "The files stored here would pass their limit of {cap} bytes with this upload ({stored} bytes are stored or \
+         being uploaded): delete files, or let them expire, to make room."
+    )]
+    FilesFull { stored: u64, cap: u64 },
     /// A head over the limits: what it had, and the limits (`http::head_limits`).
     #[error(
         "The request headers are too large: {headers} headers, {bytes} bytes; the limits are {max_headers} headers \
@@ -147,6 +153,7 @@ impl ApiError {
             PayloadTooLarge(_) | RecordTooLarge(_) => {
                 (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "payload_too_large")
             }
+            FilesFull { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "file_storage_limit_exceeded"),
             HeadersTooLarge { .. } => (
                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
                 "invalid_request_error",
@@ -243,7 +250,7 @@ impl ApiError {
             resp.headers_mut().insert("x-should-retry", retry);
         }
         // The rest of the body was left unread: hyper closes the connection, so say so.
-        if matches!(self, ApiError::PayloadTooLarge(_) | ApiError::BodyTimeout(_)) {
+        if matches!(self, ApiError::PayloadTooLarge(_) | ApiError::FilesFull { .. } | ApiError::BodyTimeout(_)) {
             resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp

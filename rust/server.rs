@@ -123,7 +123,8 @@ async fn open_store(
         "" => None,
         dir => {
             std::fs::create_dir_all(dir).map_err(|e| std::io::Error::other(format!("--files-dir {dir}: {e}")))?;
-            Some(crate::store::files::FileRoom { dir: dir.into(), max_bytes: config.max_file_bytes })
+            let total = (config.files_max_total_bytes > 0).then_some(config.files_max_total_bytes);
+            Some(crate::store::files::FileRoom::new(dir.into(), config.max_file_bytes, total))
         }
     };
     let ttl = (config.response_store_ttl_s > 0.0).then(|| Duration::from_secs_f64(config.response_store_ttl_s));

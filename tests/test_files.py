@@ -4,6 +4,7 @@ streamed to disk under a size cap, list, retrieve, content, delete (gone from th
 from __future__ import annotations
 
 import io
+import json
 import os
 import time
 from pathlib import Path
@@ -93,6 +94,57 @@ def test_an_upload_past_the_cap_is_a_413_and_leaves_nothing(tmp_path: Path) -> N
         assert e.value.status_code == 413
         f = s.client().files.create(file=("ok.bin", io.BytesIO(b"\1" * 1_000_000)), purpose="batch")
         assert f.bytes == 1_000_000 and sorted(p.name for p in room.iterdir()) == [f.id]
+    finally:
+        s.stop()
+
+
+def test_uploads_past_the_files_total_are_a_413_and_a_batch_still_writes_its_results(tmp_path: Path) -> None:
+    """--files-max-total-bytes: what all files hold together. Two uploads at once that would pass it together do
+    not both land; deleting makes room; a batch's results are the server's own and are written past it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_batches import chat_lines, results, submit, wait
+
+    room = tmp_path / "files"
+    cap = 2_000_000
+    args = ("--state-store", str(tmp_path / "s.sqlite3"), "--files-dir", str(room), "--files-max-total-bytes")
+    s = start_server(*STATE_ARGS, *args, str(cap))
+    try:
+        c = s.client()
+        first = c.files.create(file=("a.bin", io.BytesIO(b"\1" * 1_000_000)), purpose="user_data")
+
+        def upload(i: int) -> Any:
+            try:
+                return c.files.create(file=(f"b{i}.bin", io.BytesIO(b"\2" * 700_000)), purpose="user_data")
+            except openai.APIStatusError as e:
+                return e
+
+        with ThreadPoolExecutor(2) as pool:
+            got = list(pool.map(upload, range(2)))
+        refused = [g for g in got if isinstance(g, openai.APIStatusError)]
+        assert len(refused) == 1, got  # 1,000,000 + 700,000 fits; another 700,000 does not
+        e = refused[0]
+        assert e.status_code == 413 and e.body["code"] == "file_storage_limit_exceeded", e.body  # type: ignore[index]
+        assert str(cap) in e.message
+        listed = {f.id for f in c.files.list()}
+        on_disk = {p.name for p in room.iterdir()}
+        assert listed == on_disk and sum(f.bytes for f in c.files.list()) <= cap, (listed, on_disk)
+        c.files.delete(first.id)
+        c.files.create(file=("c.bin", io.BytesIO(b"\3" * 1_000_000)), purpose="user_data")
+
+        # Fill the room but for a batch's input: its output (the server's own) is written past the total.
+        lines = chat_lines(40, max_tokens=64)
+        text = "\n".join(json.dumps(x) for x in lines).encode()
+        left = cap - sum(f.bytes for f in c.files.list())
+        c.files.create(file=("fill.bin", io.BytesIO(b"\5" * (left - len(text) - 100))), purpose="user_data")
+        b = wait(s, submit(s, lines).id)
+        assert b.status == "completed" and b.request_counts.completed == 40, b
+        out, errors = results(s, b)
+        assert sorted(o["custom_id"] for o in out) == sorted(x["custom_id"] for x in lines) and not errors
+        assert sum(f.bytes for f in c.files.list()) > cap
+        with pytest.raises(openai.APIStatusError) as full:
+            c.files.create(file=("d.bin", io.BytesIO(b"\4" * 10)), purpose="user_data")
+        assert full.value.status_code == 413
     finally:
         s.stop()
 

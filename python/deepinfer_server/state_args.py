@@ -71,6 +71,15 @@ def add_arguments(p: argparse._ArgumentGroup) -> None:
         help="The largest file one upload may hold (OpenAI's limit, 512 MiB, by default); larger is a 413.",
     )
     p.add_argument(
+        "--files-max-total-bytes",
+        type=int,
+        default=100 << 30,
+        metavar="BYTES",
+        help="Most bytes all uploaded files may hold together (100 GiB by default; 0: no cap). An upload that would "
+        "pass it is a 413 that says how much is stored; delete files, or let them expire, to make room. Batch "
+        "results are written whatever the total.",
+    )
+    p.add_argument(
         "--upload-timeout",
         type=float,
         default=600.0,
@@ -96,6 +105,8 @@ def resolve(args: argparse.Namespace) -> str | None:
         return "--response-store-ttl must be 0 (keep until deleted) or more seconds"
     if args.state_store_max_bytes < 0:
         return "--state-store-max-bytes must be 0 (no cap) or more bytes"
+    if args.files_max_total_bytes < 0:
+        return "--files-max-total-bytes must be 0 (no cap) or more bytes"
     if args.max_file_bytes < 1 or args.upload_timeout <= 0:
         return "--max-file-bytes and --upload-timeout must be positive"
     spec = store_spec(args)
@@ -143,5 +154,6 @@ def server_config(args: argparse.Namespace) -> dict[str, Any]:
         "state_store_max_bytes": args.state_store_max_bytes,
         "files_dir": files_dir(args, spec),
         "max_file_bytes": args.max_file_bytes,
+        "files_max_total_bytes": args.files_max_total_bytes,
         "upload_timeout_s": args.upload_timeout,
     }

@@ -10,6 +10,7 @@ use crate::admission::Permit;
 use crate::doors::Door;
 use crate::error::ApiError;
 use crate::http::{AppState, serve};
+use crate::store::files::Owner;
 use crate::store::{Store, StoreError, items};
 use crate::trace::{Outcome, ResponseGuard, StopCause};
 use axum::body::Bytes;
@@ -268,7 +269,7 @@ impl Runner {
                 }
             }
         });
-        let up = self.store.receive(pages.boxed()).await?;
+        let up = self.store.receive(pages.boxed(), Owner::Server).await?;
         let name = if ok { "batch_output.jsonl" } else { "batch_errors.jsonl" };
         let file = self.store.keep_file(up, name, "batch_output", None).await?;
         Ok(file["id"].as_str().unwrap_or_default().to_string())

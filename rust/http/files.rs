@@ -7,7 +7,7 @@ use super::AppState;
 use super::stored::{answer, bad_query, list_page};
 use crate::error::ApiError;
 use crate::store::Store;
-use crate::store::files::{PURPOSES, Upload, file_object};
+use crate::store::files::{Owner, PURPOSES, Upload, file_object};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::multipart::MultipartRejection;
@@ -38,7 +38,7 @@ pub async fn upload(State(st): State<Arc<AppState>>, form: Result<Multipart, Mul
             let name = field.name().unwrap_or_default().to_string();
             if name == "file" {
                 filename = field.file_name().unwrap_or("upload").to_string();
-                file = Some(store.receive(field).await?);
+                file = Some(store.receive(field, Owner::Client).await?);
             } else {
                 let text = small_text(field).await?.ok_or_else(|| {
                     ApiError::bad_param(&name, format!("'{name}' is not text of at most {TEXT_MAX} bytes."))

@@ -8,6 +8,7 @@ use super::traced::{TraceParent, answered, stored_context};
 use crate::batches::object::{MESSAGES, new_batch, set_counts};
 use crate::doors::Door;
 use crate::error::ApiError;
+use crate::store::files::Owner;
 use crate::store::{Store, StoredBatch, failed, items};
 use axum::Json;
 use axum::body::Bytes;
@@ -65,7 +66,7 @@ pub async fn create(State(st): State<Arc<AppState>>, parent: TraceParent, RawBod
             lines.push('\n');
         }
         let chunks = stream::iter([Ok::<_, std::convert::Infallible>(Bytes::from(lines))]);
-        let up = store.receive(chunks).await?;
+        let up = store.receive(chunks, Owner::Client).await?;
         let file = store.keep_file(up, "message_batch.jsonl", "batch", None).await?;
         let now = items::now();
         let id = crate::ids::random_id(PREFIX.trim_end_matches('_'));

@@ -1,7 +1,7 @@
 //! Uploaded files (OpenAI's Files API) on top of the database: the metadata is a row, the content a file named by
 //! its id in the files directory (`--files-dir`: a volume every replica mounts when they share a store). An
-//! upload is streamed to disk under a temporary name, counted against `--max-file-bytes`, and renamed once its row
-//! is in; a deleted or expired file is gone from both.
+//! upload is streamed to disk under a temporary name, counted against `--max-file-bytes` and against what all files
+//! may hold (`--files-max-total-bytes`), and renamed once its row is in; a deleted or expired file is gone from both.
 
 use super::{Store, StoredFile, failed, items};
 use crate::error::ApiError;
@@ -9,6 +9,8 @@ use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::io::AsyncWriteExt;
 
 /// What OpenAI's Files API takes as `purpose`.
@@ -16,10 +18,21 @@ pub const PURPOSES: &[&str] = &["assistants", "batch", "fine-tune", "vision", "u
 /// Longest a file's name is kept (the client's name is metadata only: on disk a file is its id).
 const NAME_MAX: usize = 255;
 
-/// Where uploads go, and how large one may be.
+/// Where uploads go, how large one may be, and how much all may hold.
 pub struct FileRoom {
     pub dir: PathBuf,
     pub max_bytes: u64,
+    /// Most bytes all stored files may hold together; None: no cap.
+    pub total_max: Option<u64>,
+    /// Bytes of the uploads arriving here now, not yet in a row: two uploads at once cannot both take the room
+    /// left. (Replicas sharing a store each count their own; their rows are counted by all.)
+    arriving: Arc<AtomicU64>,
+}
+
+impl FileRoom {
+    pub fn new(dir: PathBuf, max_bytes: u64, total_max: Option<u64>) -> Self {
+        FileRoom { dir, max_bytes, total_max, arriving: Arc::default() }
+    }
 }
 
 /// An upload's content as it arrives, written under a temporary name; removed if dropped before it is kept.
@@ -28,14 +41,25 @@ pub struct Upload {
     path: PathBuf,
     file: Option<tokio::fs::File>,
     pub bytes: u64,
+    /// The room's count of arriving bytes, which this upload's bytes are in until it is kept or dropped.
+    arriving: Arc<AtomicU64>,
 }
 
 impl Drop for Upload {
     fn drop(&mut self) {
+        self.arriving.fetch_sub(self.bytes, Ordering::Relaxed);
         if self.file.is_some() {
             let _ = std::fs::remove_file(&self.path);
         }
     }
+}
+
+/// Whose bytes an upload holds: a client's count against `--files-max-total-bytes`; the server's own (a batch's
+/// results) are written whatever the total, or a batch that ran would lose what it made.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    Client,
+    Server,
 }
 
 impl Store {
@@ -43,21 +67,35 @@ impl Store {
         self.files.as_ref().ok_or_else(|| ApiError::bad_request("This server keeps no files: its state store is off."))
     }
 
-    /// Write an upload's content to disk as it arrives (a 413 past `--max-file-bytes`).
+    /// Write an upload's content to disk as it arrives: a 413 past `--max-file-bytes`, or for a client's, past
+    /// what all files may hold (`--files-max-total-bytes`, with the uploads arriving beside it).
     pub async fn receive<E: std::fmt::Display>(
         &self,
         mut content: impl Stream<Item = Result<Bytes, E>> + Unpin,
+        owner: Owner,
     ) -> Result<Upload, ApiError> {
         let room = self.room()?;
+        let cap = room.total_max.filter(|_| owner == Owner::Client);
+        let stored = match cap {
+            Some(_) => self.db.files_bytes().await.map_err(failed)?.max(0) as u64,
+            None => 0,
+        };
         let id = crate::ids::random_id("file");
         let path = room.dir.join(format!("{id}.part"));
         let file = tokio::fs::File::create(&path).await.map_err(disk)?;
-        let mut up = Upload { id, path, file: Some(file), bytes: 0 };
+        let mut up = Upload { id, path, file: Some(file), bytes: 0, arriving: room.arriving.clone() };
         while let Some(chunk) = content.next().await {
             let chunk = chunk.map_err(|e| ApiError::bad_request(format!("The upload could not be read: {e}")))?;
-            up.bytes += chunk.len() as u64;
+            let n = chunk.len() as u64;
+            up.bytes += n;
+            let arriving = room.arriving.fetch_add(n, Ordering::Relaxed) + n;
             if up.bytes > room.max_bytes {
                 return Err(ApiError::PayloadTooLarge(room.max_bytes as usize));
+            }
+            if let Some(cap) = cap
+                && stored + arriving > cap
+            {
+                return Err(ApiError::FilesFull { stored: stored + arriving - up.bytes, cap });
             }
             up.file.as_mut().expect("open while receiving").write_all(&chunk).await.map_err(disk)?;
         }
@@ -85,7 +123,9 @@ impl Store {
         };
         tokio::fs::rename(&up.path, content_path(&room.dir, &f.id)).await.map_err(disk)?;
         up.file = None; // renamed: nothing to remove
-        if let Err(e) = self.db.put_file(&f).await {
+        let put = self.db.put_file(&f).await;
+        drop(up); // its bytes are in the row now (or gone): no longer arriving
+        if let Err(e) = put {
             let _ = tokio::fs::remove_file(content_path(&room.dir, &f.id)).await;
             return Err(failed(e));
         }

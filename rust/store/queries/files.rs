@@ -58,6 +58,12 @@ impl Db {
 
     /// The files past their `expires_at` (Unix seconds) at `now`, removed from the table: their ids, for their
     /// contents to go too.
+    /// What stored files hold together, in bytes.
+    pub async fn files_bytes(&self) -> Result<i64, StoreError> {
+        let q = "SELECT CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM files";
+        Ok(on_pool!(self, |pool| sqlx::query_scalar::<_, i64>(q).fetch_one(pool).await?))
+    }
+
     pub async fn expire_files(&self, now: i64) -> Result<Vec<String>, StoreError> {
         let q = "DELETE FROM files WHERE expires_at IS NOT NULL AND expires_at < $1 RETURNING id";
         Ok(on_pool!(self, |pool| sqlx::query_scalar(q).bind(now).fetch_all(pool).await?))
