@@ -70,6 +70,33 @@ def test_a_batch_runs_every_line_once_keyed_by_custom_id(state_srv: Server) -> N
     assert b.id in [x.id for x in state_srv.client().batches.list(limit=100).data]
 
 
+def test_output_expires_after_sets_the_results_files_expiry(state_srv: Server) -> None:
+    c = state_srv.client()
+    text = "\n".join(json.dumps(x) for x in chat_lines(3)).encode()
+    f = c.files.create(file=("in.jsonl", io.BytesIO(text)), purpose="batch")
+    b = c.batches.create(
+        input_file_id=f.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        output_expires_after={"anchor": "created_at", "seconds": 3600},
+    )
+    done = wait(state_srv, b.id)
+    assert done.status == "completed" and done.output_file_id, done
+    out = c.files.retrieve(done.output_file_id)
+    assert out.expires_at is not None and out.expires_at - out.created_at == 3600, out
+    # Without it the results are kept until deleted (OpenAI's default).
+    plain = wait(state_srv, submit(state_srv, chat_lines(2)).id)
+    assert c.files.retrieve(plain.output_file_id).expires_at is None  # type: ignore[arg-type]
+    for bad in ({"anchor": "created_at", "seconds": 60}, {"anchor": "last_active_at", "seconds": 3600}, "1h"):
+        r = httpx.post(
+            f"{state_srv.url}/v1/batches",
+            json={"input_file_id": f.id, "endpoint": "/v1/chat/completions", "completion_window": "24h",
+                  "output_expires_after": bad},
+            timeout=30,
+        )  # fmt: skip
+        assert r.status_code == 400 and r.json()["error"]["param"] == "output_expires_after", r.text
+
+
 @pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/responses"])
 def test_completions_and_responses_lines(state_srv: Server, endpoint: str) -> None:
     body = (

@@ -14,6 +14,10 @@ pub const LINES_MAX: usize = 50_000;
 pub const WINDOW_S: i64 = 86_400;
 
 /// A new Batch object, `validating`.
+/// What the batch asked of its results files' expiry (`output_expires_after.seconds`), kept with the batch for its
+/// runner. OpenAI's Batch object has no such member: a key with `_` is the server's own, and `shown` leaves it out.
+pub const OUTPUT_EXPIRES_AFTER: &str = "_output_expires_after";
+
 pub fn new_batch(id: &str, endpoint: &str, input_file_id: &str, metadata: Value, now: i64) -> Value {
     json!({
         "id": id, "object": "batch", "endpoint": endpoint, "input_file_id": input_file_id,
@@ -82,7 +86,10 @@ pub fn set_counts(batch: &mut Value, total: i64, completed: i64, failed: i64) {
 pub fn shown(batch: &Value) -> Value {
     match batch {
         Value::Object(o) => Value::Object(
-            o.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect::<Map<_, _>>(),
+            o.iter()
+                .filter(|(k, v)| !v.is_null() && !k.starts_with('_'))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<Map<_, _>>(),
         ),
         other => other.clone(),
     }

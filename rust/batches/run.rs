@@ -4,7 +4,7 @@
 //! `cancelling`. Results are recorded as lines finish, one row per line, so a replica that dies loses only the
 //! lines in flight, and a line that runs twice (a takeover) counts once.
 
-use super::object::{self, door, parse_line, result_line, set_counts, set_status};
+use super::object::{self, OUTPUT_EXPIRES_AFTER, door, parse_line, result_line, set_counts, set_status};
 use super::traced::LineTraces;
 use crate::admission::Permit;
 use crate::doors::Door;
@@ -236,7 +236,8 @@ impl Runner {
             {
                 continue;
             }
-            match self.results_file(id, ok).await {
+            let expires_after = batch[OUTPUT_EXPIRES_AFTER].as_i64();
+            match self.results_file(id, ok, expires_after).await {
                 Ok(file) => batch[key] = json!(file),
                 Err(e) => tracing::error!(batch_id = %id, "could not write a batch's results file: {e}"),
             }
@@ -249,8 +250,9 @@ impl Runner {
         Ok(status)
     }
 
-    /// One file of results (the succeeded or the failed lines) in line order; its id.
-    async fn results_file(&self, id: &str, ok: bool) -> Result<String, ApiError> {
+    /// One file of results (the succeeded or the failed lines) in line order, expiring `expires_after` seconds from
+    /// now if the batch asked (`output_expires_after`); its id.
+    async fn results_file(&self, id: &str, ok: bool, expires_after: Option<i64>) -> Result<String, ApiError> {
         let db = self.store.db.clone();
         let (id, from) = (id.to_string(), 0i64);
         let pages = futures_util::stream::unfold(Some(from), move |from| {
@@ -271,7 +273,7 @@ impl Runner {
         });
         let up = self.store.receive(pages.boxed(), Owner::Server).await?;
         let name = if ok { "batch_output.jsonl" } else { "batch_errors.jsonl" };
-        let file = self.store.keep_file(up, name, "batch_output", None).await?;
+        let file = self.store.keep_file(up, name, "batch_output", expires_after).await?;
         Ok(file["id"].as_str().unwrap_or_default().to_string())
     }
 }

@@ -6,7 +6,7 @@ use super::AppState;
 use super::body::RawBody;
 use super::stored::{answer, bad_query, list_page};
 use super::traced::{TraceParent, answered, stored_context};
-use crate::batches::object::{ENDPOINTS, new_batch, shown};
+use crate::batches::object::{self, ENDPOINTS, new_batch, shown};
 use crate::doors::Door;
 use crate::error::ApiError;
 use crate::store::conversations::checked_metadata;
@@ -16,7 +16,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -44,6 +44,7 @@ pub async fn create(State(st): State<Arc<AppState>>, parent: TraceParent, RawBod
             return Err(ApiError::bad_param("completion_window", "'completion_window' must be '24h'."));
         }
         let metadata = checked_metadata(body.get("metadata"))?;
+        let output_expires_after = output_expiry(body.get("output_expires_after"))?;
         let file = store.file(input_file_id).await.map_err(|e| match e {
             ApiError::NotFound { what, id, .. } => ApiError::NotFound { what, id, param: Some("input_file_id") },
             e => e,
@@ -53,7 +54,10 @@ pub async fn create(State(st): State<Arc<AppState>>, parent: TraceParent, RawBod
         }
         let now = items::now();
         let id = crate::ids::random_id("batch");
-        let batch = new_batch(&id, endpoint, input_file_id, metadata, now);
+        let mut batch = new_batch(&id, endpoint, input_file_id, metadata, now);
+        if let Some(seconds) = output_expires_after {
+            batch[object::OUTPUT_EXPIRES_AFTER] = json!(seconds);
+        }
         let trace_context = stored_context(&traced, "deepinfer.batch.id", &id);
         let row =
             StoredBatch { id, created_at: now, status: "validating".into(), batch: batch.to_string(), trace_context };
@@ -63,6 +67,23 @@ pub async fn create(State(st): State<Arc<AppState>>, parent: TraceParent, RawBod
     }
     .await;
     answered(traced, created, |e| Door::Responses.respond(e))
+}
+
+/// `output_expires_after` as OpenAI takes it: `{"anchor": "created_at", "seconds": 3600..=2592000}`; the output and
+/// error files then expire that long after they are written (else they are kept until deleted).
+fn output_expiry(v: Option<&Value>) -> Result<Option<i64>, ApiError> {
+    const PARAM: &str = "output_expires_after";
+    let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(None) };
+    let anchor = v.get("anchor").and_then(Value::as_str);
+    let seconds = v.get("seconds").and_then(Value::as_i64);
+    match (anchor, seconds) {
+        (Some("created_at"), Some(s)) if (3600..=2_592_000).contains(&s) => Ok(Some(s)),
+        _ => Err(ApiError::bad_param(
+            PARAM,
+            "'output_expires_after' must be {\"anchor\": \"created_at\", \"seconds\": N} with N from 3600 (1 hour) to \
+             2592000 (30 days).",
+        )),
+    }
 }
 
 pub async fn retrieve(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
