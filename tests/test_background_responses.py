@@ -5,6 +5,7 @@ a paced server of their own."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -157,6 +158,28 @@ def test_a_background_response_is_cancelled_through_another_replica(pg_url: str)
         while httpx.get(f"{a.url}/get_load", timeout=5).json()["load"] != 0:  # its slot on a is free
             assert time.monotonic() < deadline, "the cancelled response still runs on its replica"
             time.sleep(0.1)
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_cancel_asked_of_a_replica_that_then_dies_is_not_lost_to_the_takeover(pg_url: str) -> None:
+    """The cancel is written to the claim, but its replica stops before it reads it: the replica that takes the
+    run over records it as cancelled and does not run it again."""
+    store = fresh_database(pg_url, "background_cancel_takeover")
+    a, b = replica(store), replica(store)
+    try:
+        r = create(a, input="Go on and on.", background=True, max_output_tokens=2000, extra_body=LONG)
+        until_running(a, r.id)
+        a.proc.send_signal(signal.SIGSTOP)  # alive to the store (its claim holds a while), deaf to the cancel
+        asked = b.client().responses.cancel(r.id)
+        assert asked.status in ("queued", "in_progress"), asked  # its replica has not answered within the wait
+        a.proc.kill()
+        a.proc.wait()
+        done = until_done(b, r.id, timeout=60)  # once the claim runs out (15 s), b takes it over
+        assert done.status == "cancelled", done
+        assert "after a cancel was asked: cancelled" in b.log()
+        assert "running again a background response" not in b.log()
     finally:
         a.stop()
         b.stop()

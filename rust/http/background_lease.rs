@@ -3,7 +3,9 @@
 //! - a replica that dies (or restarts) lets its claims run out; the first replica to see that runs the request
 //!   again from the start, so a background response that was accepted finishes even if its replica does not;
 //! - a cancel asked through a replica that does not run it is written to the claim; the replica that runs it
-//!   reads it as it renews and cancels there. A run whose replica is dead is cancelled by the asker itself.
+//!   reads it as it renews and cancels there. A run whose replica is dead is cancelled by the asker itself, and
+//!   one whose replica died after the cancel was asked is recorded as cancelled by whoever takes it over, never
+//!   run again.
 
 use super::AppState;
 use super::background::{cancel, run_in_background};
@@ -41,8 +43,12 @@ pub fn start(st: Arc<AppState>, store: Arc<Store>) {
             }
             match store.db.claim_orphan_runs(&store.instance, now, now + LEASE_S).await {
                 Ok(runs) => {
-                    for (id, body) in runs {
-                        resume(&st, &store, id, body).await;
+                    for (id, body, cancel_asked) in runs {
+                        if cancel_asked {
+                            end_cancelled(&store, &id).await.ok();
+                        } else {
+                            resume(&st, &store, id, body).await;
+                        }
                     }
                 }
                 Err(e) => tracing::warn!("could not look for background responses left behind: {e}"),
@@ -83,28 +89,42 @@ async fn resume(st: &Arc<AppState>, store: &Arc<Store>, id: String, body: String
 /// replica has recorded it, or as it stands after a while), or done here if its replica is dead. None: it runs
 /// nowhere.
 pub async fn cancel_elsewhere(store: &Store, id: &str) -> Result<Option<Response>, ApiError> {
-    if store.db.ask_cancel(id, items::now()).await.map_err(failed)? {
-        let deadline = Instant::now() + 3 * RENEW_EVERY;
-        loop {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            let row = store.db.get_response(id).await.map_err(failed)?;
-            let Some(row) = row else { return Ok(None) };
-            if !is_running(&row.response) || Instant::now() > deadline {
-                let json = [(axum::http::header::CONTENT_TYPE, "application/json")];
-                return Ok(Some((json, row.response).into_response()));
+    // Twice: a dead replica's run that another takes over between the two queries below is asked of that one.
+    for _ in 0..2 {
+        let now = items::now();
+        if store.db.ask_cancel(id, now).await.map_err(failed)? {
+            let deadline = Instant::now() + 3 * RENEW_EVERY;
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let row = store.db.get_response(id).await.map_err(failed)?;
+                let Some(row) = row else { return Ok(None) };
+                if !is_running(&row.response) || Instant::now() > deadline {
+                    let json = [(axum::http::header::CONTENT_TYPE, "application/json")];
+                    return Ok(Some((json, row.response).into_response()));
+                }
             }
         }
+        if store.db.end_dead_run(id, now).await.map_err(failed)? {
+            // Its replica is gone and nobody took it over yet: it ends here, as cancelled.
+            return Ok(end_cancelled(store, id).await?.map(|r| Json(r).into_response()));
+        }
     }
-    if !store.db.end_run(id).await.map_err(failed)? {
-        return Ok(None);
-    }
-    // Its replica is gone and nobody took it over yet: it ends here, as cancelled.
+    Ok(None)
+}
+
+/// Record as cancelled a background response whose run ended without its replica (its claim is gone): the
+/// Response, or None if it was deleted meanwhile.
+async fn end_cancelled(store: &Store, id: &str) -> Result<Option<Value>, ApiError> {
+    let _ = store.db.end_run(id).await;
     let Some(mut row) = store.db.get_response(id).await.map_err(failed)? else { return Ok(None) };
     let mut response: Value = serde_json::from_str(&row.response).map_err(|_| ApiError::Internal)?;
-    response["status"] = json!("cancelled");
-    row.response = response.to_string();
-    store.db.put_responses(None, &[&row]).await.map_err(failed)?;
-    Ok(Some(Json(response).into_response()))
+    if is_running(&row.response) {
+        response["status"] = json!("cancelled");
+        row.response = response.to_string();
+        store.db.put_responses(None, &[&row]).await.map_err(failed)?;
+        tracing::info!(response_id = %id, "a background response whose replica stopped after a cancel was asked: cancelled");
+    }
+    Ok(Some(response))
 }
 
 /// Whether a stored Response has yet to end (its own `status`, not a `status` its metadata may hold).

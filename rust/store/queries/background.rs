@@ -21,20 +21,29 @@ impl Db {
         Ok(rows.into_iter().filter(|(_, asked)| *asked).map(|(id, _)| id).collect())
     }
 
-    /// Take over the runs whose claim ran out before `now`: their ids and requests.
+    /// Take over the runs whose claim ran out before `now`: their ids, requests, and whether a cancel was asked
+    /// (of a replica that died before it read it).
     pub async fn claim_orphan_runs(
         &self,
         owner: &str,
         now: i64,
         until: i64,
-    ) -> Result<Vec<(String, String)>, StoreError> {
-        let q = "UPDATE background_runs SET owner = $1, lease_until = $3 WHERE lease_until < $2 RETURNING id, body";
+    ) -> Result<Vec<(String, String, bool)>, StoreError> {
+        let q = "UPDATE background_runs SET owner = $1, lease_until = $3 WHERE lease_until < $2 \
+                 RETURNING id, body, cancel_asked";
         Ok(on_pool!(self, |pool| sqlx::query_as(q).bind(owner).bind(now).bind(until).fetch_all(pool).await?))
     }
 
     /// Ask the replica running `id` to cancel it: whether its claim is still live (false: no run, or a dead one).
     pub async fn ask_cancel(&self, id: &str, now: i64) -> Result<bool, StoreError> {
         let q = "UPDATE background_runs SET cancel_asked = TRUE WHERE id = $1 AND lease_until >= $2";
+        Ok(on_pool!(self, |pool| sqlx::query(q).bind(id).bind(now).execute(pool).await?.rows_affected()) > 0)
+    }
+
+    /// End a run whose claim ran out before `now` (its replica is dead); false if there is none, or if another
+    /// replica took it over first (its claim is live again: ask that one).
+    pub async fn end_dead_run(&self, id: &str, now: i64) -> Result<bool, StoreError> {
+        let q = "DELETE FROM background_runs WHERE id = $1 AND lease_until < $2";
         Ok(on_pool!(self, |pool| sqlx::query(q).bind(id).bind(now).execute(pool).await?.rows_affected()) > 0)
     }
 
