@@ -13,11 +13,11 @@ pub const LINES_MAX: usize = 50_000;
 /// A batch is given this long to finish (`completion_window`, OpenAI's only one), then it expires.
 pub const WINDOW_S: i64 = 86_400;
 
-/// A new Batch object, `validating`.
 /// What the batch asked of its results files' expiry (`output_expires_after.seconds`), kept with the batch for its
 /// runner. OpenAI's Batch object has no such member: a key with `_` is the server's own, and `shown` leaves it out.
 pub const OUTPUT_EXPIRES_AFTER: &str = "_output_expires_after";
 
+/// A new Batch object, `validating`.
 pub fn new_batch(id: &str, endpoint: &str, input_file_id: &str, metadata: Value, now: i64) -> Value {
     json!({
         "id": id, "object": "batch", "endpoint": endpoint, "input_file_id": input_file_id,

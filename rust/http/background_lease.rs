@@ -45,7 +45,10 @@ pub fn start(st: Arc<AppState>, store: Arc<Store>) {
                 Ok(runs) => {
                     for (id, body, cancel_asked) in runs {
                         if cancel_asked {
-                            end_cancelled(&store, &id).await.ok();
+                            let _ = store.db.end_run(&id).await;
+                            if let Err(e) = end_cancelled(&store, &id).await {
+                                tracing::warn!(response_id = %id, "could not record a cancelled background response: {e}");
+                            }
                         } else {
                             resume(&st, &store, id, body).await;
                         }
@@ -112,17 +115,16 @@ pub async fn cancel_elsewhere(store: &Store, id: &str) -> Result<Option<Response
     Ok(None)
 }
 
-/// Record as cancelled a background response whose run ended without its replica (its claim is gone): the
-/// Response, or None if it was deleted meanwhile.
+/// Record as cancelled a background response whose run ended without its replica (its claim already removed):
+/// the Response, or None if it was deleted meanwhile.
 async fn end_cancelled(store: &Store, id: &str) -> Result<Option<Value>, ApiError> {
-    let _ = store.db.end_run(id).await;
     let Some(mut row) = store.db.get_response(id).await.map_err(failed)? else { return Ok(None) };
     let mut response: Value = serde_json::from_str(&row.response).map_err(|_| ApiError::Internal)?;
     if is_running(&row.response) {
         response["status"] = json!("cancelled");
         row.response = response.to_string();
         store.db.put_responses(None, &[&row]).await.map_err(failed)?;
-        tracing::info!(response_id = %id, "a background response whose replica stopped after a cancel was asked: cancelled");
+        tracing::info!(response_id = %id, "a background response whose replica stopped was cancelled");
     }
     Ok(Some(response))
 }

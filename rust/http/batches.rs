@@ -10,6 +10,7 @@ use crate::batches::object::{self, ENDPOINTS, new_batch, shown};
 use crate::doors::Door;
 use crate::error::ApiError;
 use crate::store::conversations::checked_metadata;
+use crate::store::files::EXPIRES_AFTER_S;
 use crate::store::{Store, StoredBatch, failed, items};
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
@@ -72,17 +73,18 @@ pub async fn create(State(st): State<Arc<AppState>>, parent: TraceParent, RawBod
 /// `output_expires_after` as OpenAI takes it: `{"anchor": "created_at", "seconds": 3600..=2592000}`; the output and
 /// error files then expire that long after they are written (else they are kept until deleted).
 fn output_expiry(v: Option<&Value>) -> Result<Option<i64>, ApiError> {
-    const PARAM: &str = "output_expires_after";
     let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(None) };
     let anchor = v.get("anchor").and_then(Value::as_str);
     let seconds = v.get("seconds").and_then(Value::as_i64);
     match (anchor, seconds) {
-        (Some("created_at"), Some(s)) if (3600..=2_592_000).contains(&s) => Ok(Some(s)),
-        _ => Err(ApiError::bad_param(
-            PARAM,
-            "'output_expires_after' must be {\"anchor\": \"created_at\", \"seconds\": N} with N from 3600 (1 hour) to \
-             2592000 (30 days).",
-        )),
+        (Some("created_at"), Some(s)) if EXPIRES_AFTER_S.contains(&s) => Ok(Some(s)),
+        _ => {
+            let (min, max) = EXPIRES_AFTER_S.into_inner();
+            let msg = format!(
+                "'output_expires_after' must be {{\"anchor\": \"created_at\", \"seconds\": N}} with N from {min} to {max}."
+            );
+            Err(ApiError::bad_param("output_expires_after", msg))
+        }
     }
 }
 

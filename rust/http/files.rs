@@ -7,7 +7,7 @@ use super::AppState;
 use super::stored::{answer, bad_query, list_page};
 use crate::error::ApiError;
 use crate::store::Store;
-use crate::store::files::{Owner, PURPOSES, Upload, file_object};
+use crate::store::files::{EXPIRES_AFTER_S, Owner, PURPOSES, Upload, file_object};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::multipart::MultipartRejection;
@@ -21,9 +21,6 @@ use std::sync::Arc;
 /// Most parts an upload's form may have, and the longest text part: nothing but the file is large.
 const PARTS_MAX: usize = 8;
 const TEXT_MAX: usize = 1024;
-/// `expires_after[seconds]` bounds (OpenAI's: an hour to 30 days).
-const EXPIRES_MIN: i64 = 3600;
-const EXPIRES_MAX: i64 = 2_592_000;
 /// A page of files: 10,000 at most (OpenAI's limit), all by default.
 const PAGE_MAX: usize = 10_000;
 
@@ -56,9 +53,10 @@ pub async fn upload(State(st): State<Arc<AppState>>, form: Result<Multipart, Mul
         let expires_after = match (field("expires_after[anchor]"), field("expires_after[seconds]")) {
             (None, None) => None,
             (Some("created_at"), Some(s)) => match s.parse::<i64>() {
-                Ok(s) if (EXPIRES_MIN..=EXPIRES_MAX).contains(&s) => Some(s),
+                Ok(s) if EXPIRES_AFTER_S.contains(&s) => Some(s),
                 _ => {
-                    let msg = format!("'expires_after[seconds]' must be {EXPIRES_MIN} to {EXPIRES_MAX}.");
+                    let (min, max) = EXPIRES_AFTER_S.into_inner();
+                    let msg = format!("'expires_after[seconds]' must be {min} to {max}.");
                     return Err(ApiError::bad_param("expires_after.seconds", msg));
                 }
             },

@@ -15,6 +15,9 @@ use tokio::io::AsyncWriteExt;
 
 /// What OpenAI's Files API takes as `purpose`.
 pub const PURPOSES: &[&str] = &["assistants", "batch", "fine-tune", "vision", "user_data", "evals"];
+/// How long after its creation a file may be asked to expire (`expires_after`, a batch's `output_expires_after`):
+/// OpenAI's bounds, an hour to 30 days.
+pub const EXPIRES_AFTER_S: std::ops::RangeInclusive<i64> = 3600..=2_592_000;
 /// Longest a file's name is kept (the client's name is metadata only: on disk a file is its id).
 const NAME_MAX: usize = 255;
 
@@ -24,14 +27,17 @@ pub struct FileRoom {
     pub max_bytes: u64,
     /// Most bytes all stored files may hold together; None: no cap.
     pub total_max: Option<u64>,
-    /// Bytes of the uploads arriving here now, not yet in a row: two uploads at once cannot both take the room
-    /// left. (Replicas sharing a store each count their own; their rows are counted by all.)
+    /// Bytes of the uploads arriving here now, not yet in a row: an upload that cannot fit beside them is refused
+    /// as it arrives, not once it is whole. (Replicas sharing a store each count their own.)
     arriving: Arc<AtomicU64>,
+    /// Held from the last count of what the files hold until an upload's row is in: two uploads that arrived side
+    /// by side (each counted what was stored as it began) cannot both be kept past the total.
+    keeping: tokio::sync::Mutex<()>,
 }
 
 impl FileRoom {
     pub fn new(dir: PathBuf, max_bytes: u64, total_max: Option<u64>) -> Self {
-        FileRoom { dir, max_bytes, total_max, arriving: Arc::default() }
+        FileRoom { dir, max_bytes, total_max, arriving: Arc::default(), keeping: tokio::sync::Mutex::new(()) }
     }
 }
 
@@ -43,6 +49,8 @@ pub struct Upload {
     pub bytes: u64,
     /// The room's count of arriving bytes, which this upload's bytes are in until it is kept or dropped.
     arriving: Arc<AtomicU64>,
+    /// The total it must fit under (a client's upload, when there is one).
+    cap: Option<u64>,
 }
 
 impl Drop for Upload {
@@ -83,7 +91,7 @@ impl Store {
         let id = crate::ids::random_id("file");
         let path = room.dir.join(format!("{id}.part"));
         let file = tokio::fs::File::create(&path).await.map_err(disk)?;
-        let mut up = Upload { id, path, file: Some(file), bytes: 0, arriving: room.arriving.clone() };
+        let mut up = Upload { id, path, file: Some(file), bytes: 0, arriving: room.arriving.clone(), cap };
         while let Some(chunk) = content.next().await {
             let chunk = chunk.map_err(|e| ApiError::bad_request(format!("The upload could not be read: {e}")))?;
             let n = chunk.len() as u64;
@@ -112,6 +120,17 @@ impl Store {
     ) -> Result<Value, ApiError> {
         let room = self.room()?;
         up.file.as_mut().expect("open until kept").sync_all().await.map_err(disk)?;
+        let _keeping = match up.cap {
+            Some(cap) => {
+                let keeping = room.keeping.lock().await;
+                let stored = self.db.files_bytes().await.map_err(failed)?.max(0) as u64;
+                if stored + up.bytes > cap {
+                    return Err(ApiError::FilesFull { stored, cap });
+                }
+                Some(keeping)
+            }
+            None => None,
+        };
         let now = items::now();
         let f = StoredFile {
             id: up.id.clone(),
