@@ -18,6 +18,7 @@ pub mod listener;
 pub mod media;
 pub mod mend;
 pub mod metrics;
+pub mod owner;
 pub mod rank_io;
 pub mod ring;
 pub mod server;

@@ -204,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-key-file",
         default=None,
         metavar="PATH",
-        help="Read the API key from this file (its first line; a Kubernetes Secret mounted as a file).",
+        help="Read the API keys from this file, one a line (a Kubernetes Secret mounted as a file). Each key is an "
+        "owner of its own: its stored state and queued work count against its own share.",
     )
     p.add_argument(
         "--scheduling-policy",
@@ -327,7 +328,8 @@ def resolve_api_key(args: argparse.Namespace) -> str | None:
             return "--api-key and --api-key-file are exclusive"
         try:
             with open(args.api_key_file, encoding="utf-8") as f:
-                args.api_key = f.readline().strip()
+                keys = [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+            args.api_key = "\n".join(keys)
         except OSError as e:
             return f"--api-key-file: {e.strerror}: {args.api_key_file}"
     if args.api_key is not None and not args.api_key.strip():
