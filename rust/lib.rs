@@ -12,6 +12,7 @@ pub mod dispatch;
 pub mod doors;
 pub mod edge;
 pub mod error;
+pub mod fatal;
 pub mod http;
 pub mod ids;
 pub mod listener;

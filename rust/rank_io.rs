@@ -149,7 +149,7 @@ fn drain(link: &RankLink) -> (Vec<Batch>, Vec<RankStamps>) {
                 b.finish = e.finish;
                 b.reason = e.reason.map(str::to_owned);
                 if let Some(lp) = &e.logprobs {
-                    b.logprobs.get_or_insert_with(|| TokenLogprobs::new(lp.top)).extend_from_record(lp);
+                    b.logprobs.get_or_insert_with(TokenLogprobs::default).extend_from_record(lp);
                 }
                 if let Some(p) = e.prompt_logprobs {
                     b.prompt_logprobs = Some(p.to_vec());
@@ -194,6 +194,9 @@ fn deliver(
             continue;
         }
         if !b.tokens.is_empty() {
+            if crate::fatal::fail_point("rank-out") {
+                panic!("fail point: rank-out");
+            }
             let (ttft, gap) = entry.tokens_arrived(now, b.tokens.len());
             if let Some(t) = ttft {
                 metrics.ttft.observe(t.as_secs_f64());

@@ -60,6 +60,8 @@ pub fn serve(
     let gather = GatherPolicy { window: config.gather_window(), min_tokens: config.dispatch_gather_min_tokens };
     let trace_counters = metrics.trace_spans.clone();
     let dispatcher = Dispatcher::with_gather(links, metrics, gather);
+    // From here on a panic in any thread ends the process, /health 503 first (`crate::fatal`).
+    crate::fatal::install(dispatcher.clone(), pids.clone(), Duration::from_secs_f64(config.exit_on_rank_failure_s));
     let codec = Codec::start(codec, decode_batch, config.codec_threads);
     let capacity = dispatcher.ranks.len() * config.max_num_seqs as usize;
     let media = crate::media::Fetcher::new(&config).map_err(PyValueError::new_err)?;
@@ -278,10 +280,6 @@ fn init_logging(level: &str, json: bool) {
     let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     // JSON escapes every value itself; text lines get the control characters in values escaped, so that no
     // client-supplied value (a model name, a request id, a message quoting input) can break or forge a line.
-    if json {
-        // A panic's message would be raw lines on stderr: make it one JSON log line like the rest.
-        std::panic::set_hook(Box::new(|info| tracing::error!(target: "panic", "{info}")));
-    }
     let _ = if json {
         fmt.json().with_current_span(false).try_init()
     } else {

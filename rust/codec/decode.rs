@@ -3,8 +3,8 @@
 
 use super::Codec;
 use crate::doors::sse::frame_into;
-use crate::ring::py::logprobs::{logprobs_to_py, prompt_logprobs_to_py};
-use crate::ring::records::Logprobs;
+use crate::ring::py::logprobs::{logprobs_run_to_py, prompt_logprobs_to_py};
+use crate::ring::records::LogprobsRun;
 use bytes::BytesMut;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
@@ -49,7 +49,7 @@ pub struct DecodeItem<'a> {
     pub tokens: &'a [u32],
     pub finish: u32,
     /// The tokens' logprobs, if asked for.
-    pub logprobs: Option<Logprobs<'a>>,
+    pub logprobs: Option<LogprobsRun<'a>>,
     /// The prompt's logprobs (f32 little-endian), once, with the first tokens of a request that asked for them.
     pub prompt_logprobs: Option<&'a [u8]>,
 }
@@ -62,7 +62,7 @@ impl Codec {
         for item in items {
             let (decoder, finish) = (item.decoder.bind(py), item.finish);
             let tokens = PyList::new(py, item.tokens.iter())?;
-            let logprobs = item.logprobs.as_ref().map(|lp| logprobs_to_py(py, lp)).transpose()?;
+            let logprobs = item.logprobs.as_ref().map(|lp| logprobs_run_to_py(py, lp)).transpose()?;
             match (logprobs, item.prompt_logprobs) {
                 (None, None) => list.append((decoder, tokens, finish))?,
                 (lp, None) => list.append((decoder, tokens, finish, lp))?,

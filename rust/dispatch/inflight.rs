@@ -54,31 +54,34 @@ pub(super) struct Held {
     prompt_logprobs: Option<Vec<u8>>,
 }
 
-/// The logprobs of a run of tokens, in the output record's byte layout (`ring::records::Logprobs`), owned.
+/// The logprobs of a run of tokens merged across engine steps, owned: the output record's byte layout
+/// (`ring::records::Logprobs`) with each token's own count of alternatives. One request's steps may carry
+/// different counts (an engine that finds fewer candidates than asked for at some step), so the count is kept per
+/// token rather than per run: a run is never read with another step's stride.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TokenLogprobs {
-    pub top: u32,
     pub values: Vec<u8>,
     pub alternatives: Vec<u8>,
+    /// Alternatives per token, one per value.
+    pub counts: Vec<u16>,
 }
 
 impl TokenLogprobs {
-    pub fn new(top: u32) -> Self {
-        TokenLogprobs { top, ..Default::default() }
-    }
-
     pub fn extend(&mut self, other: &TokenLogprobs) {
         self.values.extend_from_slice(&other.values);
         self.alternatives.extend_from_slice(&other.alternatives);
+        self.counts.extend_from_slice(&other.counts);
     }
 
     pub fn extend_from_record(&mut self, lp: &records::Logprobs<'_>) {
+        let n = lp.values.len() / 4;
         self.values.extend_from_slice(lp.values);
         self.alternatives.extend_from_slice(lp.alternatives);
+        self.counts.extend(std::iter::repeat_n(lp.top as u16, n));
     }
 
-    pub fn view(&self) -> records::Logprobs<'_> {
-        records::Logprobs { top: self.top, values: &self.values, alternatives: &self.alternatives }
+    pub fn view(&self) -> records::LogprobsRun<'_> {
+        records::LogprobsRun { values: &self.values, alternatives: &self.alternatives, counts: &self.counts }
     }
 }
 
@@ -134,7 +137,7 @@ impl Inflight {
         let mut held = self.held.lock().unwrap();
         held.tokens.extend_from_slice(tokens);
         if let Some(lp) = logprobs {
-            held.logprobs.get_or_insert_with(|| TokenLogprobs::new(lp.top)).extend(lp);
+            held.logprobs.get_or_insert_with(TokenLogprobs::default).extend(lp);
         }
     }
 
@@ -161,7 +164,7 @@ impl Inflight {
         }
         held.tokens.extend_from_slice(&tokens);
         if let Some(lp) = &logprobs {
-            held.logprobs.get_or_insert_with(|| TokenLogprobs::new(lp.top)).extend(lp);
+            held.logprobs.get_or_insert_with(TokenLogprobs::default).extend(lp);
         }
         (held.tokens, held.logprobs.or(logprobs))
     }
@@ -266,8 +269,8 @@ mod tests {
     fn held_tokens_come_back_before_new_ones() {
         let admission = Admission::new(1);
         let e = entry(Outlet::unary().0, &admission);
-        let mut lp = TokenLogprobs::new(0);
-        lp.values.extend_from_slice(&1f32.to_le_bytes());
+        let mut lp = TokenLogprobs::default();
+        lp.extend_from_record(&records::Logprobs { top: 0, values: &1f32.to_le_bytes(), alternatives: &[] });
         e.hold(&[1], Some(&lp));
         e.keep_prompt_logprobs(vec![0; 4]);
         let (tokens, logprobs) = e.held_then(vec![2], Some(lp.clone()));

@@ -38,6 +38,9 @@ pub async fn generate(
     parent: TraceParent,
     RawBody(body): RawBody,
 ) -> Response {
+    if crate::fatal::fail_point("http") {
+        panic!("fail point: http");
+    }
     let arrival = Instant::now();
     let traced = parent.begin(&st, arrival, door.operation(), door.path());
     let trace = traced.as_ref().map(|(t, _)| t.clone());

@@ -57,6 +57,9 @@ pub struct AppState {
 impl AppState {
     /// Why the service cannot take requests right now, if it cannot.
     pub fn unavailable(&self) -> Option<ApiError> {
+        if crate::fatal::is_fatal() {
+            return Some(ApiError::Unavailable("The server hit an internal error and is restarting.".into()));
+        }
         if self.draining.load(Ordering::Acquire) {
             return Some(ApiError::Unavailable("The server is shutting down.".into()));
         }

@@ -226,6 +226,15 @@ pub struct Logprobs<'a> {
     pub alternatives: &'a [u8],
 }
 
+/// The logprobs of a run of tokens merged across records, whose counts of alternatives may differ per token:
+/// one f32 per token in `values`, `counts[i]` (token u32, logprob f32) pairs for token `i` in `alternatives`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LogprobsRun<'a> {
+    pub values: &'a [u8],
+    pub alternatives: &'a [u8],
+    pub counts: &'a [u16],
+}
+
 impl Logprobs<'_> {
     fn encoded_len(&self) -> usize {
         self.values.len() + self.alternatives.len()

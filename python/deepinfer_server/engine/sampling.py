@@ -101,11 +101,16 @@ class Sampler:
             t = vocab.by_bytes.get(data[:n])
             if t is not None and t not in logits and (allowed is None or allowed(t)):
                 logits[t] = -(2.0 + 0.75 * (len(data) - n) + rng.random())
-        for j in range(max(DISTRACTORS, self.top)):
+        # Enough distinct others that every step offers `top` alternatives, as an engine does: a draw that repeats a
+        # candidate draws again (a bounded number of times; the vocabulary has thousands of others).
+        want, j, draws = len(logits) + max(DISTRACTORS, self.top), 0, 0
+        while len(logits) < want and draws < 4 * want:
+            draws += 1
             t = vocab.others[rng.randrange(len(vocab.others))]
             if t not in logits:
                 ok = free and (allowed is None or allowed(t))
                 logits[t] = -(6.0 + j + rng.random()) if ok else IMPOSSIBLE
+                j += 1
         if not any(v > IMPOSSIBLE for v in logits.values()):
             raise NoCandidate(scripted)
         logprobs = self._distribution(logits)
