@@ -63,6 +63,10 @@ pub enum ApiError {
     /// A stored object (a response) the request names is not there.
     #[error("{what} with id '{}' not found.", clip(.id, ECHO_MAX))]
     NotFound { what: &'static str, id: String, param: Option<&'static str> },
+    /// `previous_response_id` names no stored response: a 400 with OpenAI's own code, which Codex-style clients
+    /// key on to start the chain afresh.
+    #[error("Previous response with id '{}' not found.", clip(.0, ECHO_MAX))]
+    PreviousResponseNotFound(String),
     /// The state store failed (its database is down or refused the query); what failed is logged, not sent.
     #[error("The state store failed. Retry later.")]
     Store,
@@ -171,6 +175,9 @@ impl ApiError {
                 (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable_error", "insufficient_system_resource")
             }
             Media { code, .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", code),
+            PreviousResponseNotFound(_) => {
+                (StatusCode::BAD_REQUEST, "invalid_request_error", "previous_response_not_found")
+            }
             RouteNotFound(_) | NotFound { .. } => (StatusCode::NOT_FOUND, "invalid_request_error", "not_found"),
             // Not a 503: gateways take a replica that answers 503 out of rotation, and the store is shared.
             Store => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", "store_error"),
@@ -200,6 +207,7 @@ impl ApiError {
             ApiError::ModelNotFound(_) => Some("model".to_string()),
             ApiError::Media { param, .. } => Some(param.clone()),
             ApiError::NotFound { param, .. } => param.map(str::to_string),
+            ApiError::PreviousResponseNotFound(_) => Some("previous_response_id".to_string()),
             _ => None,
         };
         json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}}).to_string()

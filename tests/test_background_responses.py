@@ -79,9 +79,10 @@ def test_what_cannot_run_in_the_background_is_a_clear_400(state_srv: Server) -> 
     with pytest.raises(openai.BadRequestError) as e:
         create(state_srv, input="x", background=True, store=False)
     assert e.value.body["param"] == "background"  # type: ignore[index]
-    with pytest.raises(openai.NotFoundError) as ne:
+    with pytest.raises(openai.BadRequestError) as ne:  # OpenAI's 400, as for a foreground request
         create(state_srv, input="x", background=True, previous_response_id="resp_missing")
     assert ne.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    assert ne.value.body["code"] == "previous_response_not_found"  # type: ignore[index]
     plain = create(state_srv, input="x")
     with pytest.raises(openai.BadRequestError):
         state_srv.client().responses.cancel(plain.id)

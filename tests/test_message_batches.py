@@ -68,6 +68,11 @@ def test_bad_requests_are_a_400_in_anthropics_envelope(state_srv: Server) -> Non
         r = httpx.post(f"{state_srv.url}/v1/messages/batches", json=body, timeout=30)
         assert r.status_code == 400 and r.json()["type"] == "error", r.text
         assert r.json()["error"]["type"] == "invalid_request_error"
+    # Anthropic's custom_id pattern, ^[a-zA-Z0-9_-]{1,64}$: a space, a dot, a slash, too long are refused
+    for bad in ("a b", "a.b", "a/b", "é", "x" * 65):
+        body = {"requests": [{"custom_id": bad, "params": {"model": MODEL, "max_tokens": 4, "messages": []}}]}
+        r = httpx.post(f"{state_srv.url}/v1/messages/batches", json=body, timeout=30)
+        assert r.status_code == 400 and "custom_id" in r.json()["error"]["message"], (bad, r.text)
     r = httpx.get(f"{state_srv.url}/v1/messages/batches/msgbatch_missing", timeout=30)
     assert r.status_code == 404 and r.json()["type"] == "error", r.text
 

@@ -98,7 +98,7 @@ BY_DESIGN: list[tuple[str, Callable[[Body, Error], bool]]] = [
     ),
     ("the prompt leaves no room in --max-model-len", lambda body, err: err.get("code") == "context_length_exceeded"),
     (
-        "Responses: a previous_response_id or conversation not stored (404); both at once; background without store",
+        "Responses: a previous_response_id (400) or conversation (404) not stored; both at once; background, no store",
         _param(r"previous_response_id|conversation|store|background"),
     ),
     (

@@ -83,9 +83,11 @@ def test_store_false_keeps_nothing_and_delete_removes(srv: Server) -> None:
         c.responses.retrieve(kept.id)
     with pytest.raises(openai.NotFoundError):
         c.responses.delete(kept.id)
-    with pytest.raises(openai.NotFoundError) as e:
+    # OpenAI's answer, which Codex-style clients key on: a 400 previous_response_not_found naming the param.
+    with pytest.raises(openai.BadRequestError) as e:
         create(srv, input="c", previous_response_id=kept.id)
     assert e.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    assert e.value.body["code"] == "previous_response_not_found"  # type: ignore[index]
 
 
 def test_input_items_are_paginated_both_ways(srv: Server) -> None:

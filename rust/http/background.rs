@@ -43,12 +43,11 @@ pub async fn start(
         let msg = "This server keeps no responses (its state store is off): background responses need it.";
         return Err(ApiError::bad_param("background", msg));
     };
-    // What the request names must be there now: a 404 at once, not a failed response later.
+    // What the request names must be there now: a 400 or 404 at once, not a failed response later.
     if let Some(prev) = &req.previous_response_id
         && store.load(prev).await?.is_none()
     {
-        let param = Some("previous_response_id");
-        return Err(ApiError::NotFound { what: "Previous response", id: prev.clone(), param });
+        return Err(ApiError::PreviousResponseNotFound(prev.clone()));
     }
     if let Some(conv) = &req.conversation {
         store.conversation(conv).await.map_err(|_| ApiError::NotFound {

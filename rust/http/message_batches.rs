@@ -45,11 +45,11 @@ pub async fn create(State(st): State<Arc<AppState>>, parent: TraceParent, RawBod
         let mut lines = String::new();
         let mut seen = std::collections::HashSet::new();
         for (i, r) in requests.iter().enumerate() {
-            let custom_id = r.get("custom_id").and_then(Value::as_str).filter(|c| !c.is_empty() && c.len() <= 64);
+            let custom_id = r.get("custom_id").and_then(Value::as_str).filter(|c| is_custom_id(c));
             let Some(custom_id) = custom_id else {
                 return Err(ApiError::bad_param(
                     &format!("requests[{i}].custom_id"),
-                    "A custom_id of 1 to 64 characters is required.",
+                    "A custom_id of 1 to 64 letters, digits, '_' or '-' is required (^[a-zA-Z0-9_-]{1,64}$).",
                 ));
             };
             if !seen.insert(custom_id) {
@@ -255,4 +255,9 @@ fn store(st: &AppState) -> Result<&Arc<Store>, ApiError> {
 /// Errors in Anthropic's envelope.
 async fn answer(f: impl Future<Output = Result<Response, ApiError>>) -> Response {
     f.await.unwrap_or_else(|e| Door::Messages.respond(e))
+}
+
+/// Anthropic's pattern for a request's `custom_id`: `^[a-zA-Z0-9_-]{1,64}$`.
+fn is_custom_id(c: &str) -> bool {
+    (1..=64).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }

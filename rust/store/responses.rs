@@ -77,8 +77,7 @@ impl Store {
     ) -> Result<(Vec<u8>, Keep), ApiError> {
         let context = match (&previous, &conversation) {
             (Some(prev), _) => {
-                let param = Some("previous_response_id");
-                let not_found = || ApiError::NotFound { what: "Previous response", id: prev.clone(), param };
+                let not_found = || ApiError::PreviousResponseNotFound(prev.clone());
                 let stored = self.load(prev).await?.ok_or_else(not_found)?;
                 chain_items(&stored).ok_or(ApiError::Internal)?
             }
