@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import codecs
 import json
-from collections.abc import Sequence
+import struct
+from collections.abc import Callable, Sequence
 from typing import Protocol, Union, cast
 
 from deepseek_recipe import (
@@ -121,25 +122,117 @@ class TokenStrings:
                 alt["token"] = text
 
 
+class Tail:
+    """The tokens at the end of the output so far whose bytes end inside a character, kept from deepseek-recipe.
+
+    deepseek-recipe holds back a token chunk that ends inside a character until more bytes come, and drops it
+    at the finish if none do: the whole chunk's text, logprob entries and token count are lost. So it gets only
+    chunks that end on a character boundary; the unfinished tail waits here for the next batch, and at the
+    finish the door adds it to its output itself (`entries`, `text`), as the non-logprobs path would have: its
+    unfinished character becomes U+FFFD, spelled (`TokenStrings`' 'replace' rule) by the last token."""
+
+    __slots__ = ("bytes_of", "logprobs", "tokens")
+
+    def __init__(self, bytes_of: Callable[[int], bytes]) -> None:
+        self.bytes_of = bytes_of
+        self.tokens: list[int] = []
+        self.logprobs: list[TokenLogprob] | None = []
+
+    def take(
+        self, tokens: list[int], logprobs: list[TokenLogprob] | None
+    ) -> tuple[list[int], list[TokenLogprob] | None]:
+        """This batch after the pending tail, cut after its last whole character: what deepseek-recipe may have.
+        The rest becomes the pending tail."""
+        tokens = self.tokens + tokens
+        if logprobs is not None and self.logprobs is not None:
+            logprobs = self.logprobs + logprobs
+        elif self.tokens:
+            logprobs = None  # the engine sent a batch without its logprobs: none can line up
+        k = len(tokens) - self._unfinished(tokens)
+        self.tokens = tokens[k:]
+        self.logprobs = logprobs[k:] if logprobs is not None else None
+        return tokens[:k], logprobs[:k] if logprobs is not None else None
+
+    def _unfinished(self, tokens: list[int]) -> int:
+        """How many tokens at the end carry the bytes of an unfinished character (0: it ends on a boundary)."""
+        bytes_of = self.bytes_of
+        cut = _unfinished_bytes(b"".join([bytes_of(t) for t in tokens[-4:]]))  # a character has 4 bytes at most
+        n = 0
+        while cut > 0:
+            n += 1
+            cut -= len(bytes_of(tokens[-n]))
+        return n
+
+    def text(self) -> str:
+        """The tail's text as the detokenizer flushes it: the unfinished character is U+FFFD."""
+        return b"".join([self.bytes_of(t) for t in self.tokens]).decode("utf-8", "replace")
+
+    def entries(self) -> list[dict[str, object]]:
+        """The tail's logprob entries, as deepseek-recipe writes them (`bytes` included) with the token strings
+        `TokenStrings` gives: "" for the unfinished character's bytes, but the last token spells the U+FFFD that
+        the end of the output makes of them (so the strings still add up to the text)."""
+        if not self.logprobs:
+            return []
+        utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        last = len(self.tokens) - 1
+        out: list[dict[str, object]] = []
+        for i, (token, (value, alternatives)) in enumerate(zip(self.tokens, self.logprobs, strict=True)):
+            data = self.bytes_of(token)
+            text = str(utf8.decode(data, i == last))
+            top = [self._alternative(alt, alt_value, token, text) for alt, alt_value in alternatives]
+            out.append({"token": text, "logprob": _f32(value), "bytes": list(data), "top_logprobs": top})
+        return out
+
+    def _alternative(self, alt: int, value: float, token: int, text: str) -> dict[str, object]:
+        data = self.bytes_of(alt)
+        # The sampled token spells what its entry does; another is spelled alone, escaping partial bytes as
+        # deepseek-recipe does.
+        name = text if alt == token else data.decode("utf-8", "backslashreplace")
+        return {"token": name, "logprob": _f32(value), "bytes": list(data)}
+
+
+def _unfinished_bytes(data: bytes) -> int:
+    """How many bytes at the end of `data` begin a character they do not finish."""
+    utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+    utf8.decode(data[-3:])  # the unfinished character begins in the last 3 bytes, at most
+    return len(utf8.getstate()[0])
+
+
+def _f32(value: float) -> float:
+    """A logprob as deepseek-recipe writes it: the engine's value as a float32, in the fewest digits that keep it."""
+    (single,) = struct.unpack("f", struct.pack("f", value))
+    for digits in range(1, 10):
+        short = float(f"{single:.{digits}g}")
+        if struct.unpack("f", struct.pack("f", short))[0] == single:
+            return short
+    return float(single)
+
+
 class BaseDecoder:
     """One request's output side, whatever its protocol: engine tokens -> text -> a deepseek-recipe StreamProcessor.
     A subclass turns the processor's chunks into its protocol's wire output (`_emit`).
 
     A request with logprobs goes to the processor as token IDs with their logprobs instead (it needs the tokenizer
-    then), and deepseek-recipe writes the logprobs objects; `TokenStrings` mends their token strings."""
+    then), and deepseek-recipe writes the logprobs objects; `TokenStrings` mends their token strings. An output
+    that ends inside a character leaves a `Tail` that the processor never sees: `ended_tail` is it, once the
+    engine finished, and a subclass adds it to its output (`_emit`)."""
 
     __slots__ = (
+        "calls_id",
         "done",
         "dropped_eos",
+        "ended_tail",
         "eos_id",
         "fingerprint",
         "ignore_eos",
+        "in_calls",
         "logprobs",
         "n_out",
         "n_prompt",
         "proc",
         "reasoning",
         "stream",
+        "tail",
         "text",
         "text_ids",
         "think_end_id",
@@ -153,6 +246,8 @@ class BaseDecoder:
         opts = conv.inference_options
         self.logprobs: int | None = (opts.top_logprobs or 0) if opts.logprobs else None
         self.token_strings = TokenStrings() if self.logprobs is not None else None
+        self.tail = Tail(vocab.bytes_of)
+        self.ended_tail: Tail | None = None  # the tail the output ended with (the engine finished), if any
         if self.logprobs is None:
             self.proc = StreamProcessor(generator, options)  # text in: see the module docstring
         else:
@@ -164,6 +259,11 @@ class BaseDecoder:
         self.reasoning: int | None = None if stage is None else 0
         in_reasoning = stage is not None and stage.starts_in_reasoning()
         self.think_end_id: int | None = vocab.think_end_id if in_reasoning else None
+        # Whether the output is in tool calls, where a `Tail`'s text goes (logprobs only): from the start (a forced
+        # call), or from the first DSML token (tool-call markup) after the reasoning, `calls_id` while awaited.
+        calls = options.parse_tool_calls and self.logprobs is not None
+        self.in_calls: bool = calls and options.starts_in_tool_calls
+        self.calls_id: int | None = vocab.dsml_id if calls and not self.in_calls else None
         self.stream: bool = conv.stream
         self.n_prompt = n_prompt
         self.n_out = 0
@@ -214,7 +314,9 @@ class BaseDecoder:
             if self.logprobs is None:
                 chunks.extend(self._push_text(tokens))
             else:
-                chunks.extend(proc.push(InferenceChunk.tokens(tokens, logprobs)))
+                if self.calls_id is not None and self.think_end_id is None and self.calls_id in tokens:
+                    self.in_calls, self.calls_id = True, None
+                chunks.extend(self._push_tokens(tokens, logprobs))
         state = RUNNING
         if proc.finished:  # a stop sequence matched: the rank must be told to abort
             chunks += proc.finish()
@@ -223,12 +325,33 @@ class BaseDecoder:
             rest = self.text.flush()  # the output ends inside a character: its bytes become U+FFFD
             if self.logprobs is None and (rest or self.text_ids):
                 chunks += proc.push(InferenceChunk.text(rest, self.text_ids))
+            if self.tail.tokens:
+                self.ended_tail = self.tail
             chunks += self._flushed(proc.push(InferenceChunk.finish(_ENGINE_FINISH[finish])) + proc.finish())
             state = FINISHED
         if state != RUNNING:
             self.done = True
             proc.close()
         return state, self._emit(chunks, last=state != RUNNING)
+
+    def _push_tokens(self, tokens: list[int], logprobs: list[TokenLogprob] | None) -> Sequence[object]:
+        """Push one batch's token IDs up to its last whole character (`Tail` says why)."""
+        tokens, logprobs = self.tail.take(tokens, logprobs)
+        return self.proc.push(InferenceChunk.tokens(tokens, logprobs)) if tokens else []
+
+    @property
+    def tail_field(self) -> str:
+        """Where the ended tail's text goes: the reasoning, if the output ended in it, a tool call's arguments
+        ("tool_calls") if it ended in one, else the answer's content."""
+        if self.think_end_id is not None:
+            return "reasoning_content"
+        return "tool_calls" if self.in_calls else "content"
+
+    @property
+    def uncounted(self) -> int:
+        """Generated tokens that deepseek-recipe's usage leaves out: the EOS tokens `ignore_eos` kept out of the
+        text, and the tail the output ended with."""
+        return self.dropped_eos + (len(self.ended_tail.tokens) if self.ended_tail is not None else 0)
 
     def _push_text(self, tokens: list[int]) -> Sequence[object]:
         """Detokenize one batch and push the text that is complete, with the token IDs it came from."""

@@ -5,6 +5,7 @@ markup, vLLM's `prompt_logprobs`)."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Sequence
 from typing import Any, cast
@@ -79,7 +80,7 @@ _dumps = dumps
 class ChatDecoder(BaseDecoder):
     """One Chat Completions request's output."""
 
-    __slots__ = ("continuous", "final", "include_usage", "prompt", "prompt_json")
+    __slots__ = ("continuous", "final", "include_usage", "last_call", "prompt", "prompt_json")
 
     def __init__(
         self,
@@ -100,6 +101,7 @@ class ChatDecoder(BaseDecoder):
         # vLLM's `prompt_logprobs` (non-streams only): the prompt's tokens, then their logprobs as JSON.
         self.prompt: PromptTokens | None = None
         self.prompt_json = "null"
+        self.last_call: int | None = None  # a stream's last tool call (`_note_calls`)
 
     def want_prompt_logprobs(self, tokens: PromptTokens) -> None:
         self.prompt = tokens
@@ -120,7 +122,7 @@ class ChatDecoder(BaseDecoder):
                     self.final.accumulate(ch)
             if not last:
                 return []
-            body = _conform_response(self._mend_logprobs(self.final.to_json()))
+            body = _conform_response(self._with_tail(self._mend_logprobs(self.final.to_json())))
             spliced = self._splice_usage(body)
             if spliced is None:
                 d = json.loads(body)
@@ -134,8 +136,10 @@ class ChatDecoder(BaseDecoder):
         ]
         if self.token_strings is not None:
             out = [self._mend_logprobs(js) for js in out]
+            if self.in_calls:
+                self._note_calls(out)
         if last:
-            return self._finish_stream(out)
+            return self._finish_stream(self._tail_chunk(out))
         if self.continuous:
             tail = self._usage_tail()
             out = [js[:-13] + tail if js.endswith('"usage":null}') else js for js in out]
@@ -153,6 +157,52 @@ class ChatDecoder(BaseDecoder):
                 lp.setdefault("content", None)  # OpenAI's schema requires both, null when there are none
                 lp.setdefault("refusal", None)
         return _dumps(d)
+
+    def _note_calls(self, out: list[str]) -> None:
+        """The index of the last tool call a stream's chunks opened: where a `Tail` in its arguments goes."""
+        for js in out:
+            for m in _CALL_INDEX.finditer(js):
+                self.last_call = int(m.group(1))
+
+    def _with_tail(self, body: str) -> str:
+        """A non-stream's response with the tail the output ended with (`Tail`) added to its message."""
+        tail = self.ended_tail
+        if tail is None:
+            return body
+        d = json.loads(body)
+        choice = d["choices"][0]
+        field = self.tail_field
+        message = choice["message"]
+        calls = message.get("tool_calls")
+        if field == "tool_calls" and calls:  # its arguments, which have no logprob entries
+            function = calls[-1]["function"]
+            function["arguments"] = (function.get("arguments") or "") + tail.text()
+            return _dumps(d)
+        field = "content" if field == "tool_calls" else field
+        message[field] = (message.get(field) or "") + tail.text()
+        choice["logprobs"] = _logprobs_with(choice.get("logprobs"), field, tail.entries())
+        return _dumps(d)
+
+    def _tail_chunk(self, out: list[str]) -> list[str]:
+        """A stream's last chunks with a delta for the tail the output ended with (`Tail`), just before the
+        chunk that finishes the choice."""
+        tail = self.ended_tail
+        if tail is None or not out:
+            return out
+        at = next((i for i, js in enumerate(out) if '"finish_reason":"' in js), len(out))
+        d = json.loads(out[min(at, len(out) - 1)])  # the envelope (id, model, ...) every chunk repeats
+        field = self.tail_field
+        if field == "tool_calls" and self.last_call is not None:  # its arguments, which have no logprob entries
+            call = {"index": self.last_call, "function": {"arguments": tail.text()}}
+            d["choices"] = [{"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None}]
+        else:
+            field = "content" if field == "tool_calls" else field
+            logprobs = _logprobs_with(None, field, tail.entries())
+            d["choices"] = [{"index": 0, "delta": {field: tail.text()}, "logprobs": logprobs, "finish_reason": None}]
+        d.pop("usage", None)  # the finish carries it (`_finish_stream`); continuous usage is on every chunk
+        if self.continuous:
+            d["usage"] = None
+        return [*out[:at], _dumps(d), *out[at:]]
 
     def _usage_tail(self) -> str:
         n = self.n_out + self.dropped_eos
@@ -195,11 +245,11 @@ class ChatDecoder(BaseDecoder):
 
     def _splice_usage(self, js: str) -> str | None:
         """`js` (a usage object, or a body that holds one) with `_fix_usage` applied as text, or None when only
-        parsing can apply it (kept EOS tokens change numbers). Only usage holds an unescaped
+        parsing can apply it (`uncounted` tokens change numbers). Only usage holds an unescaped
         '"prompt_cache_hit_tokens":' (strings escape '"'): reasoning_tokens goes in just before it."""
-        if self.dropped_eos == 0 and self.reasoning is None:
+        if self.uncounted == 0 and self.reasoning is None:
             return js
-        k = js.find('"prompt_cache_hit_tokens":') if self.dropped_eos == 0 else -1
+        k = js.find('"prompt_cache_hit_tokens":') if self.uncounted == 0 else -1
         if k < 0 or '"completion_tokens_details"' in js:
             return None
         return f'{js[:k]}"completion_tokens_details":{{"reasoning_tokens":{self.reasoning}}},{js[k:]}'
@@ -215,10 +265,10 @@ class ChatDecoder(BaseDecoder):
         return _dumps(d), usage_chunk
 
     def _fix_usage(self, usage: dict[str, object]) -> dict[str, object]:
-        """Add the EOS tokens that ignore_eos kept out of the text, and the counted reasoning tokens."""
-        if self.dropped_eos:
+        """Add the tokens deepseek-recipe did not count (`uncounted`), and the counted reasoning tokens."""
+        if self.uncounted:
             for key in ("completion_tokens", "total_tokens"):
-                usage[key] = int(usage[key]) + self.dropped_eos  # type: ignore[call-overload]
+                usage[key] = int(usage[key]) + self.uncounted  # type: ignore[call-overload]
         if self.reasoning is not None:
             tail = {k: usage.pop(k) for k in list(usage) if k.startswith("prompt_cache_")}
             usage["completion_tokens_details"] = {"reasoning_tokens": self.reasoning}
@@ -226,7 +276,16 @@ class ChatDecoder(BaseDecoder):
         return usage
 
 
+def _logprobs_with(logprobs: object, field: str, entries: list[dict[str, object]]) -> dict[str, object]:
+    """A choice's logprobs object with `entries` added at the end of `field` (the object made if there was none)."""
+    lp: dict[str, object] = logprobs if isinstance(logprobs, dict) else {"content": None, "refusal": None}
+    lp[field] = [*cast(list[object], lp.get(field) or []), *entries]
+    return lp
+
+
 _MESSAGE_START = '"message":{"role":"assistant",'
+# A tool call delta's index: `"tool_calls":[{"index":N` cannot occur unescaped inside a JSON string.
+_CALL_INDEX = re.compile(r'"tool_calls":\[\{"index":(\d+)')
 
 
 def _conform_response(body: str) -> str:

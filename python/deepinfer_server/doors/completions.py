@@ -240,6 +240,8 @@ class CompletionDecoder:
         self.pending += self.text.feed(tokens) if tokens else ""
         if ended:
             self.pending += self.text.flush()
+            if self.logprobs is not None:
+                self.logprobs.end()
         out, reason = self._take(ended)
         state = RUNNING
         if reason == "stop" and not ended:
@@ -343,6 +345,17 @@ class _Logprobs:
                 top.setdefault(name, alt_value)
             self.entries.append((text, value, top, self.offset))
             self.offset += len(text)
+
+    def end(self) -> None:
+        """The output ended: an unfinished character at its end becomes U+FFFD, as in the text, spelled by the last
+        token (so the tokens still add up to the text)."""
+        rest = str(self.utf8.decode(b"", True))
+        if not rest or not self.entries:
+            return
+        text, value, top, offset = self.entries[-1]
+        spelled = None if top is None else {(text + rest if name == text else name): v for name, v in top.items()}
+        self.entries[-1] = (text + rest, value, spelled, offset)
+        self.offset += len(rest)
 
     def sent(self, n_chars: int, last: bool) -> None:
         """`n_chars` more characters of text went out (`last`: the output ended there)."""

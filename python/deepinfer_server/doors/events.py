@@ -35,12 +35,17 @@ class EventWire:
     mend_body: Callable[[str], str] | None = None  # a non-stream's whole response
     trim_flushed: Callable[[str], str] | None = None  # a stream's events flushed at the finish
     names_calls: bool = False  # `function_call_arguments.done` gets the call's name (Responses)
+    # The tail an output with logprobs ended with (decoding.py `Tail`), added as (text, its logprob entries): to
+    # a non-stream's whole response, and to a stream's last events. None: the door has no logprobs.
+    # (Each takes the field it goes in, "content" or "reasoning_content", then the text and the entries.)
+    tail_body: Callable[[str, str, str, list[dict[str, object]]], str] | None = None
+    tail_events: Callable[[list[str], str, str, list[dict[str, object]]], list[str]] | None = None
 
 
 class EventDecoder(BaseDecoder):
     """One Messages or Responses request's output."""
 
-    __slots__ = ("calls", "final", "mend", "mend_body", "name", "opened", "trim")
+    __slots__ = ("calls", "final", "mend", "mend_body", "name", "opened", "tail_body", "tail_events", "trim")
 
     def __init__(
         self,
@@ -60,6 +65,7 @@ class EventDecoder(BaseDecoder):
         self.mend = wire.mend_event
         self.mend_body = wire.mend_body
         self.trim = wire.trim_flushed
+        self.tail_body, self.tail_events = wire.tail_body, wire.tail_events
         self.opened = False  # whether the opening events (message_start, response.created ...) went out
         self.calls: dict[str, str] | None = {} if wire.names_calls else None  # function call id -> name
 
@@ -86,8 +92,22 @@ class EventDecoder(BaseDecoder):
         if self.token_strings is None:
             return out
         if isinstance(out, str):
-            return self._mend_logprobs(out)
-        return [self._mend_logprobs(e) for e in out]
+            return self._with_tail(self._mend_logprobs(out))
+        return self._tail_events([self._mend_logprobs(e) for e in out])
+
+    def _with_tail(self, body: str) -> str:
+        """A non-stream's response with the tail the output ended with (`Tail`) in its answer."""
+        tail, add = self.ended_tail, self.tail_body
+        if tail is None or add is None:
+            return body
+        return add(body, self.tail_field, tail.text(), tail.entries())
+
+    def _tail_events(self, out: list[str]) -> list[str]:
+        """A stream's last events with the tail the output ended with (`Tail`) in its answer."""
+        tail, add = self.ended_tail, self.tail_events
+        if tail is None or add is None:
+            return out
+        return add(out, self.tail_field, tail.text(), tail.entries())
 
     def _mend_logprobs(self, event: str) -> str:
         """Logprobs' token strings that spell the text (`TokenStrings`): a delta's continue the ones before it."""
@@ -160,7 +180,7 @@ class EventDecoder(BaseDecoder):
         that `ignore_eos` kept out of the text."""
         if self.reasoning and _NO_REASONING in js:
             js = js.replace(_NO_REASONING, f'"output_tokens_details":{{"reasoning_tokens":{self.reasoning}}}', 1)
-        if self.dropped_eos:
-            add = self.dropped_eos
+        if self.uncounted:
+            add = self.uncounted
             js = _OUTPUT_TOKENS.sub(lambda m: f"{m.group(1)}{int(m.group(2)) + add}", js)
         return js
