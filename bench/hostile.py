@@ -366,17 +366,22 @@ def attack_heads(srv: Server, args: argparse.Namespace) -> dict[str, Any]:
 
 def attack_forms(srv: Server, args: argparse.Namespace) -> dict[str, Any]:
     page = {"Origin": "https://page.example"}
+    # The store may be shared with earlier servers: count what this attack adds.
+    held = {f["id"] for f in httpx.get(f"{srv.url}/v1/files", timeout=60).json().get("data", [])}
     files = {"file": ("x.jsonl", b'{"a": 1}\n', "application/octet-stream")}
     form = httpx.post(f"{srv.url}/v1/files", files=files, data={"purpose": "batch"}, headers=page, timeout=60)
     raw = json.dumps({"model": MODEL, "messages": MSG, "max_tokens": 2}).encode()
     # httpx sends no Content-Type for raw bytes, as a page's fetch() with a Blob body does.
     chat = httpx.post(f"{srv.url}/v1/chat/completions", content=raw, headers=page, timeout=60)
-    conv = httpx.post(f"{srv.url}/v1/conversations", content=b"{}", headers=page, timeout=60)
-    stored = len(httpx.get(f"{srv.url}/v1/files", timeout=60).json().get("data", []))
+    conv = httpx.post(f"{srv.url}/v1/conversations", headers=page, timeout=60)
+    # A page that sends no Origin (none has been seen to, but the body rule holds alone).
+    bare = httpx.post(f"{srv.url}/v1/chat/completions", content=raw, timeout=60)
+    files_now = httpx.get(f"{srv.url}/v1/files", timeout=60).json().get("data", [])
     return {
-        "attacker": "a form upload, a chat and a conversation from another origin",
-        "statuses": [form.status_code, chat.status_code, conv.status_code],
-        "files_stored": stored,
+        "attacker": "a form upload, a chat (no Content-Type), a bodiless conversation from another origin; "
+        "the chat again without Origin",
+        "statuses": [form.status_code, chat.status_code, conv.status_code, bare.status_code],
+        "files_stored": sum(f["id"] not in held for f in files_now),
     }
 
 
