@@ -17,6 +17,10 @@ Attacks:
 - browser: a `Content-Type: text/plain` chat request (what any web page may send cross-origin).
 - trickle: N connections that trickle a request body a byte a second.
 - readers: 16 streams of 8,000 tokens with top_logprobs 20 that nobody reads.
+- heads (issue 39): with --api-key and --max-connections 200, 200 connections that send an unauthenticated
+  `POST /v1/files` head declaring a 100 MB body and send nothing more; a keyed client's request meanwhile.
+- forms (issue 39): what a web page on another origin may send with no preflight: a form upload and a chat and a
+  conversation POSTed without a `Content-Type`.
 """
 
 from __future__ import annotations
@@ -311,6 +315,76 @@ def attack_readers(srv: Server, args: argparse.Namespace) -> dict[str, Any]:
     return {"attacker": "16 unread streams (8000 tokens, top_logprobs 20)", **p.summary(), "rss_held_mib": round(held)}
 
 
+KEY = "hostile-key"
+UPLOAD_HEAD = (
+    b"POST /v1/files HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+    b"Content-Length: 100000000\r\n\r\n"
+)
+
+
+def open_fds(srv: Server) -> int:
+    return len(os.listdir(f"/proc/{srv.proc.pid}/fd"))
+
+
+def attack_heads(srv: Server, args: argparse.Namespace) -> dict[str, Any]:
+    keyed = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": MODEL, "messages": MSG, "max_tokens": 2}
+    httpx.post(f"{srv.url}/v1/chat/completions", json=body, headers=keyed, timeout=60).raise_for_status()
+    fds0, rss0 = open_fds(srv), srv.rss_mib()
+    socks = []
+    for _ in range(200):
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+        s.sendall(UPLOAD_HEAD)
+        socks.append(s)
+    time.sleep(1.0)
+    fds_during, rss_during = open_fds(srv), srv.rss_mib()
+    t0 = time.monotonic()
+    try:
+        r = httpx.post(f"{srv.url}/v1/chat/completions", json=body, headers=keyed, timeout=args.heads_wait)
+        keyed_answer = f"{r.status_code} in {time.monotonic() - t0:.2f} s"
+    except httpx.TimeoutException:
+        keyed_answer = f"none within {args.heads_wait:.0f} s"
+    answered = closed = 0
+    for s in socks:
+        s.settimeout(0.2)
+        try:
+            data = s.recv(4096)
+            answered += data.startswith(b"HTTP/1.1 401")
+            closed += data == b"" or s.recv(4096) == b""
+        except OSError:
+            pass
+        s.close()
+    return {
+        "attacker": "200 unauthenticated upload heads (100 MB declared), no body",
+        "keyed_chat": keyed_answer,
+        "heads_answered_401": answered,
+        "heads_closed_by_server": closed,
+        "server_fds_before_during": [fds0, fds_during],
+        "rss_growth_mib": round(rss_during - rss0, 1),
+    }
+
+
+def attack_forms(srv: Server, args: argparse.Namespace) -> dict[str, Any]:
+    page = {"Origin": "https://page.example"}
+    # The store may be shared with earlier servers: count what this attack adds.
+    held = {f["id"] for f in httpx.get(f"{srv.url}/v1/files", timeout=60).json().get("data", [])}
+    files = {"file": ("x.jsonl", b'{"a": 1}\n', "application/octet-stream")}
+    form = httpx.post(f"{srv.url}/v1/files", files=files, data={"purpose": "batch"}, headers=page, timeout=60)
+    raw = json.dumps({"model": MODEL, "messages": MSG, "max_tokens": 2}).encode()
+    # httpx sends no Content-Type for raw bytes, as a page's fetch() with a Blob body does.
+    chat = httpx.post(f"{srv.url}/v1/chat/completions", content=raw, headers=page, timeout=60)
+    conv = httpx.post(f"{srv.url}/v1/conversations", headers=page, timeout=60)
+    # A page that sends no Origin (none has been seen to, but the body rule holds alone).
+    bare = httpx.post(f"{srv.url}/v1/chat/completions", content=raw, timeout=60)
+    files_now = httpx.get(f"{srv.url}/v1/files", timeout=60).json().get("data", [])
+    return {
+        "attacker": "a form upload, a chat (no Content-Type), a bodiless conversation from another origin; "
+        "the chat again without Origin",
+        "statuses": [form.status_code, chat.status_code, conv.status_code, bare.status_code],
+        "files_stored": sum(f["id"] not in held for f in files_now),
+    }
+
+
 ATTACKS: dict[str, tuple[Callable[[Server, argparse.Namespace], dict[str, Any]], tuple[str, ...]]] = {
     "grammar": (attack_grammar, ()),
     "ring": (attack_ring, ()),
@@ -320,6 +394,8 @@ ATTACKS: dict[str, tuple[Callable[[Server, argparse.Namespace], dict[str, Any]],
     "trickle": (attack_trickle, ()),
     # Capacity beyond the 16 readers, so the plain client measures their cost, not a full server's 429s.
     "readers": (attack_readers, ("--stream-interval-ms", "0", "--sim-decode-step-ms", "1", "--max-num-seqs", "32")),
+    "heads": (attack_heads, ("--api-key", KEY, "--max-connections", "200")),
+    "forms": (attack_forms, ()),
 }
 
 
@@ -330,6 +406,7 @@ def main() -> int:
     ap.add_argument("--connections", type=int, default=4000)
     ap.add_argument("--trickle-seconds", type=float, default=40.0)
     ap.add_argument("--readers-seconds", type=float, default=15.0)
+    ap.add_argument("--heads-wait", type=float, default=90.0, help="how long the keyed client waits (heads)")
     args = ap.parse_args()
     builds = {"this": None} if args.base is None else {"this": None, "base": args.base}
     out: dict[str, dict[str, Any]] = {}
@@ -339,7 +416,9 @@ def main() -> int:
             srv = Server(path, "--served-model-name", MODEL, *flags)
             try:
                 rss0 = srv.rss_mib()
-                row = {"baseline": baseline(srv), **fn(srv, args)}
+                # The plain client sends no key: no baseline where one is needed.
+                row = {} if "--api-key" in flags else {"baseline": baseline(srv)}
+                row.update(fn(srv, args))
                 time.sleep(5)
                 row["rss_before_mib"], row["rss_after_mib"] = round(rss0), round(srv.rss_mib())
             finally:

@@ -5,11 +5,15 @@
 //!   would reset a plain write timeout (tokio-io-timeout's), so a reader that takes a byte every 25 s was never cut.
 //! - `DeadlineBody`: a request body must arrive whole within `client_timeout` of its head. A per-chunk timeout
 //!   (tower-http's) restarts with every chunk, so a body trickled a byte at a time was never cut either.
+//!   A request that may take longer (an upload) gets a `LongerDeadline` it holds until a handler grants it, after
+//!   the key check and routing: a request nobody has let in gets no more than the ordinary deadline.
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use std::io::{self, IoSlice};
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -116,15 +120,41 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ClientIo<T> {
 #[error("the request body did not arrive within the client timeout")]
 pub struct BodyDeadline;
 
+/// A later deadline a body may have, once a handler grants it (in the request's extensions, which the body
+/// shares). Granted or not, it runs from the request head, as the ordinary one does.
+#[derive(Clone)]
+pub struct LongerDeadline(Arc<Longer>);
+
+struct Longer {
+    at: Instant,
+    granted: AtomicBool,
+}
+
+impl LongerDeadline {
+    pub fn new(timeout: Duration) -> Self {
+        LongerDeadline(Arc::new(Longer { at: Instant::now() + timeout, granted: AtomicBool::new(false) }))
+    }
+
+    /// Let the body take until the longer deadline.
+    pub fn grant(&self) {
+        self.0.granted.store(true, Ordering::Release);
+    }
+
+    fn granted_at(&self) -> Option<Instant> {
+        self.0.granted.load(Ordering::Acquire).then_some(self.0.at)
+    }
+}
+
 /// A request body that fails once its deadline passes, however its bytes trickle in.
 pub struct DeadlineBody<B> {
     inner: B,
     deadline: Pin<Box<Sleep>>,
+    longer: Option<LongerDeadline>,
 }
 
 impl<B> DeadlineBody<B> {
-    pub fn new(inner: B, timeout: Duration) -> Self {
-        DeadlineBody { inner, deadline: Box::pin(tokio::time::sleep_until(Instant::now() + timeout)) }
+    pub fn new(inner: B, timeout: Duration, longer: Option<LongerDeadline>) -> Self {
+        DeadlineBody { inner, deadline: Box::pin(tokio::time::sleep_until(Instant::now() + timeout)), longer }
     }
 }
 
@@ -140,8 +170,14 @@ where
         if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
-        ready!(self.deadline.as_mut().poll(cx));
-        Poll::Ready(Some(Err(Box::new(BodyDeadline))))
+        loop {
+            ready!(self.deadline.as_mut().poll(cx));
+            // Looked at only when the ordinary deadline passes: a granted one moves it out once.
+            match self.longer.as_ref().and_then(LongerDeadline::granted_at) {
+                Some(at) if at > self.deadline.deadline() => self.deadline.as_mut().reset(at),
+                _ => return Poll::Ready(Some(Err(Box::new(BodyDeadline)))),
+            }
+        }
     }
 
     fn is_end_stream(&self) -> bool {
@@ -161,7 +197,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_trickled_body_fails_at_its_deadline_not_at_a_pause() {
         let (mut tx, body) = http_body_util::channel::Channel::<Bytes, io::Error>::new(4);
-        let body = DeadlineBody::new(body, Duration::from_secs(2));
+        let body = DeadlineBody::new(body, Duration::from_secs(2), Some(LongerDeadline::new(Duration::from_secs(9))));
         let sender = tokio::spawn(async move {
             for _ in 0..10 {
                 tokio::time::sleep(Duration::from_millis(500)).await;
@@ -186,8 +222,28 @@ mod tests {
                 tx.send_data(Bytes::from_static(b"ab")).await.unwrap();
             }
         });
-        let got = DeadlineBody::new(body, Duration::from_secs(2)).collect().await.unwrap().to_bytes();
+        let got = DeadlineBody::new(body, Duration::from_secs(2), None).collect().await.unwrap().to_bytes();
         assert_eq!(&got[..], b"ababab");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_granted_longer_deadline_holds_from_the_head() {
+        let (mut tx, body) = http_body_util::channel::Channel::<Bytes, io::Error>::new(4);
+        let longer = LongerDeadline::new(Duration::from_secs(5));
+        let body = DeadlineBody::new(body, Duration::from_secs(2), Some(longer.clone()));
+        longer.grant();
+        tokio::spawn(async move {
+            for _ in 0..20 {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                if tx.send_data(Bytes::from_static(b"x")).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let started = Instant::now();
+        let err = body.collect().await.expect_err("cut at the longer deadline");
+        assert!(err.is::<BodyDeadline>(), "{err}");
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
     }
 
     #[tokio::test(start_paused = true)]

@@ -74,6 +74,9 @@ pub enum ApiError {
     MethodNotAllowed,
     #[error("Invalid or missing API key: send 'Authorization: Bearer <key>'.")]
     Unauthorized,
+    /// A write from a web page of an origin the server does not allow (`http::cross_site`).
+    #[error("Requests from origin '{}' are not allowed: name it in --allowed-origins.", clip(.0, ECHO_MAX))]
+    CrossOrigin(String),
     #[error("Internal server error.")]
     Internal,
 }
@@ -183,6 +186,7 @@ impl ApiError {
             Store => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", "store_error"),
             MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed"),
             Unauthorized => (StatusCode::UNAUTHORIZED, "invalid_request_error", "invalid_api_key"),
+            CrossOrigin(_) => (StatusCode::FORBIDDEN, "invalid_request_error", "origin_not_allowed"),
             Internal => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error"),
         }
     }
@@ -208,6 +212,7 @@ impl ApiError {
             ApiError::Media { param, .. } => Some(param.clone()),
             ApiError::NotFound { param, .. } => param.map(str::to_string),
             ApiError::PreviousResponseNotFound(_) => Some("previous_response_id".to_string()),
+            ApiError::NotJson => Some("Content-Type".to_string()),
             _ => None,
         };
         json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": code}}).to_string()

@@ -11,7 +11,7 @@
 //! The loop is generic over the socket (`Listener`: TCP, or a Unix socket with `--uds`); with TLS off each
 //! connection takes the same path it always took.
 
-use crate::client_io::{ClientIo, DeadlineBody};
+use crate::client_io::{ClientIo, DeadlineBody, LongerDeadline};
 use crate::edge::tls::Tls;
 use axum::Router;
 use futures_util::FutureExt;
@@ -60,7 +60,9 @@ impl Listener for UnixListener {
 }
 
 /// How long a client may take: to send a request head or a body (`client`), or a file upload's body (`upload`,
-/// `POST …/v1/files`: hundreds of megabytes cannot be asked of the 30 s a JSON body gets).
+/// `POST …/v1/files`: hundreds of megabytes cannot be asked of the 30 s a JSON body gets). The upload deadline is
+/// only offered here (`LongerDeadline`): the upload handler grants it, once the key check and routing let the
+/// request in, so a head nobody let in cannot hold its connection for it.
 #[derive(Debug, Clone, Copy)]
 pub struct Deadlines {
     pub client: Duration,
@@ -68,9 +70,9 @@ pub struct Deadlines {
 }
 
 impl Deadlines {
-    fn body(&self, req: &axum::http::Request<hyper::body::Incoming>) -> Duration {
+    fn longer(&self, req: &axum::http::Request<hyper::body::Incoming>) -> Option<LongerDeadline> {
         let upload = req.method() == axum::http::Method::POST && req.uri().path().ends_with("/v1/files");
-        if upload { self.upload } else { self.client }
+        upload.then(|| LongerDeadline::new(self.upload))
     }
 }
 
@@ -92,9 +94,12 @@ pub async fn serve<L: Listener>(
     http.timer(TokioTimer::new()).header_read_timeout(client_timeout);
     // Past these hyper answers a bare 431 itself; below them `head_limits` answers in the door's envelope.
     http.max_headers(HYPER_MAX_HEADERS).max_buf_size(HYPER_MAX_BUF);
-    let app = tower::util::MapRequest::new(app, move |req: axum::http::Request<hyper::body::Incoming>| {
-        let deadline = deadlines.body(&req);
-        req.map(|body| axum::body::Body::new(DeadlineBody::new(body, deadline)))
+    let app = tower::util::MapRequest::new(app, move |mut req: axum::http::Request<hyper::body::Incoming>| {
+        let longer = deadlines.longer(&req);
+        if let Some(longer) = &longer {
+            req.extensions_mut().insert(longer.clone());
+        }
+        req.map(|body| axum::body::Body::new(DeadlineBody::new(body, client_timeout, longer)))
     });
     let slots = Arc::new(Semaphore::new(if max_connections == 0 { Semaphore::MAX_PERMITS } else { max_connections }));
     let connections = GracefulShutdown::new();

@@ -79,7 +79,12 @@ def test_bad_input_is_a_400_naming_the_field(state_srv: Server, path: str, body:
     conv = state_srv.client().conversations.create()
     r = httpx.post(state_srv.url + path.format(id=conv.id), json=body, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
-    r = httpx.post(f"{state_srv.url}/v1/conversations", content=b"{not json", timeout=30)
+    r = httpx.post(
+        f"{state_srv.url}/v1/conversations",
+        content=b"{not json",
+        headers={"Content-Type": "application/json"},
+        timeout=30,
+    )
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
     r = httpx.get(f"{state_srv.url}/v1/conversations/{conv.id}/items", params={"limit": 101}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "limit", r.text

@@ -26,7 +26,7 @@ pub async fn require_api_key(State(st): State<Arc<AppState>>, req: Request, next
     }
     st.dispatcher.metrics.rejected.with_label_values(&["invalid_api_key"]).inc();
     let door = Door::for_path(req.uri().path());
-    refuse(req.into_body(), st.config.max_body_bytes, ApiError::Unauthorized, door).await
+    refuse(req.into_body(), ApiError::Unauthorized, door).await
 }
 
 /// The configured key (one of `keys`, one a line) that one of the given credentials matches. Every key is

@@ -3,8 +3,9 @@
 //!
 //! Why 415: a web page may send a "simple" cross-origin request (`text/plain`, a form) without a CORS preflight,
 //! so a server that takes any body would let every page a user of the host opens drive it. The openai, anthropic,
-//! GuideLLM and inference-perf clients all send `application/json`; a request without a `Content-Type` is still
-//! taken (no browser sends one).
+//! GuideLLM and inference-perf clients all send `application/json`. A body without a `Content-Type` is refused too:
+//! a page's `fetch` with a `Blob` body sends none. Only an empty body may come without one (`http::cross_site`
+//! refuses a page's bodiless writes by their `Origin`).
 
 use super::AppState;
 use crate::error::ApiError;
@@ -23,14 +24,14 @@ impl FromRequest<Arc<AppState>> for RawBody {
     type Rejection = Infallible;
 
     async fn from_request(req: Request, st: &Arc<AppState>) -> Result<Self, Infallible> {
-        let json = req.headers().get(header::CONTENT_TYPE).is_none_or(|v| is_json(v.as_bytes()));
+        let json = req.headers().get(header::CONTENT_TYPE).map(|v| is_json(v.as_bytes()));
         // Read even a body that will be refused: a keep-alive connection stays usable.
         let read = collect(req.into_body(), st.config.max_body_bytes).await.map_err(|e| match e {
             Collect::TooLarge => ApiError::PayloadTooLarge(st.config.max_body_bytes),
             Collect::Failed(e) if timed_out(e.as_ref()) => ApiError::BodyTimeout(st.config.client_timeout_s),
             Collect::Failed(_) => ApiError::bad_request("Could not read the request body."),
         });
-        Ok(RawBody(read.and_then(|b| if json { Ok(b) } else { Err(ApiError::NotJson) })))
+        Ok(RawBody(read.and_then(|b| if json.unwrap_or(b.is_empty()) { Ok(b) } else { Err(ApiError::NotJson) })))
     }
 }
 

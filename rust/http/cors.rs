@@ -1,7 +1,7 @@
 //! CORS for browser clients, off unless the operator names origins (`--allowed-origins`): then preflights are
 //! answered and only those origins get CORS headers (tower-http's layer). Without it browsers can send only
-//! "simple" requests cross-origin, and the JSON routes refuse those (`body::RawBody`: a 415 for a body that is
-//! not JSON).
+//! "simple" requests cross-origin: the JSON routes refuse their bodies (`body::RawBody`: a 415 for a body that is
+//! not JSON), and `cross_site` refuses their writes by `Origin` (a form upload, a POST without a body).
 
 use crate::config::ServerConfig;
 use axum::http::{HeaderName, HeaderValue, Method};

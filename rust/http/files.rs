@@ -1,20 +1,22 @@
 //! The Files API's routes (OpenAI): `POST /v1/files` (multipart: `file`, `purpose`, optional
 //! `expires_after[anchor]` and `expires_after[seconds]`), `GET /v1/files` (paginated, by `purpose`),
 //! `GET`/`DELETE /v1/files/{id}` and `GET /v1/files/{id}/content`. An upload is streamed to disk
-//! (`store::files`), never held in memory; it has its own body deadline (`--upload-timeout`, listener.rs).
+//! (`store::files`), never held in memory; it has its own body deadline (`--upload-timeout`, listener.rs), granted
+//! by the handler, so only a request the key check let in gets it.
 
 use super::AppState;
 use super::stored::{answer, bad_query, list_page};
+use crate::client_io::LongerDeadline;
 use crate::error::ApiError;
 use crate::store::Store;
 use crate::store::files::{EXPIRES_AFTER_S, Owner, PURPOSES, Upload, file_object};
-use axum::Json;
 use axum::body::Body;
 use axum::extract::multipart::MultipartRejection;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Multipart, Path, Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use serde::Deserialize;
 use std::sync::Arc;
 
@@ -24,7 +26,15 @@ const TEXT_MAX: usize = 1024;
 /// A page of files: 10,000 at most (OpenAI's limit), all by default.
 const PAGE_MAX: usize = 10_000;
 
-pub async fn upload(State(st): State<Arc<AppState>>, form: Result<Multipart, MultipartRejection>) -> Response {
+/// `longer`: the upload deadline the listener offers this request, granted here, past the key check and routing.
+pub async fn upload(
+    State(st): State<Arc<AppState>>,
+    longer: Option<Extension<LongerDeadline>>,
+    form: Result<Multipart, MultipartRejection>,
+) -> Response {
+    if let Some(Extension(longer)) = longer {
+        longer.grant();
+    }
     answer(async {
         let store = store(&st)?;
         let mut form =

@@ -30,7 +30,7 @@ pub async fn head_limits(State(st): State<Arc<AppState>>, req: Request, next: Ne
         };
         st.dispatcher.metrics.rejected.with_label_values(&[refusal.code()]).inc();
         let door = Door::for_path(req.uri().path());
-        return refuse(req.into_body(), st.config.max_body_bytes, refusal, door).await;
+        return refuse(req.into_body(), refusal, door).await;
     }
     next.run(req).await
 }

@@ -7,6 +7,7 @@ mod batches;
 mod body;
 mod conversations;
 mod cors;
+mod cross_site;
 mod drain;
 mod files;
 mod generate;
@@ -29,7 +30,7 @@ use crate::dispatch::Dispatcher;
 use crate::doors::Door;
 use crate::error::ApiError;
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, Request};
 use axum::middleware;
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -137,6 +138,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/get_load", get(worker::get_load))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), cross_site::refuse_foreign_writes))
         .layer(middleware::from_fn_with_state(state.clone(), head_limits::head_limits))
         .layer(middleware::from_fn(request_id::request_id));
     match cors::layer(&state.config) {
@@ -147,15 +149,15 @@ pub fn app(state: Arc<AppState>) -> Router {
 
 /// A refusal decided before any handler (404, 405, and the middleware's 401 and 431) uses the envelope of the door
 /// whose path the request names: Anthropic's under `/v1/messages`, the OpenAI one everywhere else.
-async fn not_found(State(st): State<Arc<AppState>>, req: Request) -> Response {
+async fn not_found(req: Request) -> Response {
     let door = Door::for_path(req.uri().path());
     let err = ApiError::RouteNotFound(req.uri().path().to_string());
-    drain::refuse(req.into_body(), st.config.max_body_bytes, err, door).await
+    drain::refuse(req.into_body(), err, door).await
 }
 
-async fn method_not_allowed(State(st): State<Arc<AppState>>, req: Request) -> Response {
+async fn method_not_allowed(req: Request) -> Response {
     let door = Door::for_path(req.uri().path());
-    drain::refuse(req.into_body(), st.config.max_body_bytes, ApiError::MethodNotAllowed, door).await
+    drain::refuse(req.into_body(), ApiError::MethodNotAllowed, door).await
 }
 
 #[cfg(test)]
@@ -286,9 +288,15 @@ mod tests {
         assert_eq!((s, code(&v)), (StatusCode::NOT_FOUND, "model_not_found"));
         let (s, _, v) = send(&st, get("/v1/loads?model=a&model=b", true)).await;
         assert_eq!((s, code(&v)), (StatusCode::BAD_REQUEST, "invalid_request_error"), "a bad query is an envelope");
-        let render = Request::post("/v1/chat/completions/render").header("authorization", "Bearer k");
-        let (s, _, v) = send(&st, render.body(Body::from("{oops")).unwrap()).await;
+        let render = || Request::post("/v1/chat/completions/render").header("authorization", "Bearer k");
+        let json = render().header("content-type", "application/json");
+        let (s, _, v) = send(&st, json.body(Body::from("{oops")).unwrap()).await;
         assert_eq!((s, code(&v)), (StatusCode::BAD_REQUEST, "invalid_request_error"));
+        let (s, _, v) = send(&st, render().body(Body::from("{oops")).unwrap()).await;
+        assert_eq!(
+            (s, code(&v), v["error"]["param"].as_str()),
+            (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", Some("Content-Type"))
+        );
     }
 
     #[tokio::test]
@@ -337,6 +345,12 @@ mod tests {
         assert!(s == StatusCode::METHOD_NOT_ALLOWED && anthropic(&v), "{v}");
         let (s, _, v) = send(&st, keyed(Request::get("/v1/messages/no-such-route")).body(Body::empty()).unwrap()).await;
         assert!(s == StatusCode::NOT_FOUND && v["error"]["type"] == "not_found_error", "{v}");
+        // 403 for a write from a page of another origin, before the key is looked at.
+        let page = |path: &str| Request::post(path).header("origin", "https://evil.example").header("host", "h:1");
+        let (s, _, v) = send(&st, page("/v1/messages").body(Body::empty()).unwrap()).await;
+        assert!(s == StatusCode::FORBIDDEN && v["error"]["type"] == "permission_error", "{v}");
+        let (s, _, v) = send(&st, keyed(page("/v1/files")).body(Body::empty()).unwrap()).await;
+        assert_eq!((s, code(&v)), (StatusCode::FORBIDDEN, "origin_not_allowed"));
         // Every other path keeps the OpenAI envelope.
         for path in ["/v1/chat/completions", "/v1/responses", "/health"] {
             let mut many = Request::post(path);
