@@ -26,6 +26,10 @@ use tokio::sync::watch;
 pub const KEEP_AFTER: Duration = Duration::from_secs(600);
 /// The least of a stream a run keeps, whatever the budget (a short answer whole).
 const WINDOW_MIN: usize = 64 << 10;
+/// Room kept for the bytes of an event not yet whole.
+const PARTIAL_ROOM: usize = 16 << 10;
+/// What a kept event costs beside its text, counted with it: its slot in the queue and its allocation's own.
+const EVENT_COST: usize = 64;
 
 /// How much the runs may hold (`--max-background-runs`, `--max-background-runs-per-owner`,
 /// `--background-replay-bytes`).
@@ -107,7 +111,8 @@ pub struct Run {
     ended: AtomicBool,
 }
 
-/// Whole SSE events in order, each with its `sequence_number`: the latest `window` bytes of them.
+/// Whole SSE events in order, each with its `sequence_number`: the latest `window` bytes of them (each counted with
+/// `EVENT_COST`).
 #[derive(Default)]
 struct Events {
     kept: VecDeque<(u64, Bytes)>,
@@ -180,7 +185,13 @@ impl Runs {
         if run.ended.swap(true, Ordering::AcqRel) {
             return; // ended twice (a cancel as its request ended)
         }
-        let bytes = run.events.lock().unwrap().bytes;
+        // Only its whole events are kept: what was read for the next one goes, and so does spare room.
+        *run.partial.lock().unwrap() = Vec::new();
+        let bytes = {
+            let mut events = run.events.lock().unwrap();
+            events.kept.shrink_to_fit();
+            events.bytes
+        };
         let mut kept = self.kept.lock().unwrap();
         kept.ended.push_back((Instant::now(), run.id.clone(), bytes));
         kept.ended_bytes += bytes;
@@ -244,6 +255,11 @@ impl Run {
             events.push(seq, Bytes::copy_from_slice(event));
         }
         partial.drain(..at);
+        // A chunk may be large (a reader that lagged gets what gathered at once): its room is not kept for the rest.
+        if partial.capacity() > PARTIAL_ROOM {
+            let room = PARTIAL_ROOM.max(partial.len());
+            partial.shrink_to(room);
+        }
         let n = events.dropped + events.kept.len();
         self.progress.send_modify(|p| p.0 = n);
     }
@@ -323,11 +339,11 @@ impl Events {
         if event.starts_with(b"event: response.in_progress\n") || event.starts_with(b"event: response.created\n") {
             self.latest = Some(event.clone());
         }
-        self.bytes += event.len();
+        self.bytes += event.len() + EVENT_COST;
         self.kept.push_back((seq, event));
         while self.bytes > self.window && self.kept.len() > 1 {
             let (_, gone) = self.kept.pop_front().expect("more than one");
-            self.bytes -= gone.len();
+            self.bytes -= gone.len() + EVENT_COST;
             self.dropped += 1;
         }
     }
