@@ -29,7 +29,7 @@ struct Inner {
     max_queued: usize,
     queue_timeout: Option<Duration>,
     state: Mutex<State>,
-    /// Rung when a slot becomes free (nobody waited for it): the batch runner looks at once (`slot_freed`).
+    /// Rung when a slot becomes free (nobody waited for it): the batch lane deals it at once (`slot_freed`).
     freed: tokio::sync::Notify,
 }
 

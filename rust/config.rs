@@ -80,6 +80,15 @@ pub struct ServerConfig {
     /// Most bytes all stored files may hold together (`--files-max-total-bytes`); 0: no cap.
     #[pyo3(default = 100 << 30)]
     pub files_max_total_bytes: u64,
+    /// Background responses queued or running on this replica (`--max-background-runs`); past it a 429.
+    #[pyo3(default = 512)]
+    pub max_background_runs: usize,
+    /// Of those, how many one owner (API key) may have (`--max-background-runs-per-owner`).
+    #[pyo3(default = 64)]
+    pub max_background_runs_per_owner: usize,
+    /// What background runs keep of their streams for replay, all together (`--background-replay-bytes`).
+    #[pyo3(default = 64 << 20)]
+    pub background_replay_bytes: usize,
     /// Longest a file upload's body may take to arrive (`--upload-timeout`).
     #[pyo3(default = 600.0)]
     pub upload_timeout_s: f64,
@@ -216,6 +225,9 @@ impl ServerConfig {
             files_dir: String::new(),
             max_file_bytes: 512 << 20,
             files_max_total_bytes: 100 << 30,
+            max_background_runs: 512,
+            max_background_runs_per_owner: 64,
+            background_replay_bytes: 64 << 20,
             upload_timeout_s: 600.0,
             allowed_origins: Vec::new(),
             allowed_methods: Vec::new(),

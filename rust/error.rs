@@ -41,6 +41,15 @@ pub enum ApiError {
     QueueFull(usize),
     #[error("The server is at capacity: the request waited {0:.3} s in the queue without a slot. Retry later.")]
     QueueTimeout(f64),
+    /// A background response past the replica's bound on runs queued or running (`--max-background-runs`).
+    #[error("The background lane is full: {0} background responses are queued or running. Retry later.")]
+    BackgroundFull(usize),
+    /// A background response past its owner's (API key's) cap (`--max-background-runs-per-owner`).
+    #[error(
+        "This API key has {0} background responses queued or running, its most: retry once one has ended, or \
+         cancel one."
+    )]
+    BackgroundOwnerFull(usize),
     #[error("{0}")]
     Unavailable(String),
     #[error("The request did not finish within the request timeout of {0:.3} s.")]
@@ -170,6 +179,10 @@ impl ApiError {
             Overloaded(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "rate_limit_exceeded"),
             QueueFull(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "queue_full"),
             QueueTimeout(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "queue_timeout"),
+            BackgroundFull(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "background_queue_full"),
+            BackgroundOwnerFull(_) => {
+                (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", "background_runs_per_owner_exceeded")
+            }
             Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable_error", "service_unavailable"),
             Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "timeout_error", "request_timeout"),
             Engine(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", "engine_error"),

@@ -132,7 +132,12 @@ async fn open_store(
     let ttl = (config.response_store_ttl_s > 0.0).then(|| Duration::from_secs_f64(config.response_store_ttl_s));
     let cap = (config.state_store_max_bytes > 0).then_some(config.state_store_max_bytes);
     let retention = crate::store::retention::Retention::new(ttl, cap);
-    let store = crate::store::Store::new(db, files, retention, runtime.clone());
+    let runs = crate::store::background::Limits {
+        max_runs: config.max_background_runs.max(1),
+        per_owner: config.max_background_runs_per_owner.max(1),
+        replay_bytes: config.background_replay_bytes,
+    };
+    let store = crate::store::Store::new(db, files, retention, runs, runtime.clone());
     store.keep_within_bounds();
     Ok(Some(store))
 }

@@ -80,6 +80,32 @@ def add_arguments(p: argparse._ArgumentGroup) -> None:
         "results are written whatever the total.",
     )
     p.add_argument(
+        "--max-background-runs",
+        type=int,
+        default=512,
+        metavar="N",
+        help="Background responses queued or running on this replica (512 by default); past it a 429 "
+        "'background_queue_full'.",
+    )
+    p.add_argument(
+        "--max-background-runs-per-owner",
+        type=int,
+        default=64,
+        metavar="N",
+        help="Of those, how many one API key may have (64 by default); past it a 429 "
+        "'background_runs_per_owner_exceeded'. Without API keys every client is one owner, capped by "
+        "--max-background-runs only.",
+    )
+    p.add_argument(
+        "--background-replay-bytes",
+        type=int,
+        default=64 << 20,
+        metavar="BYTES",
+        help="What background runs keep of their streams for GET ?stream=true (64 MiB by default): each run its "
+        "latest BYTES / --max-background-runs (at least 64 KiB), ended runs at most BYTES together, oldest "
+        "dropped first.",
+    )
+    p.add_argument(
         "--upload-timeout",
         type=float,
         default=600.0,
@@ -107,6 +133,8 @@ def resolve(args: argparse.Namespace) -> str | None:
         return "--state-store-max-bytes must be 0 (no cap) or more bytes"
     if args.files_max_total_bytes < 0:
         return "--files-max-total-bytes must be 0 (no cap) or more bytes"
+    if min(args.max_background_runs, args.max_background_runs_per_owner, args.background_replay_bytes) < 1:
+        return "--max-background-runs, --max-background-runs-per-owner and --background-replay-bytes must be positive"
     if args.max_file_bytes < 1 or args.upload_timeout <= 0:
         return "--max-file-bytes and --upload-timeout must be positive"
     spec = store_spec(args)
@@ -155,5 +183,8 @@ def server_config(args: argparse.Namespace) -> dict[str, Any]:
         "files_dir": files_dir(args, spec),
         "max_file_bytes": args.max_file_bytes,
         "files_max_total_bytes": args.files_max_total_bytes,
+        "max_background_runs": args.max_background_runs,
+        "max_background_runs_per_owner": args.max_background_runs_per_owner,
+        "background_replay_bytes": args.background_replay_bytes,
         "upload_timeout_s": args.upload_timeout,
     }

@@ -1,19 +1,24 @@
-//! The batch lane (OpenAI's Batch API): batches created through any replica are run by one at a time, claimed
-//! in the store with a lease that the runner renews; a replica that dies lets another take its batches over
-//! once their leases run out, and the results recorded per line make each `custom_id` appear once.
+//! The batch lane (OpenAI's Batch API, and Anthropic's Message Batches over it): batches created through any
+//! replica are run by one, claimed in the store with a lease that the runner renews; a replica that dies lets
+//! another take its batches over once their leases run out, and the results recorded per line make each
+//! `custom_id` appear once. A replica runs its batches side by side, sharing the lane's slots round-robin
+//! (`lane`), and claims at most as many as it has slots, so it never holds batches it cannot run.
 //!
 //! - `object`: the Batch object, the input lines' checks, the output lines;
+//! - `lane`: the batch lane's slots, dealt round-robin to the batches running here;
 //! - `run`: running one batch: its lines through the one request path in idle slots only (`Admission::
 //!   try_admit_batch`), given up to any client's request that needs one;
 //! - `traced`: a line's span, linked to the request that created the batch.
 
+mod lane;
 pub mod object;
 mod run;
 mod traced;
 
 use crate::http::AppState;
 use crate::store::{Store, items};
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// How long a claim on a batch holds without renewal (a running batch renews it every second).
@@ -41,30 +46,56 @@ pub async fn cancel(store: &Store, id: &str) -> Result<Option<(String, serde_jso
 }
 
 /// Run batches from now on: this replica's own as they are created, and any left unfinished by a replica
-/// (itself before a restart included) whose claim ran out.
+/// (itself before a restart included) whose claim ran out. At most as many at once as the lane has slots: a batch
+/// beyond that would hold a claim, and keep another replica from running it, without a slot of its own.
 pub fn start(st: Arc<AppState>, store: Arc<Store>) {
-    let owner = crate::ids::random_id("runner");
+    let lane = Arc::new(lane::Lane::default());
+    tokio::spawn(lane.clone().deal_forever(st.clone()));
+    let most = st.admission.capacity().max(1);
+    let runner = Arc::new(run::Runner { st, store: store.clone(), owner: crate::ids::random_id("runner"), lane });
+    let running: Arc<Mutex<HashSet<String>>> = Arc::default();
     tokio::spawn(async move {
-        let runner = run::Runner { st, store: store.clone(), owner };
         loop {
-            let now = items::now();
-            match store.db.claimable_batches(&runner.owner, now).await {
-                Ok(ids) => {
-                    for id in ids {
-                        match store.db.claim_batch(&id, &runner.owner, items::now(), items::now() + LEASE_S).await {
-                            Ok(true) => {
-                                if let Err(e) = runner.run(&id).await {
-                                    tracing::error!(batch_id = %id, "a batch stopped on a store error: {e}");
-                                }
-                            }
-                            Ok(false) => {}
-                            Err(e) => tracing::warn!("could not claim a batch: {e}"),
-                        }
-                    }
-                }
-                Err(e) => tracing::warn!("could not look for batches: {e}"),
+            let room = most.saturating_sub(running.lock().unwrap().len());
+            if room > 0 {
+                claim(&runner, &store, &running, room).await;
             }
             let _ = tokio::time::timeout(LOOK_EVERY, store.batch_bell.notified()).await;
         }
     });
+}
+
+/// Claim up to `room` batches not running here, oldest first, and run each in a task of its own.
+async fn claim(runner: &Arc<run::Runner>, store: &Arc<Store>, running: &Arc<Mutex<HashSet<String>>>, room: usize) {
+    // Those running here are claimable by this runner too: ask for enough to see `room` others past them.
+    let ask = (room + running.lock().unwrap().len()) as i64;
+    let ids = match store.db.claimable_batches(&runner.owner, items::now(), ask).await {
+        Ok(ids) => ids,
+        Err(e) => return tracing::warn!("could not look for batches: {e}"),
+    };
+    let mut room = room;
+    for id in ids {
+        if room == 0 {
+            break;
+        }
+        if running.lock().unwrap().contains(&id) {
+            continue;
+        }
+        match store.db.claim_batch(&id, &runner.owner, items::now(), items::now() + LEASE_S).await {
+            Ok(true) => {
+                room -= 1;
+                running.lock().unwrap().insert(id.clone());
+                let (runner, running, store) = (runner.clone(), running.clone(), store.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = runner.run(&id).await {
+                        tracing::error!(batch_id = %id, "a batch stopped on a store error: {e}");
+                    }
+                    running.lock().unwrap().remove(&id);
+                    store.batch_bell.notify_one(); // its room goes to the next batch at once
+                });
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!("could not claim a batch: {e}"),
+        }
+    }
 }

@@ -1,9 +1,10 @@
 //! Running one batch on this replica, from wherever it stands: `validating` (check every line), `in_progress`
-//! (each line not yet done through the one request path, in a batch line's slot: only idle capacity, given up to
-//! any client's request that needs it, and run again later), `finalizing` (the output and error files), or
-//! `cancelling`. Results are recorded as lines finish, one row per line, so a replica that dies loses only the
+//! (each line not yet done through the one request path, in a batch line's slot dealt by the lane: only idle
+//! capacity, shared round-robin with the other batches running here, given up to any client's request that needs
+//! it, and run again later), `finalizing` (the output and error files), or `cancelling`. Results are recorded as lines finish, one row per line, so a replica that dies loses only the
 //! lines in flight, and a line that runs twice (a takeover) counts once.
 
+use super::lane::Lane;
 use super::object::{self, OUTPUT_EXPIRES_AFTER, door, parse_line, result_line, set_counts, set_status};
 use super::traced::LineTraces;
 use crate::admission::Permit;
@@ -23,8 +24,7 @@ use tokio::io::AsyncBufReadExt;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
-/// A running batch looks for a free slot as one is freed (`Admission::slot_freed`), and at least this often (the
-/// clients' reserve shrinks with time, not with a release).
+/// How often a running batch looks whether it is time to record, when nothing else happens.
 const LOOK_EVERY: Duration = Duration::from_millis(100);
 /// How often it records what finished, reads a cancel and renews its claim.
 const RECORD_EVERY: Duration = Duration::from_secs(1);
@@ -35,6 +35,8 @@ pub struct Runner {
     pub st: Arc<AppState>,
     pub store: Arc<Store>,
     pub owner: String,
+    /// Where its batches' lines get their slots.
+    pub lane: Arc<Lane>,
 }
 
 /// An input line to run: (line number, custom_id, body).
@@ -157,34 +159,36 @@ impl Runner {
         let mut results: Vec<(i64, bool, String)> = Vec::new();
         let mut exhausted = false;
         let mut recorded = Instant::now();
+        let mut seat = self.lane.join();
         let stop = loop {
-            // Fill the idle slots: each line takes one only while nobody waits for it (and none while the server
-            // drains or a rank is down: the lines wait, for this replica or the one that takes the batch over).
-            while (!exhausted || !retry.is_empty()) && self.st.unavailable().is_none() {
-                let Some((slot, stopped)) = self.st.admission.try_admit_batch() else { break };
-                let next = match retry.pop_front() {
-                    Some(line) => Some(line),
-                    None => next_line(&mut input, &mut line_no, &done, &endpoint).await,
-                };
-                let Some((no, custom_id, body)) = next else {
-                    exhausted = true;
-                    break;
-                };
-                let (st, traces) = (self.st.clone(), traces.clone());
-                running.spawn(async move {
-                    let outcome = run_line(&st, door, &custom_id, body.clone(), slot, stopped, traces).await;
-                    ((no, custom_id, body), outcome)
-                });
-            }
+            // A slot is dealt to this batch in its turn while it has a line to run (none while the server drains or
+            // a rank is down: the lines wait, for this replica or the one that takes the batch over).
+            seat.want(!exhausted || !retry.is_empty());
             if exhausted && retry.is_empty() && running.is_empty() {
                 break Stop::Done;
             }
             tokio::select! {
+                Some((slot, stopped)) = seat.slot() => {
+                    let next = match retry.pop_front() {
+                        Some(line) => Some(line),
+                        None => next_line(&mut input, &mut line_no, &done, &endpoint).await,
+                    };
+                    match next {
+                        // The slot goes back with its drop, to the next batch in turn.
+                        None => exhausted = true,
+                        Some((no, custom_id, body)) => {
+                            let (st, traces) = (self.st.clone(), traces.clone());
+                            running.spawn(async move {
+                                let outcome = run_line(&st, door, &custom_id, body.clone(), slot, stopped, traces).await;
+                                ((no, custom_id, body), outcome)
+                            });
+                        }
+                    }
+                }
                 Some(Ok((line, outcome))) = running.join_next() => match outcome {
                     Some((ok, result)) => results.push((line.0, ok, result)),
                     None => retry.push_back(line), // a client's request took its slot
                 },
-                () = self.st.admission.slot_freed() => {}
                 () = tokio::time::sleep(LOOK_EVERY) => {}
             }
             if recorded.elapsed() >= RECORD_EVERY {
@@ -200,6 +204,7 @@ impl Runner {
                 self.store.db.claim_batch(id, &self.owner, items::now(), items::now() + super::LEASE_S).await?;
             }
         };
+        drop(seat); // out of the lane's turn, and any slot dealt to it and not taken goes back
         running.abort_all(); // a cancelled or expired batch's lines in flight
         self.record(id, batch, total, &mut results).await?;
         Ok(stop)

@@ -13,7 +13,8 @@ use super::generate::{serve, sse_response};
 use super::traced::Traced;
 use crate::doors::{Door, GenerateRequest};
 use crate::error::ApiError;
-use crate::store::background::{RUNS_MAX, Run};
+use crate::owner::Owner;
+use crate::store::background::Run;
 use crate::store::{Store, StoredResponse, failed, items};
 use crate::trace::body::{TracedBody, TracedStream};
 use crate::trace::{Outcome, RequestTrace, ResponseGuard, StopCause};
@@ -37,6 +38,7 @@ pub async fn start(
     req: GenerateRequest,
     arrival: Instant,
     request_id: String,
+    owner: &Owner,
     traced: Traced,
 ) -> Result<Response, ApiError> {
     let Some(store) = st.store.clone() else {
@@ -57,7 +59,8 @@ pub async fn start(
         })?;
     }
     let response_id = format!("{}{:016x}", door.id_prefix(), crate::ids::random_u64());
-    let run = store.runs.start(&response_id).ok_or(ApiError::Overloaded(RUNS_MAX))?;
+    // A place in the background lane, or its own 429 (`store::background`).
+    let run = store.runs.start(&response_id, Some(owner))?;
     let mut body: Value = serde_json::from_slice(&req.body).map_err(|_| ApiError::Internal)?;
     let queued = queued_response(&body, &response_id);
     // In the store before the client has its id: `GET` answers from any replica.
@@ -164,6 +167,7 @@ pub(super) async fn run_in_background(
             cancel.disarm();
         }
         Err(e) => {
+            run.release(); // before it reads as failed
             if let Some(t) = &trace {
                 t.ended(Outcome::of(e.status().as_u16(), e.code()));
             }
@@ -174,9 +178,8 @@ pub(super) async fn run_in_background(
         }
     }
     unfinished.disarm();
-    run.finish();
+    store.runs.ended(&run);
     end_run(&store, &run.id).await;
-    store.runs.forget_later(run.id.clone());
 }
 
 /// Give up the claim on a run that ended.
@@ -191,10 +194,10 @@ async fn end_run(store: &Store, id: &str) {
 pub async fn cancel(store: &Arc<Store>, id: &str) -> Result<Option<Response>, ApiError> {
     let Some(run) = store.runs.get(id) else { return cancel_elsewhere(store, id).await };
     if run.cancel() {
+        run.release(); // before it reads as cancelled
         let cancelled = end_as(store, &run, "cancelled", None).await;
-        run.finish();
+        store.runs.ended(&run);
         end_run(store, id).await;
-        store.runs.forget_later(run.id.clone());
         return Ok(Some(Json(cancelled).into_response()));
     }
     store.settled(id).await;

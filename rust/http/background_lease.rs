@@ -71,7 +71,8 @@ async fn resume(st: &Arc<AppState>, store: &Arc<Store>, id: String, body: String
         let _ = store.db.end_run(&id).await;
         return;
     }
-    let Some(run) = store.runs.start(&id) else { return }; // full here: the claim runs out, another may take it
+    // Full here: the claim runs out, another may take it. Its owner is not known here: it counts in all only.
+    let Ok(run) = store.runs.start(&id, None) else { return };
     let request_id = crate::ids::random_id("req");
     tracing::info!(response_id = %id, request_id = %request_id,
         "running again a background response whose replica stopped");

@@ -16,6 +16,7 @@ use crate::codec::PrepareRequest;
 use crate::dispatch::{Job, OnFinish, RequestMeta};
 use crate::doors::{Door, GenerateRequest};
 use crate::error::ApiError;
+use crate::owner::Owner;
 use crate::ring::records::{ImageSet, Submit};
 use crate::store::background::Run;
 use crate::store::responses::{Echo, Keep};
@@ -35,6 +36,7 @@ pub async fn generate(
     door: Door,
     State(st): State<Arc<AppState>>,
     Extension(RequestId(request_id)): Extension<RequestId>,
+    owner: Owner,
     parent: TraceParent,
     RawBody(body): RawBody,
 ) -> Response {
@@ -48,7 +50,7 @@ pub async fn generate(
     // not while a slow client is still sending it (axum allocates a handler's future, the largest of its states
     // included, before the body), nor for the 408s of a thousand trickled bodies that time out together.
     let handled = match body {
-        Ok(body) => Box::pin(handle(&st, door, body, arrival, request_id.clone(), traced)).await,
+        Ok(body) => Box::pin(handle(&st, door, body, arrival, request_id.clone(), owner, traced)).await,
         Err(e) => Err(e),
     };
     match handled {
@@ -78,11 +80,12 @@ async fn handle(
     body: Bytes,
     arrival: Instant,
     request_id: String,
+    owner: Owner,
     traced: Option<(Arc<RequestTrace>, ResponseGuard)>,
 ) -> Result<Response, ApiError> {
     let req = door.parse(&body, &st.config.served_model_names)?;
     if req.background {
-        return super::background::start(st, door, req, arrival, request_id, traced).await;
+        return super::background::start(st, door, req, arrival, request_id, &owner, traced).await;
     }
     serve(st, door, req, arrival, request_id, None, None, traced).await
 }
@@ -157,6 +160,10 @@ pub(crate) async fn serve(
         (Some(keep), Some(store)) => {
             let (store, rid, stream, echo) = (store.clone(), response_id.clone(), req.stream, echo.clone());
             Some(Box::new(move |last: Bytes, deliver: Deliver| {
+                // A background run's request has ended: its place in the lane is free before it reads as ended.
+                if let Some(run) = &run {
+                    run.release();
+                }
                 let last = match &echo {
                     Some(e) => Bytes::from(e.apply(&last)),
                     None => last,

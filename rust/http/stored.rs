@@ -32,9 +32,21 @@ pub async fn get_response(
             let Some(run) = run else {
                 find(&st, &id).await?;
                 let msg = "Only a background response's stream can be read again, on the replica that runs it, for \
-                    10 minutes after it ends.";
+                    up to 10 minutes after it ends.";
                 return Err(ApiError::bad_param("stream", msg));
             };
+            // A run keeps the latest part of its stream (`--background-replay-bytes`): no replay with a hole.
+            if let Some(first) = run.kept_from()
+                && q.starting_after.is_none_or(|after| after.saturating_add(1) < first)
+            {
+                let msg = format!(
+                    "This stream's events before sequence number {first} are no longer kept (a background response \
+                     keeps the latest part of its stream): read it with 'starting_after' {} or more, or read the \
+                     Response without 'stream'.",
+                    first.saturating_sub(1)
+                );
+                return Err(ApiError::bad_param("starting_after", msg));
+            }
             return Ok(super::generate::sse_response(Body::from_stream(run.follow(q.starting_after))));
         }
         // A background response running here: as its stream has it now (`in_progress`).

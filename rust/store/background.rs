@@ -2,74 +2,228 @@
 //! re-read (`GET /v1/responses/{id}?stream=true&starting_after=N`) while it runs and for a while after, and the
 //! handle that cancels them. The Response itself is in the database from the moment it is queued; this is only
 //! the live part, so a replica that restarts loses the replay, not the response.
+//!
+//! What a client can make it hold is bounded (issue 39):
+//! - runs queued or running: at most `max_runs` on this replica, and `per_owner` of them for one owner (each API
+//!   key is one; without keys everybody is the one anonymous owner, whose cap is then `max_runs`). A run counts
+//!   from its `POST` until its engine request ends (`Run::release`), not while its events are kept for replay;
+//! - events: each run keeps the latest `window` bytes of its stream (older events go: a replay that asks for them
+//!   is a 400, and a live reader that falls that far behind ends); ended runs are kept for replay, the oldest
+//!   dropped first, while together they hold at most `replay_bytes`, and for `KEEP_AFTER` at most.
 
+use crate::error::ApiError;
+use crate::owner::Owner;
 use bytes::Bytes;
 use futures_util::Stream;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
-/// Most background responses one replica holds (running, or finished and kept for replay): past it a new one is a
-/// 429, so a client cannot grow the server's memory by queueing.
-pub const RUNS_MAX: usize = 4096;
-/// How long a finished run's events stay to be re-read.
+/// How long an ended run's events stay to be re-read (fewer if newer runs need the room).
 pub const KEEP_AFTER: Duration = Duration::from_secs(600);
+/// The least of a stream a run keeps, whatever the budget (a short answer whole).
+const WINDOW_MIN: usize = 64 << 10;
+/// Room kept for the bytes of an event not yet whole.
+const PARTIAL_ROOM: usize = 16 << 10;
+/// What a kept event costs beside its text, counted with it: its slot in the queue and its allocation's own.
+const EVENT_COST: usize = 64;
 
-#[derive(Default)]
+/// How much the runs may hold (`--max-background-runs`, `--max-background-runs-per-owner`,
+/// `--background-replay-bytes`).
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_runs: usize,
+    pub per_owner: usize,
+    pub replay_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_runs: 512, per_owner: 64, replay_bytes: 64 << 20 }
+    }
+}
+
+impl Limits {
+    /// Bytes of its stream one run keeps: its share of the budget when every run is running at once.
+    fn window(&self) -> usize {
+        (self.replay_bytes / self.max_runs.max(1)).max(WINDOW_MIN)
+    }
+}
+
 pub struct Runs {
-    map: Mutex<HashMap<String, Arc<Run>>>,
+    limits: Limits,
+    counted: Arc<Mutex<Counted>>,
+    kept: Mutex<Kept>,
+}
+
+/// Runs queued or running: in all, and by owner.
+#[derive(Default)]
+struct Counted {
+    all: usize,
+    by_owner: HashMap<Owner, usize>,
+}
+
+/// The runs this replica knows by id: running, or ended and kept for replay (in the order they ended).
+#[derive(Default)]
+struct Kept {
+    runs: HashMap<String, Arc<Run>>,
+    ended: VecDeque<(Instant, String, usize)>,
+    ended_bytes: usize,
+}
+
+/// A run's place in the count; dropping it frees the place.
+struct Place {
+    counted: Arc<Mutex<Counted>>,
+    owner: Option<Owner>,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut c = self.counted.lock().unwrap();
+        c.all -= 1;
+        if let Some(owner) = &self.owner
+            && let Some(n) = c.by_owner.get_mut(owner)
+        {
+            *n -= 1;
+            if *n == 0 {
+                c.by_owner.remove(owner);
+            }
+        }
+    }
 }
 
 pub struct Run {
     /// The response's id.
     pub id: String,
-    /// Whole SSE events in order, each with its `sequence_number`.
-    events: Mutex<Vec<(u64, Bytes)>>,
+    /// Its place in the count, until its request ends.
+    place: Mutex<Option<Place>>,
+    events: Mutex<Events>,
     /// Bytes of an event not yet whole.
     partial: Mutex<Vec<u8>>,
     /// (events so far, finished): what a reader waits on.
     progress: watch::Sender<(usize, bool)>,
     task: Mutex<Option<tokio::task::AbortHandle>>,
     cancelled: AtomicBool,
+    /// Whether it was put with the ended runs (`Runs::ended`).
+    ended: AtomicBool,
+}
+
+/// Whole SSE events in order, each with its `sequence_number`: the latest `window` bytes of them (each counted with
+/// `EVENT_COST`).
+#[derive(Default)]
+struct Events {
+    kept: VecDeque<(u64, Bytes)>,
+    /// How many went before the first kept.
+    dropped: usize,
+    bytes: usize,
+    window: usize,
+    /// The latest whole-Response event (`response.created` or `.in_progress`), kept whatever the window drops.
+    latest: Option<Bytes>,
 }
 
 impl Runs {
-    /// A new run for `id`, or None past `RUNS_MAX`.
-    pub fn start(&self, id: &str) -> Option<Arc<Run>> {
-        let mut map = self.map.lock().unwrap();
-        if map.len() >= RUNS_MAX {
-            return None;
-        }
+    pub fn new(limits: Limits) -> Self {
+        Runs { limits, counted: Arc::default(), kept: Mutex::default() }
+    }
+
+    /// A new run for `id`, counted for `owner` (None: a run taken over from another replica, whose owner is not
+    /// known here: counted in all only); a 429 past either cap.
+    pub fn start(&self, id: &str, owner: Option<&Owner>) -> Result<Arc<Run>, ApiError> {
+        let place = {
+            let mut c = self.counted.lock().unwrap();
+            if c.all >= self.limits.max_runs {
+                return Err(ApiError::BackgroundFull(self.limits.max_runs));
+            }
+            let owner = owner.filter(|o| !o.is_anonymous());
+            if let Some(owner) = owner {
+                let n = c.by_owner.entry(owner.clone()).or_default();
+                if *n >= self.limits.per_owner {
+                    return Err(ApiError::BackgroundOwnerFull(self.limits.per_owner));
+                }
+                *n += 1;
+            }
+            c.all += 1;
+            Place { counted: self.counted.clone(), owner: owner.cloned() }
+        };
+        let events = Events { window: self.limits.window(), ..Default::default() };
         let run = Arc::new(Run {
             id: id.to_string(),
-            events: Mutex::default(),
+            place: Mutex::new(Some(place)),
+            events: Mutex::new(events),
             partial: Mutex::default(),
             progress: watch::channel((0, false)).0,
             task: Mutex::default(),
             cancelled: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
         });
-        map.insert(id.to_string(), run.clone());
-        Some(run)
+        let mut kept = self.kept.lock().unwrap();
+        self.prune(&mut kept);
+        kept.runs.insert(id.to_string(), run.clone());
+        Ok(run)
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Run>> {
-        self.map.lock().unwrap().get(id).cloned()
+        let mut kept = self.kept.lock().unwrap();
+        self.prune(&mut kept);
+        kept.runs.get(id).cloned()
     }
 
+    /// A run that never started (its row could not be written).
     pub fn forget(&self, id: &str) {
-        self.map.lock().unwrap().remove(id);
+        if let Some(run) = self.kept.lock().unwrap().runs.remove(id) {
+            run.release();
+        }
     }
 
-    /// Forget a finished run once its replay time is over.
-    pub fn forget_later(self: &Arc<Self>, id: String) {
-        let me = self.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(KEEP_AFTER).await;
-            me.map.lock().unwrap().remove(&id);
-        });
+    /// A run that ended: its place freed, its events kept for replay within the budget.
+    pub fn ended(&self, run: &Run) {
+        run.finish();
+        run.release();
+        if run.ended.swap(true, Ordering::AcqRel) {
+            return; // ended twice (a cancel as its request ended)
+        }
+        // Only its whole events are kept: what was read for the next one goes, and so does spare room.
+        *run.partial.lock().unwrap() = Vec::new();
+        let bytes = {
+            let mut events = run.events.lock().unwrap();
+            events.kept.shrink_to_fit();
+            events.bytes
+        };
+        let mut kept = self.kept.lock().unwrap();
+        kept.ended.push_back((Instant::now(), run.id.clone(), bytes));
+        kept.ended_bytes += bytes;
+        self.prune(&mut kept);
+    }
+
+    /// Drop the ended runs past their time, and the oldest while they hold more than the budget.
+    fn prune(&self, kept: &mut Kept) {
+        while let Some((at, _, bytes)) = kept.ended.front() {
+            if at.elapsed() < KEEP_AFTER && kept.ended_bytes <= self.limits.replay_bytes {
+                break;
+            }
+            let bytes = *bytes;
+            let (_, id, _) = kept.ended.pop_front().expect("a front");
+            kept.ended_bytes -= bytes;
+            kept.runs.remove(&id);
+        }
+    }
+
+    /// Runs queued or running (counted), and runs known here (running or kept for replay), with the bytes the
+    /// ended ones keep.
+    #[cfg(test)]
+    fn held(&self) -> (usize, usize, usize) {
+        let all = self.counted.lock().unwrap().all;
+        let kept = self.kept.lock().unwrap();
+        (all, kept.runs.len(), kept.ended_bytes)
+    }
+}
+
+impl Default for Runs {
+    fn default() -> Self {
+        Runs::new(Limits::default())
     }
 }
 
@@ -78,7 +232,14 @@ impl Run {
         *self.task.lock().unwrap() = Some(task);
     }
 
-    /// Take a chunk of the stream: its whole events are kept (keep-alive comments are not).
+    /// Free its place in the count: its request has ended (the Response is being recorded), whatever its events
+    /// still do.
+    pub fn release(&self) {
+        drop(self.place.lock().unwrap().take());
+    }
+
+    /// Take a chunk of the stream: its whole events are kept (keep-alive comments are not), the oldest dropped
+    /// past the window.
     pub fn push(&self, chunk: &[u8]) {
         let mut partial = self.partial.lock().unwrap();
         partial.extend_from_slice(chunk);
@@ -90,11 +251,16 @@ impl Run {
             if event.starts_with(b":") {
                 continue;
             }
-            let seq = sequence_number(event).unwrap_or(events.len() as u64);
-            events.push((seq, Bytes::copy_from_slice(event)));
+            let seq = sequence_number(event).unwrap_or((events.dropped + events.kept.len()) as u64);
+            events.push(seq, Bytes::copy_from_slice(event));
         }
         partial.drain(..at);
-        let n = events.len();
+        // A chunk may be large (a reader that lagged gets what gathered at once): its room is not kept for the rest.
+        if partial.capacity() > PARTIAL_ROOM {
+            let room = PARTIAL_ROOM.max(partial.len());
+            partial.shrink_to(room);
+        }
+        let n = events.dropped + events.kept.len();
         self.progress.send_modify(|p| p.0 = n);
     }
 
@@ -124,21 +290,31 @@ impl Run {
     /// The Response as its latest whole-Response event has it (`in_progress`), while it runs.
     pub fn latest(&self) -> Option<Bytes> {
         const DATA: &[u8] = b"\ndata: ";
-        let events = self.events.lock().unwrap();
-        let whole =
-            events.iter().rev().map(|(_, e)| e).find(|e| {
-                e.starts_with(b"event: response.in_progress\n") || e.starts_with(b"event: response.created\n")
-            })?;
-        let data = &whole[memchr::memmem::find(whole, DATA)? + DATA.len()..];
+        let whole = self.events.lock().unwrap().latest.clone()?;
+        let data = &whole[memchr::memmem::find(&whole, DATA)? + DATA.len()..];
         super::responses::event_response(data).map(Bytes::copy_from_slice)
     }
 
-    /// The stream's events after `starting_after` (from the first without it), then each as it comes, to the end.
+    /// The first sequence number still kept, if older events were dropped (past the window).
+    pub fn kept_from(&self) -> Option<u64> {
+        let events = self.events.lock().unwrap();
+        (events.dropped > 0).then(|| events.kept.front().map_or(u64::MAX, |(seq, _)| *seq))
+    }
+
+    /// The stream's events after `starting_after` (from the first kept without it), then each as it comes, to the
+    /// end; a reader that falls behind what is kept ends there.
     pub fn follow(self: Arc<Self>, starting_after: Option<u64>) -> impl Stream<Item = Result<Bytes, Infallible>> {
         let rx = self.progress.subscribe();
-        futures_util::stream::unfold((self, 0usize, rx), move |(run, mut next, mut rx)| async move {
+        let next = self.events.lock().unwrap().dropped;
+        futures_util::stream::unfold((self, next, rx), move |(run, mut next, mut rx)| async move {
             loop {
-                let event = run.events.lock().unwrap().get(next).cloned();
+                let event = {
+                    let events = run.events.lock().unwrap();
+                    if next < events.dropped {
+                        return None; // it fell behind the window
+                    }
+                    events.kept.get(next - events.dropped).cloned()
+                };
                 if let Some((seq, bytes)) = event {
                     next += 1;
                     if starting_after.is_some_and(|after| seq <= after) {
@@ -158,6 +334,21 @@ impl Run {
     }
 }
 
+impl Events {
+    fn push(&mut self, seq: u64, event: Bytes) {
+        if event.starts_with(b"event: response.in_progress\n") || event.starts_with(b"event: response.created\n") {
+            self.latest = Some(event.clone());
+        }
+        self.bytes += event.len() + EVENT_COST;
+        self.kept.push_back((seq, event));
+        while self.bytes > self.window && self.kept.len() > 1 {
+            let (_, gone) = self.kept.pop_front().expect("more than one");
+            self.bytes -= gone.len() + EVENT_COST;
+            self.dropped += 1;
+        }
+    }
+}
+
 /// An event's `"sequence_number":N`.
 fn sequence_number(event: &[u8]) -> Option<u64> {
     const KEY: &[u8] = br#""sequence_number":"#;
@@ -174,7 +365,7 @@ mod tests {
     #[tokio::test]
     async fn events_are_kept_whole_and_replayed_after_a_sequence_number() {
         let runs = Runs::default();
-        let run = runs.start("resp_1").unwrap();
+        let run = runs.start("resp_1", None).unwrap();
         run.push(b"event: a\ndata: {\"sequence_number\":0}\n\n: keep-alive\n\nevent: b\ndata: {\"seq");
         run.push(b"uence_number\":1}\n\n");
         let late = tokio::spawn(run.clone().follow(Some(0)).collect::<Vec<_>>());
@@ -185,5 +376,40 @@ mod tests {
         assert!(got[0].starts_with(b"event: b") && got[1].starts_with(b"event: c"));
         assert_eq!(run.clone().follow(None).count().await, 3);
         assert!(!run.cancel(), "a finished run is not cancelled");
+    }
+
+    #[test]
+    fn runs_are_capped_per_owner_and_in_all_and_an_ended_one_frees_its_place_at_once() {
+        let runs = Runs::new(Limits { max_runs: 3, per_owner: 2, replay_bytes: 1 << 20 });
+        let (a, b) = (Owner::for_key("a"), Owner::for_key("b"));
+        let a1 = runs.start("r1", Some(&a)).unwrap();
+        runs.start("r2", Some(&a)).unwrap();
+        assert!(matches!(runs.start("r3", Some(&a)), Err(ApiError::BackgroundOwnerFull(2))));
+        runs.start("r4", Some(&b)).unwrap();
+        assert!(matches!(runs.start("r5", Some(&b)), Err(ApiError::BackgroundFull(3))));
+        runs.ended(&a1);
+        assert!(runs.get("r1").is_some(), "kept for replay");
+        runs.start("r6", Some(&a)).unwrap();
+        assert_eq!(runs.held().0, 3);
+    }
+
+    #[test]
+    fn a_run_keeps_its_window_and_ended_runs_their_budget() {
+        let runs = Runs::new(Limits { max_runs: 1, per_owner: 1, replay_bytes: WINDOW_MIN });
+        let run = runs.start("r1", None).unwrap();
+        let event =
+            |i: usize| format!("event: x\ndata: {{\"sequence_number\":{i},\"pad\":\"{}\"}}\n\n", "p".repeat(1000));
+        for i in 0..200 {
+            run.push(event(i).as_bytes());
+        }
+        let kept_from = run.kept_from().expect("the oldest went");
+        assert!(kept_from > 100 && kept_from < 199, "{kept_from}");
+        assert!(run.events.lock().unwrap().bytes <= WINDOW_MIN);
+        runs.ended(&run);
+        let second = runs.start("r2", None).unwrap();
+        second.push(event(0).as_bytes());
+        runs.ended(&second);
+        assert!(runs.get("r1").is_none(), "the oldest ended run goes past the budget");
+        assert!(runs.get("r2").is_some());
     }
 }

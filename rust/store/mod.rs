@@ -58,6 +58,7 @@ impl Store {
         db: Db,
         files: Option<files::FileRoom>,
         retention: retention::Retention,
+        runs: background::Limits,
         runtime: tokio::runtime::Handle,
     ) -> Arc<Self> {
         let db = Arc::new(db);
@@ -67,7 +68,7 @@ impl Store {
             writing: Mutex::new(HashMap::new()),
             writer,
             runtime,
-            runs: Arc::default(),
+            runs: Arc::new(background::Runs::new(runs)),
             files,
             batch_bell: tokio::sync::Notify::new(),
             retention,

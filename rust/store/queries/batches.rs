@@ -89,11 +89,11 @@ impl Db {
         Ok(n > 0)
     }
 
-    /// Unfinished batches no live replica holds, oldest first.
-    pub async fn claimable_batches(&self, owner: &str, now: i64) -> Result<Vec<String>, StoreError> {
+    /// Up to `limit` unfinished batches no live replica holds (or `owner` does), oldest first.
+    pub async fn claimable_batches(&self, owner: &str, now: i64, limit: i64) -> Result<Vec<String>, StoreError> {
         let q = "SELECT id FROM batches WHERE status IN ('validating', 'in_progress', 'finalizing', 'cancelling') \
-                 AND (owner IS NULL OR owner = $1 OR lease_until < $2) ORDER BY created_at ASC LIMIT 16";
-        Ok(on_pool!(self, |pool| sqlx::query_scalar(q).bind(owner).bind(now).fetch_all(pool).await?))
+                 AND (owner IS NULL OR owner = $1 OR lease_until < $2) ORDER BY created_at ASC, id ASC LIMIT $3";
+        Ok(on_pool!(self, |pool| sqlx::query_scalar(q).bind(owner).bind(now).bind(limit).fetch_all(pool).await?))
     }
 
     /// Record lines' results; a line already recorded keeps its first result. How many were new.
