@@ -9,6 +9,7 @@ mod conversations;
 mod cors;
 mod drain;
 mod files;
+pub mod json_bounds;
 mod generate;
 pub mod head_limits;
 mod info;
