@@ -2,11 +2,13 @@
 //! in the store with a lease that the runner renews; a replica that dies lets another take its batches over
 //! once their leases run out, and the results recorded per line make each `custom_id` appear once.
 //!
+//! - `input`: the input file's lines, each read only up to `--max-batch-line-bytes`;
 //! - `object`: the Batch object, the input lines' checks, the output lines;
 //! - `run`: running one batch: its lines through the one request path in idle slots only (`Admission::
 //!   try_admit_batch`), given up to any client's request that needs one;
 //! - `traced`: a line's span, linked to the request that created the batch.
 
+pub mod input;
 pub mod object;
 mod run;
 mod traced;
