@@ -33,22 +33,20 @@ pub async fn upload(State(st): State<Arc<AppState>>, req: Request) -> Response {
         let content_type = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
         let boundary = multer::parse_boundary(content_type)
             .map_err(|e| ApiError::bad_request(format!("Expected a multipart form: {e}.")))?;
-        let whole_max =
-            st.config.max_file_bytes + (PARTS_MAX * (form::HEAD_MAX + TEXT_MAX) + form::PREAMBLE_MAX) as u64;
-        let (mut form, budget) = form::multipart(req.into_body(), boundary, whole_max);
+        let (mut form, budget) = form::multipart(req.into_body(), boundary);
         let (mut file, mut filename, mut fields) = (None::<Upload>, String::new(), Vec::new());
         for part in 0..PARTS_MAX {
             if part > 0 {
                 budget.head(form::HEAD_MAX);
             }
-            let Some(field) = form.next_field().await.map_err(|e| bad_form(e, &st))? else { break };
+            let Some(field) = form.next_field().await.map_err(bad_form)? else { break };
             budget.content();
             let name = field.name().unwrap_or_default().to_string();
             if name == "file" {
                 filename = field.file_name().unwrap_or("upload").to_string();
                 file = Some(store.receive(field, Owner::Client).await?);
             } else {
-                let text = small_text(field, &st).await?.ok_or_else(|| {
+                let text = small_text(field).await?.ok_or_else(|| {
                     ApiError::bad_param(&name, format!("'{name}' is not text of at most {TEXT_MAX} bytes."))
                 })?;
                 fields.push((name, text));
@@ -163,9 +161,9 @@ fn store(st: &AppState) -> Result<&Arc<Store>, ApiError> {
 
 /// A text part, read a chunk at a time up to `TEXT_MAX` bytes (None past it, or not UTF-8): only the file part
 /// may be large, and it goes to disk.
-async fn small_text(mut field: multer::Field<'_>, st: &AppState) -> Result<Option<String>, ApiError> {
+async fn small_text(mut field: multer::Field<'_>) -> Result<Option<String>, ApiError> {
     let mut text = Vec::new();
-    while let Some(chunk) = field.chunk().await.map_err(|e| bad_form(e, st))? {
+    while let Some(chunk) = field.chunk().await.map_err(bad_form)? {
         if text.len() + chunk.len() > TEXT_MAX {
             return Ok(None);
         }
@@ -174,9 +172,8 @@ async fn small_text(mut field: multer::Field<'_>, st: &AppState) -> Result<Optio
     Ok(String::from_utf8(text).ok())
 }
 
-fn bad_form(e: multer::Error, st: &AppState) -> ApiError {
+fn bad_form(e: multer::Error) -> ApiError {
     match e {
-        multer::Error::StreamSizeExceeded { .. } => ApiError::PayloadTooLarge(st.config.max_file_bytes as usize),
         e if form::head_too_long(&e) => {
             ApiError::bad_request(format!("The multipart form could not be read: {}.", form::HeadTooLong))
         }

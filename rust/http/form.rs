@@ -37,13 +37,12 @@ impl HeadBudget {
     }
 }
 
-/// A multipart form over `body` whose heads are bounded by the returned budget; its whole stream (a file, some
-/// short text parts, their heads) is bounded by `whole_max`.
-pub fn multipart(body: Body, boundary: String, whole_max: u64) -> (multer::Multipart<'static>, HeadBudget) {
+/// A multipart form over `body` whose heads are bounded by the returned budget. Its parts' contents are the
+/// caller's to bound (the file by `--max-file-bytes` as it goes to disk, text parts by their own bound).
+pub fn multipart(body: Body, boundary: String) -> (multer::Multipart<'static>, HeadBudget) {
     let budget = HeadBudget(Arc::new(AtomicUsize::new(PREAMBLE_MAX + HEAD_MAX)));
     let stream = Pieces { body: body.into_data_stream(), budget: budget.clone(), rest: Bytes::new(), gave: false };
-    let limits = multer::Constraints::new().size_limit(multer::SizeLimit::new().whole_stream(whole_max));
-    (multer::Multipart::with_constraints(stream, boundary, limits), budget)
+    (multer::Multipart::new(stream, boundary), budget)
 }
 
 /// A head ran past its budget: the boundary, or the blank line ending a part's headers, never came.
