@@ -136,7 +136,7 @@ def test_an_upload_whose_boundary_never_comes_is_refused_as_the_bound_passes(srv
     assert settled_rss(srv, rss0) < 100
 
 
-def test_a_normal_upload_with_text_parts_first_and_last_is_kept(srv: Server) -> None:
+def test_a_normal_upload_with_its_text_parts_is_kept_whole(srv: Server) -> None:
     content = b"x" * (3 * MIB)
     r = httpx.post(
         f"{srv.url}/v1/files",
