@@ -16,6 +16,15 @@ pub struct ServerConfig {
     pub max_num_seqs: u32,
     pub request_timeout_s: f64,
     pub max_body_bytes: usize,
+    /// Most values a JSON body may have, at any depth (`--max-json-elements`, `http::json_bounds`).
+    #[pyo3(default = 2_000_000)]
+    pub max_json_elements: usize,
+    /// Deepest a JSON body may nest (`--max-json-depth`).
+    #[pyo3(default = 64)]
+    pub max_json_depth: usize,
+    /// Longest line of a batch's input file (`--max-batch-line-bytes`; by default `--max-request-body-bytes`).
+    #[pyo3(default = 16 << 20)]
+    pub max_batch_line_bytes: usize,
     pub log_level: String,
     #[pyo3(default = 3.0)]
     pub exit_on_rank_failure_s: f64,
@@ -177,6 +186,11 @@ impl ServerConfig {
         (self.queue_timeout_s > 0.0).then(|| Duration::from_secs_f64(self.queue_timeout_s)).or(self.request_timeout())
     }
 
+    /// What a JSON body may make once parsed (`--max-json-elements`, `--max-json-depth`).
+    pub fn json_bounds(&self) -> crate::http::json_bounds::JsonBounds {
+        crate::http::json_bounds::JsonBounds { elements: self.max_json_elements, depth: self.max_json_depth }
+    }
+
     pub fn client_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.client_timeout_s.max(0.001))
     }
@@ -204,6 +218,9 @@ impl ServerConfig {
             priority_scheduling: false,
             queue_timeout_s: 0.0,
             max_body_bytes: 1 << 20,
+            max_json_elements: 2_000_000,
+            max_json_depth: 64,
+            max_batch_line_bytes: 1 << 20,
             log_level: "info".into(),
             exit_on_rank_failure_s: 3.0,
             drain_timeout_s: 5.0,

@@ -16,6 +16,9 @@ pub enum ApiError {
     ModelNotFound(String),
     #[error("The request body is larger than the limit of {0} bytes.")]
     PayloadTooLarge(usize),
+    /// A JSON body with more values than `--max-json-elements` allows (`http::json_bounds`).
+    #[error("The request body's JSON has more than {0} values (arrays' and objects' members at any depth).")]
+    TooManyJsonElements(usize),
     /// An upload past what all stored files may hold together (`--files-max-total-bytes`).
     #[error(
         "The files stored here would pass their limit of {cap} bytes with this upload ({stored} bytes are stored or \
@@ -166,7 +169,7 @@ impl ApiError {
             Codec { status, .. } => (*status, "invalid_request_error", "invalid_request_error"),
             ModelNotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", "model_not_found"),
             NotJson => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "invalid_request_error", "unsupported_media_type"),
-            PayloadTooLarge(_) | RecordTooLarge(_) => {
+            PayloadTooLarge(_) | RecordTooLarge(_) | TooManyJsonElements(_) => {
                 (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "payload_too_large")
             }
             FilesFull { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "file_storage_limit_exceeded"),

@@ -27,6 +27,30 @@ def add_arguments(p: argparse._ArgumentGroup) -> None:
         "--max-request-body-bytes", type=int, default=16 * MIB, help="Largest request body; a larger one gets 413."
     )
     p.add_argument(
+        "--max-json-elements",
+        type=int,
+        default=2_000_000,
+        help="Most values a JSON request body (or a batch line) may hold, at any depth, unknown keys included; "
+        "past it a 413, decided in one pass over the bytes before anything is built from them. The default is "
+        "more than any body of real requests within 16 MiB holds (a Message Batch of 100,000 two-turn requests "
+        "is about 1.3 million) and refuses a body of millions of bare values, which costs 50 bytes each to hold.",
+    )
+    p.add_argument(
+        "--max-json-depth",
+        type=int,
+        default=64,
+        help="Deepest a JSON request body (or a batch line) may nest, at most 127 (the parser's own limit is "
+        "128); deeper is a 400. Tool schemas and transcripts nest a dozen levels.",
+    )
+    p.add_argument(
+        "--max-batch-line-bytes",
+        type=int,
+        default=None,
+        help="Longest line of a batch's input file (a line is one request). A purpose=batch upload with a longer "
+        "line is a 400 naming it, as is a batch created on such a file; the runner never reads more of one line. "
+        "Default: --max-request-body-bytes, as one request's body is bounded when it is sent alone.",
+    )
+    p.add_argument(
         "--client-timeout",
         type=float,
         default=30.0,
@@ -77,6 +101,12 @@ def resolve(args: argparse.Namespace) -> str | None:
         return "--max-request-body-bytes must be at least 1024"
     if args.client_timeout <= 0:
         return "--client-timeout must be positive"
+    if args.max_json_elements < 1000 or not 8 <= args.max_json_depth <= 127:
+        return "--max-json-elements must be at least 1000 and --max-json-depth from 8 to 127"
+    if args.max_batch_line_bytes is None:
+        args.max_batch_line_bytes = args.max_request_body_bytes
+    if args.max_batch_line_bytes < 1024:
+        return "--max-batch-line-bytes must be at least 1024"
     if args.max_stream_buffer_bytes < 64 * KIB:
         return "--max-stream-buffer-bytes must be at least 65536"
     if args.max_grammar_bytes < 4 * KIB or args.grammar_cpu_seconds <= 0:
@@ -127,6 +157,9 @@ def server_config(args: argparse.Namespace, open_files: int) -> dict[str, Any]:
     """The limits the Rust front end enforces (rust/config.rs)."""
     return {
         "max_body_bytes": args.max_request_body_bytes,
+        "max_json_elements": args.max_json_elements,
+        "max_json_depth": args.max_json_depth,
+        "max_batch_line_bytes": args.max_batch_line_bytes,
         "client_timeout_s": args.client_timeout,
         "max_connections": max_connections(args, open_files),
         "max_stream_buffer_bytes": args.max_stream_buffer_bytes,

@@ -4,12 +4,14 @@
 //! `custom_id` appear once. A replica runs its batches side by side, sharing the lane's slots round-robin
 //! (`lane`), and claims at most as many as it has slots, so it never holds batches it cannot run.
 //!
+//! - `input`: the input file's lines, each read only up to `--max-batch-line-bytes`;
 //! - `object`: the Batch object, the input lines' checks, the output lines;
 //! - `lane`: the batch lane's slots, dealt round-robin to the batches running here;
 //! - `run`: running one batch: its lines through the one request path in idle slots only (`Admission::
 //!   try_admit_batch`), given up to any client's request that needs one;
 //! - `traced`: a line's span, linked to the request that created the batch.
 
+pub mod input;
 mod lane;
 pub mod object;
 mod run;

@@ -2,14 +2,16 @@
 //! it runs, and the output and error lines it writes, keyed by `custom_id`.
 
 use crate::doors::Door;
+use crate::http::json_bounds::{self, JsonBounds};
 use serde_json::{Map, Value, json};
 
 /// What a batch may serve: the doors OpenAI's Batch API names.
 pub const ENDPOINTS: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/responses"];
 /// Anthropic's Message Batches run on the same lane, with this endpoint (`http/message_batches.rs`).
 pub const MESSAGES: &str = "/v1/messages";
-/// Most lines one batch runs (OpenAI's limit).
+/// Most lines one batch runs: OpenAI's limit, and Anthropic's for a Message Batch.
 pub const LINES_MAX: usize = 50_000;
+pub const MESSAGE_LINES_MAX: usize = 100_000;
 /// A batch is given this long to finish (`completion_window`, OpenAI's only one), then it expires.
 pub const WINDOW_S: i64 = 86_400;
 
@@ -38,8 +40,18 @@ pub fn door(endpoint: &str) -> Option<Door> {
     Door::ALL.into_iter().find(|d| d.path() == endpoint && served)
 }
 
-/// One input line, checked: (custom_id, body), or why not (OpenAI's line errors: a code and a message).
-pub fn parse_line(text: &str, endpoint: &str) -> Result<(String, Value), (&'static str, String)> {
+/// Most lines a batch on `endpoint` runs: a Message Batch's were refused past OpenAI's 50,000 (every request of
+/// one with 50,001 errored), though Anthropic allows 100,000.
+pub fn lines_max(endpoint: &str) -> usize {
+    if endpoint == MESSAGES { MESSAGE_LINES_MAX } else { LINES_MAX }
+}
+
+/// One input line, checked: (custom_id, body), or why not (OpenAI's line errors: a code and a message). Its JSON
+/// is held to the bounds of a request body before it is parsed.
+pub fn parse_line(text: &str, endpoint: &str, bounds: JsonBounds) -> Result<(String, Value), (&'static str, String)> {
+    if let Err(e) = json_bounds::check(text.as_bytes(), bounds) {
+        return Err(("line_too_large", e.refusal().to_string()));
+    }
     let v: Value = serde_json::from_str(text).map_err(|e| ("invalid_json_line", format!("not JSON: {e}")))?;
     let Some(obj) = v.as_object() else { return Err(("invalid_json_line", "a line must be a JSON object".into())) };
     let custom_id = match obj.get("custom_id") {
@@ -99,14 +111,21 @@ pub fn shown(batch: &Value) -> Value {
 mod tests {
     use super::*;
 
+    const B: JsonBounds = JsonBounds { elements: 100, depth: 8 };
+
     #[test]
     fn a_line_names_its_id_method_url_and_body() {
         let ok = r#"{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"m"}}"#;
-        assert_eq!(parse_line(ok, "/v1/chat/completions").unwrap().0, "a");
-        assert_eq!(parse_line(ok, "/v1/responses").unwrap_err().0, "mismatched_url");
-        assert_eq!(parse_line("{", "/v1/responses").unwrap_err().0, "invalid_json_line");
+        assert_eq!(parse_line(ok, "/v1/chat/completions", B).unwrap().0, "a");
+        assert_eq!(parse_line(ok, "/v1/responses", B).unwrap_err().0, "mismatched_url");
+        assert_eq!(parse_line("{", "/v1/responses", B).unwrap_err().0, "invalid_json_line");
         let no_id = r#"{"method":"POST","url":"/v1/responses","body":{}}"#;
-        assert_eq!(parse_line(no_id, "/v1/responses").unwrap_err().0, "missing_required_parameter");
+        assert_eq!(parse_line(no_id, "/v1/responses", B).unwrap_err().0, "missing_required_parameter");
+        let wide = format!(
+            r#"{{"custom_id":"a","method":"POST","url":"/v1/responses","body":{{"x":[{}0]}}}}"#,
+            "0,".repeat(100)
+        );
+        assert_eq!(parse_line(&wide, "/v1/responses", B).unwrap_err().0, "line_too_large");
         assert!(door("/v1/embeddings").is_none() && door("/v1/completions").is_some() && door(MESSAGES).is_some());
     }
 }

@@ -4,12 +4,14 @@
 //! it, and run again later), `finalizing` (the output and error files), or `cancelling`. Results are recorded as lines finish, one row per line, so a replica that dies loses only the
 //! lines in flight, and a line that runs twice (a takeover) counts once.
 
+use super::input::InputLines;
 use super::lane::Lane;
 use super::object::{self, OUTPUT_EXPIRES_AFTER, door, parse_line, result_line, set_counts, set_status};
 use super::traced::LineTraces;
 use crate::admission::Permit;
 use crate::doors::Door;
 use crate::error::ApiError;
+use crate::http::json_bounds::JsonBounds;
 use crate::http::{AppState, serve};
 use crate::store::files::Owner;
 use crate::store::{Store, StoreError, items};
@@ -20,7 +22,6 @@ use serde_json::{Value, json};
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncBufReadExt;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
@@ -93,39 +94,37 @@ impl Runner {
         let mut errors = Vec::new();
         let mut ids = HashSet::new();
         let mut total = 0;
+        let (lines_max, bounds) = (object::lines_max(&endpoint), self.st.config.json_bounds());
         match self.input(batch).await {
-            Ok(mut lines) => {
-                while let Ok(Some(line)) = lines.next_line().await {
-                    if line.trim().is_empty() {
-                        continue;
-                    }
-                    if total == object::LINES_MAX {
-                        errors.push((
-                            total,
-                            "too_many_lines",
-                            format!("a batch takes at most {} lines", object::LINES_MAX),
-                        ));
+            Ok(mut lines) => loop {
+                let line = match lines.next_line().await {
+                    Ok(Some(line)) => line,
+                    Ok(None) => break,
+                    Err(e) => {
+                        errors.push((total, "line_too_long", e.to_string()));
                         break;
                     }
-                    match parse_line(&line, &endpoint) {
-                        Ok((custom_id, _)) if !ids.insert(custom_id.clone()) => errors.push((
-                            total,
-                            "duplicate_custom_id",
-                            format!("custom_id '{custom_id}' is used twice"),
-                        )),
-                        Ok(_) => {}
-                        Err((code, why)) => errors.push((total, code, why)),
-                    }
-                    total += 1;
-                    if errors.len() >= 100 {
-                        break;
-                    }
+                };
+                if total == lines_max {
+                    errors.push((total, "too_many_lines", format!("a batch takes at most {lines_max} lines")));
+                    break;
                 }
-                if total == 0 && errors.is_empty() {
-                    errors.push((0, "empty_file", "the input file has no lines".into()));
+                match parse_line(&line, &endpoint, bounds) {
+                    Ok((custom_id, _)) if !ids.insert(custom_id.clone()) => {
+                        errors.push((total, "duplicate_custom_id", format!("custom_id '{custom_id}' is used twice")))
+                    }
+                    Ok(_) => {}
+                    Err((code, why)) => errors.push((total, code, why)),
                 }
-            }
+                total += 1;
+                if errors.len() >= 100 {
+                    break;
+                }
+            },
             Err(why) => errors.push((0, "invalid_file", why)),
+        }
+        if total == 0 && errors.is_empty() {
+            errors.push((0, "empty_file", "the input file has no lines".into()));
         }
         if !errors.is_empty() {
             batch["errors"] = object::errors(&errors);
@@ -135,11 +134,11 @@ impl Runner {
         Ok("in_progress")
     }
 
-    /// The input file's lines.
-    async fn input(&self, batch: &Value) -> Result<tokio::io::Lines<tokio::io::BufReader<tokio::fs::File>>, String> {
+    /// The input file's lines, none read past `--max-batch-line-bytes`.
+    async fn input(&self, batch: &Value) -> Result<InputLines<tokio::fs::File>, String> {
         let file_id = batch["input_file_id"].as_str().unwrap_or_default();
         let (_, file) = self.store.file_content(file_id).await.map_err(|e| e.to_string())?;
-        Ok(tokio::io::BufReader::new(file).lines())
+        Ok(InputLines::new(file, self.st.config.max_batch_line_bytes))
     }
 
     /// Run every line not done yet, in idle slots, until all are done, the batch is cancelled, or it expires.
@@ -153,6 +152,7 @@ impl Runner {
         let (done, _) = self.store.db.done_lines(id).await?;
         let done: HashSet<i64> = done.into_iter().collect();
         let Ok(mut input) = self.input(batch).await else { return Ok(Stop::Cancel) };
+        let bounds = self.st.config.json_bounds();
         let mut line_no = -1i64;
         let mut retry: VecDeque<Line> = VecDeque::new();
         let mut running: JoinSet<Ran> = JoinSet::new();
@@ -171,7 +171,7 @@ impl Runner {
                 Some((slot, stopped)) = seat.slot() => {
                     let next = match retry.pop_front() {
                         Some(line) => Some(line),
-                        None => next_line(&mut input, &mut line_no, &done, &endpoint).await,
+                        None => next_line(&mut input, &mut line_no, &done, &endpoint, bounds).await,
                     };
                     match next {
                         // The slot goes back with its drop, to the next batch in turn.
@@ -283,22 +283,21 @@ impl Runner {
     }
 }
 
-/// The next input line not done yet: (line number, custom_id, body).
+/// The next input line not done yet: (line number, custom_id, body). A line past the bounds ends the input (the
+/// batch was validated under them; a bound lowered since stops it there, never reading the line whole).
 async fn next_line(
-    input: &mut tokio::io::Lines<tokio::io::BufReader<tokio::fs::File>>,
+    input: &mut InputLines<tokio::fs::File>,
     line_no: &mut i64,
     done: &HashSet<i64>,
     endpoint: &str,
+    bounds: JsonBounds,
 ) -> Option<Line> {
     while let Ok(Some(text)) = input.next_line().await {
-        if text.trim().is_empty() {
-            continue;
-        }
         *line_no += 1;
         if done.contains(line_no) {
             continue;
         }
-        if let Ok((custom_id, body)) = parse_line(&text, endpoint) {
+        if let Ok((custom_id, body)) = parse_line(&text, endpoint, bounds) {
             return Some((*line_no, custom_id, body));
         }
     }

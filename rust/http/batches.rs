@@ -6,6 +6,7 @@ use super::AppState;
 use super::body::RawBody;
 use super::stored::{answer, bad_query, list_page};
 use super::traced::{TraceParent, answered, stored_context};
+use crate::batches::input::{Refused, scan};
 use crate::batches::object::{self, ENDPOINTS, new_batch, shown};
 use crate::doors::Door;
 use crate::error::ApiError;
@@ -52,6 +53,16 @@ pub async fn create(State(st): State<Arc<AppState>>, parent: TraceParent, RawBod
         })?;
         if file.purpose != "batch" {
             return Err(ApiError::bad_param("input_file_id", "The input file's purpose must be 'batch'."));
+        }
+        // Its lines, checked now rather than by the runner: a file kept before --max-batch-line-bytes was lowered,
+        // or one of more requests than a batch runs, is this request's 400, not a batch that fails later.
+        let (_, content) = store.file_content(input_file_id).await?;
+        let max_line = st.config.max_batch_line_bytes;
+        if let Err(e) = scan(content, max_line, object::lines_max(endpoint)).await {
+            return Err(match e {
+                Refused::Io(_) => ApiError::Store,
+                e => ApiError::bad_param("input_file_id", e.to_string()),
+            });
         }
         let now = items::now();
         let id = crate::ids::random_id("batch");

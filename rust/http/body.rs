@@ -1,5 +1,7 @@
 //! A JSON route's request body, read whole (up to `--max-request-body-bytes`, by its deadline), or the refusal
-//! for it: 413, 408, or 415 for a body whose `Content-Type` is not JSON.
+//! for it: 413, 408, or 415 for a body whose `Content-Type` is not JSON; then 413 or 400 for JSON with more
+//! values, or deeper, than `--max-json-elements` and `--max-json-depth` allow (`json_bounds`), before any route
+//! builds anything from it.
 //!
 //! Why 415: a web page may send a "simple" cross-origin request (`text/plain`, a form) without a CORS preflight,
 //! so a server that takes any body would let every page a user of the host opens drive it. The openai, anthropic,
@@ -8,6 +10,7 @@
 //! refuses a page's bodiless writes by their `Origin`).
 
 use super::AppState;
+use super::json_bounds::{self, JsonBounds};
 use crate::error::ApiError;
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{FromRequest, Request};
@@ -31,8 +34,25 @@ impl FromRequest<Arc<AppState>> for RawBody {
             Collect::Failed(e) if timed_out(e.as_ref()) => ApiError::BodyTimeout(st.config.client_timeout_s),
             Collect::Failed(_) => ApiError::bad_request("Could not read the request body."),
         });
-        Ok(RawBody(read.and_then(|b| if json.unwrap_or(b.is_empty()) { Ok(b) } else { Err(ApiError::NotJson) })))
+        let read = read.and_then(|b| if json.unwrap_or(b.is_empty()) { Ok(b) } else { Err(ApiError::NotJson) });
+        Ok(RawBody(match read {
+            Ok(b) => bounded(b, st.config.json_bounds()).await,
+            Err(e) => Err(e),
+        }))
     }
+}
+
+/// The body if its JSON is within the bounds. A large body is walked on a blocking thread: 16 MiB takes some
+/// milliseconds, which a runtime thread owes the connections it serves.
+async fn bounded(body: Bytes, bounds: JsonBounds) -> Result<Bytes, ApiError> {
+    const INLINE_MAX: usize = 256 << 10;
+    let checked = if body.len() <= INLINE_MAX {
+        json_bounds::check(&body, bounds).map(|()| body)
+    } else {
+        let walk = tokio::task::spawn_blocking(move || json_bounds::check(&body, bounds).map(|()| body));
+        walk.await.map_err(|_| ApiError::Internal)?
+    };
+    checked.map_err(|e| e.refusal())
 }
 
 enum Collect {

@@ -2,18 +2,20 @@
 //! `expires_after[anchor]` and `expires_after[seconds]`), `GET /v1/files` (paginated, by `purpose`),
 //! `GET`/`DELETE /v1/files/{id}` and `GET /v1/files/{id}/content`. An upload is streamed to disk
 //! (`store::files`), never held in memory; it has its own body deadline (`--upload-timeout`, listener.rs), granted
-//! by the handler, so only a request the key check let in gets it.
+//! by the handler, so only a request the key check let in gets it; what comes before each part's content is
+//! bounded (`form`). A `purpose: batch` file's lines are held to `--max-batch-line-bytes` before it is kept.
 
 use super::AppState;
+use super::form;
 use super::stored::{answer, bad_query, list_page};
+use crate::batches::input::{Refused, scan};
 use crate::client_io::LongerDeadline;
 use crate::error::ApiError;
 use crate::store::Store;
 use crate::store::files::{EXPIRES_AFTER_S, Owner, PURPOSES, Upload, file_object};
 use axum::body::Body;
-use axum::extract::multipart::MultipartRejection;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Multipart, Path, Query, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -30,18 +32,24 @@ const PAGE_MAX: usize = 10_000;
 pub async fn upload(
     State(st): State<Arc<AppState>>,
     longer: Option<Extension<LongerDeadline>>,
-    form: Result<Multipart, MultipartRejection>,
+    req: Request,
 ) -> Response {
     if let Some(Extension(longer)) = longer {
         longer.grant();
     }
     answer(async {
         let store = store(&st)?;
-        let mut form =
-            form.map_err(|e| ApiError::bad_request(format!("Expected a multipart form: {}", e.body_text())))?;
+        let content_type = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        let boundary = multer::parse_boundary(content_type)
+            .map_err(|e| ApiError::bad_request(format!("Expected a multipart form: {e}.")))?;
+        let (mut form, budget) = form::multipart(req.into_body(), boundary);
         let (mut file, mut filename, mut fields) = (None::<Upload>, String::new(), Vec::new());
-        for _ in 0..PARTS_MAX {
+        for part in 0..PARTS_MAX {
+            if part > 0 {
+                budget.head(form::HEAD_MAX);
+            }
             let Some(field) = form.next_field().await.map_err(bad_form)? else { break };
+            budget.content();
             let name = field.name().unwrap_or_default().to_string();
             if name == "file" {
                 filename = field.file_name().unwrap_or("upload").to_string();
@@ -54,7 +62,9 @@ pub async fn upload(
             }
         }
         let field = |key: &str| fields.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
-        let Some(file) = file else { return Err(ApiError::bad_param("file", "Missing required parameter: 'file'.")) };
+        let Some(mut file) = file else {
+            return Err(ApiError::bad_param("file", "Missing required parameter: 'file'."));
+        };
         let purpose = field("purpose").unwrap_or_default();
         if !PURPOSES.contains(&purpose) {
             let msg = format!("'purpose' must be one of {}.", PURPOSES.join(", "));
@@ -75,6 +85,16 @@ pub async fn upload(
                 return Err(ApiError::bad_param("expires_after", msg));
             }
         };
+        if purpose == "batch" {
+            // Each line within --max-batch-line-bytes (it is one request), checked on disk: the upload is dropped,
+            // its bytes with it, if one is not.
+            let max_line = st.config.max_batch_line_bytes;
+            match scan(file.reopen().await?, max_line, usize::MAX).await {
+                Ok(_) => {}
+                Err(Refused::Io(_)) => return Err(ApiError::Store),
+                Err(e) => return Err(ApiError::bad_param("file", e.to_string().replace("input file", "file"))),
+            }
+        }
         Ok(Json(store.keep_file(file, &filename, purpose, expires_after).await?).into_response())
     })
     .await
@@ -150,7 +170,7 @@ fn store(st: &AppState) -> Result<&Arc<Store>, ApiError> {
 
 /// A text part, read a chunk at a time up to `TEXT_MAX` bytes (None past it, or not UTF-8): only the file part
 /// may be large, and it goes to disk.
-async fn small_text(mut field: axum::extract::multipart::Field<'_>) -> Result<Option<String>, ApiError> {
+async fn small_text(mut field: multer::Field<'_>) -> Result<Option<String>, ApiError> {
     let mut text = Vec::new();
     while let Some(chunk) = field.chunk().await.map_err(bad_form)? {
         if text.len() + chunk.len() > TEXT_MAX {
@@ -161,6 +181,11 @@ async fn small_text(mut field: axum::extract::multipart::Field<'_>) -> Result<Op
     Ok(String::from_utf8(text).ok())
 }
 
-fn bad_form(e: axum::extract::multipart::MultipartError) -> ApiError {
-    ApiError::bad_request(format!("The multipart form could not be read: {}", e.body_text()))
+fn bad_form(e: multer::Error) -> ApiError {
+    match e {
+        e if form::head_too_long(&e) => {
+            ApiError::bad_request(format!("The multipart form could not be read: {}.", form::HeadTooLong))
+        }
+        e => ApiError::bad_request(format!("The multipart form could not be read: {e}.")),
+    }
 }

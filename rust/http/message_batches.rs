@@ -5,7 +5,7 @@
 use super::AppState;
 use super::body::RawBody;
 use super::traced::{TraceParent, answered, stored_context};
-use crate::batches::object::{MESSAGES, new_batch, set_counts};
+use crate::batches::object::{MESSAGE_LINES_MAX, MESSAGES, new_batch, set_counts};
 use crate::doors::Door;
 use crate::error::ApiError;
 use crate::store::files::Owner;
@@ -23,8 +23,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Most requests one batch holds (Anthropic's limit).
-const REQUESTS_MAX: usize = 100_000;
+/// Most requests one batch holds (Anthropic's limit; the runner holds a Message Batch's lines to the same).
+const REQUESTS_MAX: usize = MESSAGE_LINES_MAX;
 const PAGE_MAX: usize = 1000;
 /// Batch ids as Anthropic writes them; the store's row is the same batch.
 const PREFIX: &str = "msgbatch_";
@@ -61,8 +61,14 @@ pub async fn create(State(st): State<Arc<AppState>>, parent: TraceParent, RawBod
             let Some(params @ Value::Object(_)) = r.get("params") else {
                 return Err(ApiError::bad_param(&format!("requests[{i}].params"), "'params' must be an object."));
             };
-            let line = json!({"custom_id": custom_id, "method": "POST", "url": MESSAGES, "body": params});
-            lines.push_str(&line.to_string());
+            let line = json!({"custom_id": custom_id, "method": "POST", "url": MESSAGES, "body": params}).to_string();
+            if line.len() > st.config.max_batch_line_bytes {
+                return Err(ApiError::bad_param(
+                    &format!("requests[{i}].params"),
+                    format!("A request of a batch may be at most {} bytes.", st.config.max_batch_line_bytes),
+                ));
+            }
+            lines.push_str(&line);
             lines.push('\n');
         }
         let chunks = stream::iter([Ok::<_, std::convert::Infallible>(Bytes::from(lines))]);

@@ -53,6 +53,17 @@ pub struct Upload {
     cap: Option<u64>,
 }
 
+impl Upload {
+    /// Its content so far, opened again for reading (a check before it is kept); what was written is flushed
+    /// first (tokio writes a file in the background).
+    pub async fn reopen(&mut self) -> Result<tokio::fs::File, ApiError> {
+        if let Some(file) = self.file.as_mut() {
+            file.flush().await.map_err(disk)?;
+        }
+        tokio::fs::File::open(&self.path).await.map_err(disk)
+    }
+}
+
 impl Drop for Upload {
     fn drop(&mut self) {
         self.arriving.fetch_sub(self.bytes, Ordering::Relaxed);
