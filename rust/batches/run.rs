@@ -10,7 +10,7 @@ use crate::admission::Permit;
 use crate::doors::Door;
 use crate::error::ApiError;
 use crate::http::{AppState, serve};
-use crate::store::files::Owner;
+use crate::owner::Owner;
 use crate::store::{Store, StoreError, items};
 use crate::trace::{Outcome, ResponseGuard, StopCause};
 use axum::body::Bytes;
@@ -46,28 +46,40 @@ enum Stop {
     Done,
     Cancel,
     Expire,
+    /// Its results would pass what its owner's files (or all files) may hold: it takes no more lines.
+    Full(String),
 }
+
+/// The error a batch ends `failed` with when its output would not fit.
+const FULL: &str = "file_storage_limit_exceeded";
 
 impl Runner {
     pub async fn run(&self, id: &str) -> Result<(), StoreError> {
         loop {
             let Some(row) = self.store.db.get_batch(id).await? else { return Ok(()) };
             let mut batch: Value = serde_json::from_str(&row.batch).unwrap_or_default();
+            let whose = Owner::from_stored(&row.owned_by);
             let now = items::now();
             let next = match row.status.as_str() {
-                "validating" => self.validate(&mut batch).await?,
+                "validating" => self.validate(&mut batch, &whose).await?,
                 "in_progress" if now > batch["expires_at"].as_i64().unwrap_or(i64::MAX) => "expired",
-                "in_progress" => match self.lines(id, &mut batch, row.trace_context.as_deref()).await? {
+                "in_progress" => match self.lines(id, &mut batch, &whose, row.trace_context.as_deref()).await? {
                     Stop::Done => "finalizing",
                     Stop::Cancel => "cancelling",
                     Stop::Expire => "expired",
+                    Stop::Full(why) => {
+                        // What ran is kept (it fits); the batch ends `failed`, saying why, once it is written.
+                        batch["errors"] = object::errors(&[(0, FULL, why)]);
+                        "finalizing"
+                    }
                 },
-                "finalizing" => self.finish(id, &mut batch, "completed").await?,
-                "cancelling" => self.finish(id, &mut batch, "cancelled").await?,
+                "finalizing" if batch["errors"].is_object() => self.finish(id, &mut batch, &whose, "failed").await?,
+                "finalizing" => self.finish(id, &mut batch, &whose, "completed").await?,
+                "cancelling" => self.finish(id, &mut batch, &whose, "cancelled").await?,
                 _ => return Ok(()),
             };
             if next == "expired" {
-                self.finish(id, &mut batch, "expired").await?;
+                self.finish(id, &mut batch, &whose, "expired").await?;
                 return Ok(());
             }
             set_status(&mut batch, next, items::now());
@@ -86,12 +98,12 @@ impl Runner {
     }
 
     /// Check every line: `in_progress` with its count, or `failed` with the lines at fault.
-    async fn validate(&self, batch: &mut Value) -> Result<&'static str, StoreError> {
+    async fn validate(&self, batch: &mut Value, whose: &Owner) -> Result<&'static str, StoreError> {
         let endpoint = batch["endpoint"].as_str().unwrap_or_default().to_string();
         let mut errors = Vec::new();
         let mut ids = HashSet::new();
         let mut total = 0;
-        match self.input(batch).await {
+        match self.input(batch, whose).await {
             Ok(mut lines) => {
                 while let Ok(Some(line)) = lines.next_line().await {
                     if line.trim().is_empty() {
@@ -134,15 +146,42 @@ impl Runner {
     }
 
     /// The input file's lines.
-    async fn input(&self, batch: &Value) -> Result<tokio::io::Lines<tokio::io::BufReader<tokio::fs::File>>, String> {
+    async fn input(
+        &self,
+        batch: &Value,
+        whose: &Owner,
+    ) -> Result<tokio::io::Lines<tokio::io::BufReader<tokio::fs::File>>, String> {
         let file_id = batch["input_file_id"].as_str().unwrap_or_default();
-        let (_, file) = self.store.file_content(file_id).await.map_err(|e| e.to_string())?;
+        let (_, file) = self.store.file_content(file_id, whose).await.map_err(|e| e.to_string())?;
         Ok(tokio::io::BufReader::new(file).lines())
     }
 
-    /// Run every line not done yet, in idle slots, until all are done, the batch is cancelled, or it expires.
-    /// `trace_context`: the span of the request that created it, which the lines' spans link to.
-    async fn lines(&self, id: &str, batch: &mut Value, trace_context: Option<&str>) -> Result<Stop, StoreError> {
+    /// What the batch's results may still grow by: the room left under the files total and under its owner's
+    /// share (its output and error files will hold them). None: no cap.
+    async fn room(&self, whose: &Owner) -> Result<Option<i64>, StoreError> {
+        let Some(files) = &self.store.files else { return Ok(None) };
+        let mut room: Option<i64> = None;
+        if let Some(cap) = files.total_max {
+            room = Some(cap as i64 - self.store.db.files_bytes(None).await?);
+        }
+        if let Some(cap) = files.owner_max {
+            let left = cap as i64 - self.store.db.files_bytes(Some(whose.as_str())).await?;
+            room = Some(room.map_or(left, |r| r.min(left)));
+        }
+        Ok(room)
+    }
+
+    /// Run every line not done yet, in idle slots, until all are done, the batch is cancelled, it expires, or its
+    /// results would not fit in the files (a line starts only while what the results hold, and the largest result
+    /// so far for each line running and this one, fits). `trace_context`: the span of the request that created
+    /// it, which the lines' spans link to.
+    async fn lines(
+        &self,
+        id: &str,
+        batch: &mut Value,
+        whose: &Owner,
+        trace_context: Option<&str>,
+    ) -> Result<Stop, StoreError> {
         let endpoint = batch["endpoint"].as_str().unwrap_or_default().to_string();
         let traces = LineTraces::new(&self.st, id, trace_context);
         let Some(door) = door(&endpoint) else { return Ok(Stop::Cancel) };
@@ -150,17 +189,32 @@ impl Runner {
         let total = batch["request_counts"]["total"].as_i64().unwrap_or(0);
         let (done, _) = self.store.db.done_lines(id).await?;
         let done: HashSet<i64> = done.into_iter().collect();
-        let Ok(mut input) = self.input(batch).await else { return Ok(Stop::Cancel) };
+        let Ok(mut input) = self.input(batch, whose).await else { return Ok(Stop::Cancel) };
+        let mut room = self.room(whose).await?;
+        let mut held = self.store.db.results_bytes(id).await?;
+        let mut largest = 0i64;
         let mut line_no = -1i64;
         let mut retry: VecDeque<Line> = VecDeque::new();
         let mut running: JoinSet<Ran> = JoinSet::new();
         let mut results: Vec<(i64, bool, String)> = Vec::new();
         let mut exhausted = false;
+        let mut full: Option<String> = None;
         let mut recorded = Instant::now();
         let stop = loop {
             // Fill the idle slots: each line takes one only while nobody waits for it (and none while the server
             // drains or a rank is down: the lines wait, for this replica or the one that takes the batch over).
             while (!exhausted || !retry.is_empty()) && self.st.unavailable().is_none() {
+                let pending: i64 = results.iter().map(|(_, _, r)| r.len() as i64 + 1).sum();
+                if let Some(room) = room
+                    && held + pending + (running.len() as i64 + 1) * largest > room
+                {
+                    full = Some(format!(
+                        "The batch's results hold {} bytes and would pass the {room} bytes left for its files \
+                         (--files-max-total-bytes, --files-max-bytes-per-owner): it took no more lines.",
+                        held + pending
+                    ));
+                    break;
+                }
                 let Some((slot, stopped)) = self.st.admission.try_admit_batch() else { break };
                 let next = match retry.pop_front() {
                     Some(line) => Some(line),
@@ -170,18 +224,26 @@ impl Runner {
                     exhausted = true;
                     break;
                 };
-                let (st, traces) = (self.st.clone(), traces.clone());
+                let (st, traces, whose) = (self.st.clone(), traces.clone(), whose.clone());
                 running.spawn(async move {
-                    let outcome = run_line(&st, door, &custom_id, body.clone(), slot, stopped, traces).await;
+                    let outcome = run_line(&st, door, &custom_id, body.clone(), whose, slot, stopped, traces).await;
                     ((no, custom_id, body), outcome)
                 });
             }
             if exhausted && retry.is_empty() && running.is_empty() {
                 break Stop::Done;
             }
+            if let Some(why) = &full
+                && running.is_empty()
+            {
+                break Stop::Full(why.clone());
+            }
             tokio::select! {
                 Some(Ok((line, outcome))) = running.join_next() => match outcome {
-                    Some((ok, result)) => results.push((line.0, ok, result)),
+                    Some((ok, result)) => {
+                        largest = largest.max(result.len() as i64 + 1);
+                        results.push((line.0, ok, result));
+                    }
                     None => retry.push_back(line), // a client's request took its slot
                 },
                 () = self.st.admission.slot_freed() => {}
@@ -189,7 +251,9 @@ impl Runner {
             }
             if recorded.elapsed() >= RECORD_EVERY {
                 recorded = Instant::now();
+                held += results.iter().map(|(_, _, r)| r.len() as i64 + 1).sum::<i64>();
                 self.record(id, batch, total, &mut results).await?;
+                room = self.room(whose).await?;
                 let status = self.store.db.get_batch(id).await?.map(|b| b.status);
                 if status.as_deref() == Some("cancelling") {
                     break Stop::Cancel;
@@ -225,7 +289,15 @@ impl Runner {
     }
 
     /// Write the output and error files from the recorded results, then end as `status`.
-    async fn finish(&self, id: &str, batch: &mut Value, status: &'static str) -> Result<&'static str, StoreError> {
+    /// A results file that does not fit (the caps, or a full disk) ends the batch `failed`, saying so, with nothing
+    /// half-written kept.
+    async fn finish(
+        &self,
+        id: &str,
+        batch: &mut Value,
+        whose: &Owner,
+        mut status: &'static str,
+    ) -> Result<&'static str, StoreError> {
         let (done, failed) = self.store.db.done_lines(id).await?;
         let total = batch["request_counts"]["total"].as_i64().unwrap_or(0);
         set_counts(batch, total, done.len() as i64 - failed, failed);
@@ -237,8 +309,13 @@ impl Runner {
                 continue;
             }
             let expires_after = batch[OUTPUT_EXPIRES_AFTER].as_i64();
-            match self.results_file(id, ok, expires_after).await {
+            match self.results_file(id, ok, whose, expires_after).await {
                 Ok(file) => batch[key] = json!(file),
+                Err(e @ (ApiError::FilesFull { .. } | ApiError::DiskFull(_))) => {
+                    tracing::warn!(batch_id = %id, "a batch's results file did not fit: {e}");
+                    batch["errors"] = object::errors(&[(0, FULL, format!("Its results file was not kept: {e}"))]);
+                    status = "failed";
+                }
                 Err(e) => tracing::error!(batch_id = %id, "could not write a batch's results file: {e}"),
             }
         }
@@ -252,7 +329,13 @@ impl Runner {
 
     /// One file of results (the succeeded or the failed lines) in line order, expiring `expires_after` seconds from
     /// now if the batch asked (`output_expires_after`); its id.
-    async fn results_file(&self, id: &str, ok: bool, expires_after: Option<i64>) -> Result<String, ApiError> {
+    async fn results_file(
+        &self,
+        id: &str,
+        ok: bool,
+        whose: &Owner,
+        expires_after: Option<i64>,
+    ) -> Result<String, ApiError> {
         let db = self.store.db.clone();
         let (id, from) = (id.to_string(), 0i64);
         let pages = futures_util::stream::unfold(Some(from), move |from| {
@@ -271,7 +354,7 @@ impl Runner {
                 }
             }
         });
-        let up = self.store.receive(pages.boxed(), Owner::Server).await?;
+        let up = self.store.receive(pages.boxed(), whose).await?;
         let name = if ok { "batch_output.jsonl" } else { "batch_errors.jsonl" };
         let file = self.store.keep_file(up, name, "batch_output", expires_after).await?;
         Ok(file["id"].as_str().unwrap_or_default().to_string())
@@ -302,11 +385,13 @@ async fn next_line(
 
 /// Run one line through the request path in its slot: (succeeded, its result line), or None if a client's
 /// request took the slot first (the line runs again later, with a span of its own).
+#[allow(clippy::too_many_arguments)]
 async fn run_line(
     st: &Arc<AppState>,
     door: Door,
     custom_id: &str,
     mut body: Value,
+    whose: Owner,
     slot: Permit,
     mut stopped: oneshot::Receiver<()>,
     traces: Option<Arc<LineTraces>>,
@@ -318,7 +403,8 @@ async fn run_line(
     let trace = traces.and_then(|t| t.begin(st, door, custom_id, &request_id, arrival));
     let traced = trace.as_ref().map(|t| (t.clone(), ResponseGuard::new(t.clone())));
     let served = async {
-        let req = door.parse(&raw, &st.config.served_model_names)?;
+        let mut req = door.parse(&raw, &st.config.served_model_names)?;
+        req.owner = whose;
         serve(st, door, req, arrival, request_id.clone(), None, Some(slot), traced).await
     };
     tokio::pin!(served);

@@ -76,8 +76,10 @@ pub fn app(state: Arc<AppState>) -> Router {
     let mut keyed = Router::new();
     // Every door's route goes to the one request path, which learns the door from it.
     for door in Door::ALL {
-        keyed =
-            keyed.route(door.path(), post(move |st, id, parent, body| generate::generate(door, st, id, parent, body)));
+        keyed = keyed.route(
+            door.path(),
+            post(move |st, id, owner, parent, body| generate::generate(door, st, id, owner, parent, body)),
+        );
     }
     let keyed = keyed
         .route("/v1/chat/completions/render", post(worker::render_chat))
