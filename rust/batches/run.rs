@@ -205,6 +205,11 @@ impl Runner {
             // drains or a rank is down: the lines wait, for this replica or the one that takes the batch over).
             while (!exhausted || !retry.is_empty()) && self.st.unavailable().is_none() {
                 let pending: i64 = results.iter().map(|(_, _, r)| r.len() as i64 + 1).sum();
+                // Until a result's size is known, one line at a time: a slot's worth of lines of unknown size
+                // could pass the room together.
+                if room.is_some() && largest == 0 && !running.is_empty() {
+                    break;
+                }
                 if let Some(room) = room
                     && held + pending + (running.len() as i64 + 1) * largest > room
                 {

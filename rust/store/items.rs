@@ -53,8 +53,19 @@ const KEPT: &[(&str, &[&str])] = &[
     ("custom_tool_call_output", &["type", "id", "call_id", "output", "status"]),
 ];
 /// A message's content parts' fields (text, images, files, and what an assistant's text carries).
-const PART_KEPT: &[&str] =
-    &["type", "text", "image_url", "file_id", "file_url", "file_data", "filename", "detail", "annotations", "refusal"];
+const PART_KEPT: &[&str] = &[
+    "type",
+    "text",
+    "image_url",
+    "file_id",
+    "file_url",
+    "file_data",
+    "filename",
+    "detail",
+    "annotations",
+    "logprobs",
+    "refusal",
+];
 
 /// Drop what the prompt does not read (`KEPT`); a reasoning item keeps an empty `summary`, as OpenAI's schema has one.
 fn keep_only_the_prompts(obj: &mut Map<String, Value>) {

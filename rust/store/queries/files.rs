@@ -71,7 +71,6 @@ impl Db {
 
     /// The files past their `expires_at` (Unix seconds) at `now`, removed from the table: their ids, for their
     /// contents to go too.
-
     pub async fn expire_files(&self, now: i64) -> Result<Vec<String>, StoreError> {
         let q = "DELETE FROM files WHERE expires_at IS NOT NULL AND expires_at < $1 RETURNING id";
         Ok(on_pool!(self, |pool| sqlx::query_scalar(q).bind(now).fetch_all(pool).await?))
