@@ -3,10 +3,12 @@
 //! once their leases run out, and the results recorded per line make each `custom_id` appear once.
 //!
 //! - `object`: the Batch object, the input lines' checks, the output lines;
+//! - `line`: one input line: the next not done yet, and its run in a batch line's slot;
 //! - `run`: running one batch: its lines through the one request path in idle slots only (`Admission::
 //!   try_admit_batch`), given up to any client's request that needs one;
 //! - `traced`: a line's span, linked to the request that created the batch.
 
+mod line;
 pub mod object;
 mod run;
 mod traced;

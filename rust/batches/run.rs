@@ -4,15 +4,13 @@
 //! `cancelling`. Results are recorded as lines finish, one row per line, so a replica that dies loses only the
 //! lines in flight, and a line that runs twice (a takeover) counts once.
 
-use super::object::{self, OUTPUT_EXPIRES_AFTER, door, parse_line, result_line, set_counts, set_status};
+use super::line::{next_line, run_line};
+use super::object::{self, OUTPUT_EXPIRES_AFTER, door, parse_line, set_counts, set_status};
 use super::traced::LineTraces;
-use crate::admission::Permit;
-use crate::doors::Door;
 use crate::error::ApiError;
-use crate::http::{AppState, serve};
+use crate::http::AppState;
 use crate::owner::Owner;
 use crate::store::{Store, StoreError, items};
-use crate::trace::{Outcome, ResponseGuard, StopCause};
 use axum::body::Bytes;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
@@ -20,7 +18,6 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncBufReadExt;
-use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
 /// A running batch looks for a free slot as one is freed (`Admission::slot_freed`), and at least this often (the
@@ -38,7 +35,7 @@ pub struct Runner {
 }
 
 /// An input line to run: (line number, custom_id, body).
-type Line = (i64, String, Value);
+pub(super) type Line = (i64, String, Value);
 /// A line run: the line, and its outcome (succeeded, result line), or None if its slot was taken.
 type Ran = (Line, Option<(bool, String)>);
 
@@ -364,79 +361,4 @@ impl Runner {
         let file = self.store.keep_file(up, name, "batch_output", expires_after).await?;
         Ok(file["id"].as_str().unwrap_or_default().to_string())
     }
-}
-
-/// The next input line not done yet: (line number, custom_id, body).
-async fn next_line(
-    input: &mut tokio::io::Lines<tokio::io::BufReader<tokio::fs::File>>,
-    line_no: &mut i64,
-    done: &HashSet<i64>,
-    endpoint: &str,
-) -> Option<Line> {
-    while let Ok(Some(text)) = input.next_line().await {
-        if text.trim().is_empty() {
-            continue;
-        }
-        *line_no += 1;
-        if done.contains(line_no) {
-            continue;
-        }
-        if let Ok((custom_id, body)) = parse_line(&text, endpoint) {
-            return Some((*line_no, custom_id, body));
-        }
-    }
-    None
-}
-
-/// Run one line through the request path in its slot: (succeeded, its result line), or None if a client's
-/// request took the slot first (the line runs again later, with a span of its own).
-#[allow(clippy::too_many_arguments)]
-async fn run_line(
-    st: &Arc<AppState>,
-    door: Door,
-    custom_id: &str,
-    mut body: Value,
-    whose: Owner,
-    slot: Permit,
-    mut stopped: oneshot::Receiver<()>,
-    traces: Option<Arc<LineTraces>>,
-) -> Option<(bool, String)> {
-    body["stream"] = json!(false);
-    let request_id = crate::ids::random_id("batch_req");
-    let raw = serde_json::to_vec(&body).unwrap_or_default();
-    let arrival = Instant::now();
-    let trace = traces.and_then(|t| t.begin(st, door, custom_id, &request_id, arrival));
-    let traced = trace.as_ref().map(|t| (t.clone(), ResponseGuard::new(t.clone())));
-    let served = async {
-        let mut req = door.parse(&raw, &st.config.served_model_names)?;
-        req.owner = whose;
-        serve(st, door, req, arrival, request_id.clone(), None, Some(slot), traced).await
-    };
-    tokio::pin!(served);
-    // Dropped before `served` (whose drop aborts the request): a line the runner stops (its batch cancelled or
-    // expired, or its slot given up) says so in its span.
-    let mut stop = StopCause::new(trace.clone(), "batch_stopped");
-    let answered = tokio::select! {
-        answered = &mut served => answered,
-        // A closed channel is the slot's normal end, not a preemption: keep waiting for the answer then.
-        Ok(()) = &mut stopped => {
-            stop.cause = "batch_preempted";
-            return None;
-        }
-    };
-    stop.disarm(); // it ran to its end: it ends as its request did
-    let (status, bytes) = match answered {
-        Err(ApiError::Unavailable(_)) => return None, // draining, or a rank down: not the line's fault
-        Ok(resp) => {
-            let status = resp.status().as_u16();
-            (status, axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap_or_default())
-        }
-        Err(e) => {
-            if let Some(t) = &trace {
-                t.ended(Outcome::of(e.status().as_u16(), e.code()));
-            }
-            (e.status().as_u16(), Bytes::from(door.envelope(&e)))
-        }
-    };
-    Some((status == 200, result_line(custom_id, &request_id, status, &bytes)))
 }
