@@ -80,6 +80,17 @@ pub struct ServerConfig {
     /// 0: no cap.
     #[pyo3(default = 10 << 30)]
     pub state_store_max_bytes: u64,
+    /// Most bytes one owner's (API key's) responses and conversations may hold (`--state-store-max-bytes-per-
+    /// owner`); past it its stored requests are a 429. 0: the cap shared evenly by the keys (all of it with one).
+    #[pyo3(default = 0)]
+    pub state_store_max_bytes_per_owner: u64,
+    /// Largest stored item (`--state-store-max-item-bytes`): a larger input item, as stored, is a 400.
+    #[pyo3(default = 16 << 20)]
+    pub state_store_max_item_bytes: u64,
+    /// Most bytes a `previous_response_id` chain or a conversation may hold for a request to continue it
+    /// (`--state-store-max-chain-bytes`): past it the request is a 400 naming the parameter.
+    #[pyo3(default = 64 << 20)]
+    pub state_store_max_chain_bytes: u64,
     /// Where uploaded files' contents are kept (`--files-dir`, a volume the replicas share); empty: no files.
     #[pyo3(default)]
     pub files_dir: String,
@@ -98,6 +109,10 @@ pub struct ServerConfig {
     /// What background runs keep of their streams for replay, all together (`--background-replay-bytes`).
     #[pyo3(default = 64 << 20)]
     pub background_replay_bytes: usize,
+    /// Most bytes one owner's files (batch results included) may hold (`--files-max-bytes-per-owner`); 0: the
+    /// files total shared evenly by the keys (all of it with one).
+    #[pyo3(default = 0)]
+    pub files_max_bytes_per_owner: u64,
     /// Longest a file upload's body may take to arrive (`--upload-timeout`).
     #[pyo3(default = 600.0)]
     pub upload_timeout_s: f64,
@@ -239,12 +254,16 @@ impl ServerConfig {
             store_responses: true,
             response_store_ttl_s: 2_592_000.0,
             state_store_max_bytes: 10 << 30,
+            state_store_max_bytes_per_owner: 0,
+            state_store_max_item_bytes: 16 << 20,
+            state_store_max_chain_bytes: 64 << 20,
             files_dir: String::new(),
             max_file_bytes: 512 << 20,
             files_max_total_bytes: 100 << 30,
             max_background_runs: 512,
             max_background_runs_per_owner: 64,
             background_replay_bytes: 64 << 20,
+            files_max_bytes_per_owner: 0,
             upload_timeout_s: 600.0,
             allowed_origins: Vec::new(),
             allowed_methods: Vec::new(),

@@ -21,10 +21,21 @@ pub enum ApiError {
     TooManyJsonElements(usize),
     /// An upload past what all stored files may hold together (`--files-max-total-bytes`).
     #[error(
-        "The files stored here would pass their limit of {cap} bytes with this upload ({stored} bytes are stored or \
+        "The files {whose} would pass their limit of {cap} bytes with this upload ({stored} bytes are stored or \
          being uploaded): delete files, or let them expire, to make room."
     )]
-    FilesFull { stored: u64, cap: u64 },
+    FilesFull { stored: u64, cap: u64, whose: &'static str },
+    /// A stored request (a response, a conversation's items) past what its owner's responses and conversations
+    /// may hold (`--state-store-max-bytes-per-owner`), or past what the whole store may (`--state-store-max-bytes`):
+    /// a 429, as OpenAI's quota errors are; nobody else's records are removed to make room.
+    #[error(
+        "{whose} hold {held} bytes, the most {they} may hold is {cap}: delete stored responses or conversations, \
+         let them expire, or send 'store: false'."
+    )]
+    StoreFull { held: i64, cap: i64, whose: &'static str, they: &'static str },
+    /// A write the disk had no room for (ENOSPC, a quota): nothing half-written was kept.
+    #[error("The server's storage is full: {0} was not kept. Retry later.")]
+    DiskFull(&'static str),
     /// A head over the limits: what it had, and the limits (`http::head_limits`).
     #[error(
         "The request headers are too large: {headers} headers, {bytes} bytes; the limits are {max_headers} headers \
@@ -173,6 +184,8 @@ impl ApiError {
                 (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "payload_too_large")
             }
             FilesFull { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "file_storage_limit_exceeded"),
+            StoreFull { .. } => (StatusCode::TOO_MANY_REQUESTS, "insufficient_quota", "storage_quota_exceeded"),
+            DiskFull(_) => (StatusCode::INSUFFICIENT_STORAGE, "server_error", "insufficient_storage"),
             HeadersTooLarge { .. } => (
                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
                 "invalid_request_error",

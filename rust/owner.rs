@@ -46,6 +46,12 @@ impl Owner {
     }
 }
 
+/// How many owners the configured keys (one a line) make: at least 1, the anonymous owner of a server without keys.
+pub fn count(keys: Option<&str>) -> u64 {
+    let keys = keys.unwrap_or_default().lines().map(str::trim).filter(|k| !k.is_empty());
+    keys.collect::<std::collections::HashSet<_>>().len().max(1) as u64
+}
+
 impl Default for Owner {
     fn default() -> Self {
         Owner::anonymous()

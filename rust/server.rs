@@ -121,17 +121,25 @@ async fn open_store(
         std::io::Error::other(format!("cannot open the state store {name}: {e}"))
     })?;
     tracing::info!("state store: {}", crate::store::redacted(&config.state_store));
+    let owners = crate::owner::count(config.api_key.as_deref());
     let files = match config.files_dir.as_str() {
         "" => None,
         dir => {
             std::fs::create_dir_all(dir).map_err(|e| std::io::Error::other(format!("--files-dir {dir}: {e}")))?;
             let total = (config.files_max_total_bytes > 0).then_some(config.files_max_total_bytes);
-            Some(crate::store::files::FileRoom::new(dir.into(), config.max_file_bytes, total))
+            let share = share(config.files_max_bytes_per_owner, total, owners);
+            Some(crate::store::files::FileRoom::new(dir.into(), config.max_file_bytes, total, share))
         }
     };
     let ttl = (config.response_store_ttl_s > 0.0).then(|| Duration::from_secs_f64(config.response_store_ttl_s));
     let cap = (config.state_store_max_bytes > 0).then_some(config.state_store_max_bytes);
-    let retention = crate::store::retention::Retention::new(ttl, cap);
+    let bounds = crate::store::retention::Bounds {
+        max_bytes: cap,
+        per_owner: share(config.state_store_max_bytes_per_owner, cap, owners),
+        item_max: config.state_store_max_item_bytes,
+        chain_max: config.state_store_max_chain_bytes,
+    };
+    let retention = crate::store::retention::Retention::new(ttl, bounds);
     let runs = crate::store::background::Limits {
         max_runs: config.max_background_runs.max(1),
         per_owner: config.max_background_runs_per_owner.max(1),
@@ -140,6 +148,11 @@ async fn open_store(
     let store = crate::store::Store::new(db, files, retention, runs, runtime.clone());
     store.keep_within_bounds();
     Ok(Some(store))
+}
+
+/// One owner's share of a cap: as set, else the cap split evenly between the owners (all of it for one).
+fn share(set: u64, cap: Option<u64>, owners: u64) -> Option<u64> {
+    if set > 0 { Some(set) } else { cap.map(|c| c / owners.max(1)) }
 }
 
 async fn run(state: Arc<AppState>, pids: Vec<i32>, tls: Option<Arc<Tls>>) -> std::io::Result<i32> {

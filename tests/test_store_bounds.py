@@ -140,41 +140,46 @@ def exists(c: openai.OpenAI, rid: str) -> bool:
         return False
 
 
-def test_past_its_size_cap_the_store_removes_the_oldest_first(tmp_path: Path) -> None:
+def test_past_its_size_cap_the_store_refuses_to_store_more_and_removes_nothing(tmp_path: Path) -> None:
+    """This test once asserted that past the cap the oldest records were evicted. Issue 39 asks the opposite: the
+    eviction removed any owner's records to make room for one owner's (7 requests made another client's response
+    404). Past the cap, a request that would store more is now a 429; what is stored stays until deleted or
+    expired, and deleting makes room."""
     spec = str(tmp_path / "state.sqlite3")
     cap = 120_000
     text = "A five kilobyte question. " * 200
     a = start_server(*ARGS, "--state-store", spec, "--state-store-max-bytes", "0")
     try:
         c = a.client()
-        old_conv = c.conversations.create(items=[{"type": "message", "role": "user", "content": text}])
-        time.sleep(1.1)
+        conv = c.conversations.create(items=[{"type": "message", "role": "user", "content": text}])
         old = [c.responses.create(model=MODEL, input=text, max_output_tokens=4).id for _ in range(40)]
-        time.sleep(1.1)  # times are whole seconds: the young are younger than every old one
-        young = [c.responses.create(model=MODEL, input=text, max_output_tokens=4).id for _ in range(5)]
-        young_conv = c.conversations.create(items=[{"type": "message", "role": "user", "content": text}])
     finally:
         a.stop()
-    assert stored_bytes(spec) > 2 * cap
+    held = stored_bytes(spec)
+    assert held > 2 * cap
     b = start_server(*ARGS, "--state-store", spec, "--state-store-max-bytes", str(cap))
     try:
         c = b.client()
+        with pytest.raises(openai.RateLimitError) as full:
+            c.responses.create(model=MODEL, input=text, max_output_tokens=4)
+        assert full.value.code == "storage_quota_exceeded" and str(cap) in full.value.message
+        with pytest.raises(openai.RateLimitError):
+            c.conversations.items.create(conv.id, items=[{"type": "message", "role": "user", "content": "x"}])
+        kept = c.responses.create(model=MODEL, input=text, max_output_tokens=4, store=False)
+        assert kept.status in ("completed", "incomplete")  # what stores nothing still runs
+        time.sleep(1.5)
+        assert stored_bytes(spec) == held and all(exists(c, r) for r in old)
+        assert c.conversations.retrieve(conv.id).id == conv.id
+        # Deleting makes room: the store is measured again within seconds.
+        for r in old:
+            c.responses.delete(r)
         deadline = time.monotonic() + 15
-        while stored_bytes(spec) > cap:  # measured at start
-            assert time.monotonic() < deadline, f"the store still holds {stored_bytes(spec)} bytes"
-            time.sleep(0.1)
-        assert all(exists(c, r) for r in young), "a young response went before old ones"
-        assert c.conversations.retrieve(young_conv.id).id == young_conv.id
-        with pytest.raises(openai.NotFoundError):
-            c.conversations.retrieve(old_conv.id)  # least recently added to: older than every response
-        kept = sum(exists(c, r) for r in old)
-        assert 0 < kept < len(old), kept  # down to 90 % of the cap, not emptied
-        # Written while it runs: the writer rings as the cap is passed, the oldest go.
-        newest = [c.responses.create(model=MODEL, input=text, max_output_tokens=4).id for _ in range(30)]
-        deadline = time.monotonic() + 15
-        while stored_bytes(spec) > cap:
-            assert time.monotonic() < deadline, f"the store still holds {stored_bytes(spec)} bytes"
-            time.sleep(0.1)
-        assert exists(c, newest[-1]) and not any(exists(c, r) for r in old)
+        while True:
+            try:
+                c.responses.create(model=MODEL, input=text, max_output_tokens=4)
+                break
+            except openai.RateLimitError:
+                assert time.monotonic() < deadline, "still refused after its records were deleted"
+                time.sleep(0.5)
     finally:
         b.stop()

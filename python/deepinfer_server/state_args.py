@@ -51,8 +51,34 @@ def add_arguments(p: argparse._ArgumentGroup) -> None:
         type=int,
         default=10 << 30,
         metavar="BYTES",
-        help="Most bytes stored responses and conversations may hold together; past it the oldest are removed "
-        "(responses by creation, conversations by their last addition) until they hold 90%% of it. 0: no cap.",
+        help="Most bytes stored responses and conversations may hold together; past it a request that would store "
+        "more is a 429 (storage_quota_exceeded): nothing stored is removed to make room. 0: no cap.",
+    )
+    p.add_argument(
+        "--state-store-max-bytes-per-owner",
+        type=int,
+        default=0,
+        metavar="BYTES",
+        help="Most bytes one owner (an API key of --api-key-file; every client, without keys) may keep in stored "
+        "responses and conversations; past it its requests that would store more are a 429, and other owners' "
+        "records are never removed for it. 0 (the default): --state-store-max-bytes split evenly between the keys.",
+    )
+    p.add_argument(
+        "--state-store-max-item-bytes",
+        type=int,
+        default=16 << 20,
+        metavar="BYTES",
+        help="Largest input item a stored request may hold, as stored (what the prompt does not read, such as a "
+        "reasoning item's summary or unknown keys, is not stored); larger is a 400 naming it. 16 MiB by default.",
+    )
+    p.add_argument(
+        "--state-store-max-chain-bytes",
+        type=int,
+        default=64 << 20,
+        metavar="BYTES",
+        help="Most bytes of stored items a request may continue from (a previous_response_id chain, or a "
+        "conversation); past it the request is a 400 naming the parameter, refused before the items are read. "
+        "64 MiB by default, far past any model's context.",
     )
     p.add_argument(
         "--files-dir",
@@ -77,7 +103,15 @@ def add_arguments(p: argparse._ArgumentGroup) -> None:
         metavar="BYTES",
         help="Most bytes all uploaded files may hold together (100 GiB by default; 0: no cap). An upload that would "
         "pass it is a 413 that says how much is stored; delete files, or let them expire, to make room. Batch "
-        "results are written whatever the total.",
+        "results count too: a batch whose results would pass it takes no more lines and ends 'failed'.",
+    )
+    p.add_argument(
+        "--files-max-bytes-per-owner",
+        type=int,
+        default=0,
+        metavar="BYTES",
+        help="Most bytes one owner's files (an API key's; batch results included) may hold; past it an upload is a "
+        "413. 0 (the default): --files-max-total-bytes split evenly between the keys.",
     )
     p.add_argument(
         "--max-background-runs",
@@ -135,6 +169,12 @@ def resolve(args: argparse.Namespace) -> str | None:
         return "--files-max-total-bytes must be 0 (no cap) or more bytes"
     if min(args.max_background_runs, args.max_background_runs_per_owner, args.background_replay_bytes) < 1:
         return "--max-background-runs, --max-background-runs-per-owner and --background-replay-bytes must be positive"
+    for flag in ("state_store_max_bytes_per_owner", "files_max_bytes_per_owner"):
+        if getattr(args, flag) < 0:
+            return f"--{flag.replace('_', '-')} must be 0 (an even share of the total) or more bytes"
+    for flag in ("state_store_max_item_bytes", "state_store_max_chain_bytes"):
+        if getattr(args, flag) < 1:
+            return f"--{flag.replace('_', '-')} must be positive"
     if args.max_file_bytes < 1 or args.upload_timeout <= 0:
         return "--max-file-bytes and --upload-timeout must be positive"
     spec = store_spec(args)
@@ -180,11 +220,15 @@ def server_config(args: argparse.Namespace) -> dict[str, Any]:
         "store_responses": bool(spec),
         "response_store_ttl_s": args.response_store_ttl,
         "state_store_max_bytes": args.state_store_max_bytes,
+        "state_store_max_bytes_per_owner": args.state_store_max_bytes_per_owner,
+        "state_store_max_item_bytes": args.state_store_max_item_bytes,
+        "state_store_max_chain_bytes": args.state_store_max_chain_bytes,
         "files_dir": files_dir(args, spec),
         "max_file_bytes": args.max_file_bytes,
         "files_max_total_bytes": args.files_max_total_bytes,
         "max_background_runs": args.max_background_runs,
         "max_background_runs_per_owner": args.max_background_runs_per_owner,
         "background_replay_bytes": args.background_replay_bytes,
+        "files_max_bytes_per_owner": args.files_max_bytes_per_owner,
         "upload_timeout_s": args.upload_timeout,
     }

@@ -6,23 +6,19 @@
 
 use super::input::InputLines;
 use super::lane::Lane;
-use super::object::{self, OUTPUT_EXPIRES_AFTER, door, parse_line, result_line, set_counts, set_status};
+use super::line::{next_line, run_line};
+use super::object::{self, OUTPUT_EXPIRES_AFTER, door, parse_line, set_counts, set_status};
 use super::traced::LineTraces;
-use crate::admission::Permit;
-use crate::doors::Door;
 use crate::error::ApiError;
-use crate::http::json_bounds::JsonBounds;
-use crate::http::{AppState, serve};
-use crate::store::files::Owner;
+use crate::http::AppState;
+use crate::owner::Owner;
 use crate::store::{Store, StoreError, items};
-use crate::trace::{Outcome, ResponseGuard, StopCause};
 use axum::body::Bytes;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
 /// How often a running batch looks whether it is time to record, when nothing else happens.
@@ -41,7 +37,7 @@ pub struct Runner {
 }
 
 /// An input line to run: (line number, custom_id, body).
-type Line = (i64, String, Value);
+pub(super) type Line = (i64, String, Value);
 /// A line run: the line, and its outcome (succeeded, result line), or None if its slot was taken.
 type Ran = (Line, Option<(bool, String)>);
 
@@ -49,7 +45,12 @@ enum Stop {
     Done,
     Cancel,
     Expire,
+    /// Its results would pass what its owner's files (or all files) may hold: it takes no more lines.
+    Full(String),
 }
+
+/// The error a batch ends `failed` with when its output would not fit.
+const FULL: &str = "file_storage_limit_exceeded";
 
 impl Runner {
     pub async fn run(&self, id: &str) -> Result<(), StoreError> {
@@ -57,20 +58,27 @@ impl Runner {
             let Some(row) = self.store.db.get_batch(id).await? else { return Ok(()) };
             let mut batch: Value = serde_json::from_str(&row.batch).unwrap_or_default();
             let now = items::now();
+            let whose = Owner::from_stored(&row.owned_by);
             let next = match row.status.as_str() {
-                "validating" => self.validate(&mut batch).await?,
+                "validating" => self.validate(&mut batch, &whose).await?,
                 "in_progress" if now > batch["expires_at"].as_i64().unwrap_or(i64::MAX) => "expired",
-                "in_progress" => match self.lines(id, &mut batch, row.trace_context.as_deref()).await? {
+                "in_progress" => match self.lines(id, &mut batch, &whose, row.trace_context.as_deref()).await? {
                     Stop::Done => "finalizing",
                     Stop::Cancel => "cancelling",
                     Stop::Expire => "expired",
+                    Stop::Full(why) => {
+                        // What ran is kept (it fits); the batch ends `failed`, saying why, once it is written.
+                        batch["errors"] = object::errors(&[(0, FULL, why)]);
+                        "finalizing"
+                    }
                 },
-                "finalizing" => self.finish(id, &mut batch, "completed").await?,
-                "cancelling" => self.finish(id, &mut batch, "cancelled").await?,
+                "finalizing" if batch["errors"].is_object() => self.finish(id, &mut batch, &whose, "failed").await?,
+                "finalizing" => self.finish(id, &mut batch, &whose, "completed").await?,
+                "cancelling" => self.finish(id, &mut batch, &whose, "cancelled").await?,
                 _ => return Ok(()),
             };
             if next == "expired" {
-                self.finish(id, &mut batch, "expired").await?;
+                self.finish(id, &mut batch, &whose, "expired").await?;
                 return Ok(());
             }
             set_status(&mut batch, next, items::now());
@@ -89,13 +97,13 @@ impl Runner {
     }
 
     /// Check every line: `in_progress` with its count, or `failed` with the lines at fault.
-    async fn validate(&self, batch: &mut Value) -> Result<&'static str, StoreError> {
+    async fn validate(&self, batch: &mut Value, whose: &Owner) -> Result<&'static str, StoreError> {
         let endpoint = batch["endpoint"].as_str().unwrap_or_default().to_string();
         let mut errors = Vec::new();
         let mut ids = HashSet::new();
         let mut total = 0;
         let (lines_max, bounds) = (object::lines_max(&endpoint), self.st.config.json_bounds());
-        match self.input(batch).await {
+        match self.input(batch, whose).await {
             Ok(mut lines) => loop {
                 let line = match lines.next_line().await {
                     Ok(Some(line)) => line,
@@ -135,15 +143,38 @@ impl Runner {
     }
 
     /// The input file's lines, none read past `--max-batch-line-bytes`.
-    async fn input(&self, batch: &Value) -> Result<InputLines<tokio::fs::File>, String> {
+    async fn input(&self, batch: &Value, whose: &Owner) -> Result<InputLines<tokio::fs::File>, String> {
         let file_id = batch["input_file_id"].as_str().unwrap_or_default();
-        let (_, file) = self.store.file_content(file_id).await.map_err(|e| e.to_string())?;
+        let (_, file) = self.store.file_content(file_id, whose).await.map_err(|e| e.to_string())?;
         Ok(InputLines::new(file, self.st.config.max_batch_line_bytes))
     }
 
-    /// Run every line not done yet, in idle slots, until all are done, the batch is cancelled, or it expires.
-    /// `trace_context`: the span of the request that created it, which the lines' spans link to.
-    async fn lines(&self, id: &str, batch: &mut Value, trace_context: Option<&str>) -> Result<Stop, StoreError> {
+    /// What the batch's results may still grow by: the room left under the files total and under its owner's
+    /// share (its output and error files will hold them). None: no cap.
+    async fn room(&self, whose: &Owner) -> Result<Option<i64>, StoreError> {
+        let Some(files) = &self.store.files else { return Ok(None) };
+        let mut room: Option<i64> = None;
+        if let Some(cap) = files.total_max {
+            room = Some(cap as i64 - self.store.db.files_bytes(None).await?);
+        }
+        if let Some(cap) = files.owner_max {
+            let left = cap as i64 - self.store.db.files_bytes(Some(whose.as_str())).await?;
+            room = Some(room.map_or(left, |r| r.min(left)));
+        }
+        Ok(room)
+    }
+
+    /// Run every line not done yet, in the slots the lane deals it, until all are done, the batch is cancelled, it
+    /// expires, or its results would not fit in the files (a line starts only while what the results hold, and
+    /// the largest result so far for each line running and this one, fits). `trace_context`: the span of the
+    /// request that created it, which the lines' spans link to.
+    async fn lines(
+        &self,
+        id: &str,
+        batch: &mut Value,
+        whose: &Owner,
+        trace_context: Option<&str>,
+    ) -> Result<Stop, StoreError> {
         let endpoint = batch["endpoint"].as_str().unwrap_or_default().to_string();
         let traces = LineTraces::new(&self.st, id, trace_context);
         let Some(door) = door(&endpoint) else { return Ok(Stop::Cancel) };
@@ -151,7 +182,11 @@ impl Runner {
         let total = batch["request_counts"]["total"].as_i64().unwrap_or(0);
         let (done, _) = self.store.db.done_lines(id).await?;
         let done: HashSet<i64> = done.into_iter().collect();
-        let Ok(mut input) = self.input(batch).await else { return Ok(Stop::Cancel) };
+        let Ok(mut input) = self.input(batch, whose).await else { return Ok(Stop::Cancel) };
+        let mut room = self.room(whose).await?;
+        let mut held = self.store.db.results_bytes(id).await?;
+        let mut largest = 0i64;
+        let mut full: Option<String> = None;
         let bounds = self.st.config.json_bounds();
         let mut line_no = -1i64;
         let mut retry: VecDeque<Line> = VecDeque::new();
@@ -161,14 +196,33 @@ impl Runner {
         let mut recorded = Instant::now();
         let mut seat = self.lane.join();
         let stop = loop {
+            // Until a result's size is known, one line at a time: a slot's worth of lines of unknown size could pass
+            // the room together.
+            let sizing = room.is_some() && largest == 0 && !running.is_empty();
             // A slot is dealt to this batch in its turn while it has a line to run (none while the server drains or
             // a rank is down: the lines wait, for this replica or the one that takes the batch over).
-            seat.want(!exhausted || !retry.is_empty());
+            seat.want((!exhausted || !retry.is_empty()) && full.is_none() && !sizing);
+            if let Some(why) = &full
+                && running.is_empty()
+            {
+                break Stop::Full(why.clone());
+            }
             if exhausted && retry.is_empty() && running.is_empty() {
                 break Stop::Done;
             }
             tokio::select! {
                 Some((slot, stopped)) = seat.slot() => {
+                    let pending: i64 = results.iter().map(|(_, _, r)| r.len() as i64 + 1).sum();
+                    if let Some(room) = room
+                        && held + pending + (running.len() as i64 + 1) * largest > room
+                    {
+                        full = Some(format!(
+                            "The batch's results hold {} bytes and would pass the {room} bytes left for its files \
+                             (--files-max-total-bytes, --files-max-bytes-per-owner): it took no more lines.",
+                            held + pending
+                        ));
+                        continue; // the slot goes back with its drop
+                    }
                     let next = match retry.pop_front() {
                         Some(line) => Some(line),
                         None => next_line(&mut input, &mut line_no, &done, &endpoint, bounds).await,
@@ -177,23 +231,29 @@ impl Runner {
                         // The slot goes back with its drop, to the next batch in turn.
                         None => exhausted = true,
                         Some((no, custom_id, body)) => {
-                            let (st, traces) = (self.st.clone(), traces.clone());
+                            let (st, traces, whose) = (self.st.clone(), traces.clone(), whose.clone());
                             running.spawn(async move {
-                                let outcome = run_line(&st, door, &custom_id, body.clone(), slot, stopped, traces).await;
+                                let outcome =
+                                    run_line(&st, door, &custom_id, body.clone(), whose, slot, stopped, traces).await;
                                 ((no, custom_id, body), outcome)
                             });
                         }
                     }
                 }
                 Some(Ok((line, outcome))) = running.join_next() => match outcome {
-                    Some((ok, result)) => results.push((line.0, ok, result)),
+                    Some((ok, result)) => {
+                        largest = largest.max(result.len() as i64 + 1);
+                        results.push((line.0, ok, result));
+                    }
                     None => retry.push_back(line), // a client's request took its slot
                 },
                 () = tokio::time::sleep(LOOK_EVERY) => {}
             }
             if recorded.elapsed() >= RECORD_EVERY {
                 recorded = Instant::now();
+                held += results.iter().map(|(_, _, r)| r.len() as i64 + 1).sum::<i64>();
                 self.record(id, batch, total, &mut results).await?;
+                room = self.room(whose).await?;
                 let status = self.store.db.get_batch(id).await?.map(|b| b.status);
                 if status.as_deref() == Some("cancelling") {
                     break Stop::Cancel;
@@ -230,7 +290,15 @@ impl Runner {
     }
 
     /// Write the output and error files from the recorded results, then end as `status`.
-    async fn finish(&self, id: &str, batch: &mut Value, status: &'static str) -> Result<&'static str, StoreError> {
+    /// A results file that does not fit (the caps, or a full disk) ends the batch `failed`, saying so, with nothing
+    /// half-written kept.
+    async fn finish(
+        &self,
+        id: &str,
+        batch: &mut Value,
+        whose: &Owner,
+        mut status: &'static str,
+    ) -> Result<&'static str, StoreError> {
         let (done, failed) = self.store.db.done_lines(id).await?;
         let total = batch["request_counts"]["total"].as_i64().unwrap_or(0);
         set_counts(batch, total, done.len() as i64 - failed, failed);
@@ -242,8 +310,13 @@ impl Runner {
                 continue;
             }
             let expires_after = batch[OUTPUT_EXPIRES_AFTER].as_i64();
-            match self.results_file(id, ok, expires_after).await {
+            match self.results_file(id, ok, whose, expires_after).await {
                 Ok(file) => batch[key] = json!(file),
+                Err(e @ (ApiError::FilesFull { .. } | ApiError::DiskFull(_))) => {
+                    tracing::warn!(batch_id = %id, "a batch's results file did not fit: {e}");
+                    batch["errors"] = object::errors(&[(0, FULL, format!("Its results file was not kept: {e}"))]);
+                    status = "failed";
+                }
                 Err(e) => tracing::error!(batch_id = %id, "could not write a batch's results file: {e}"),
             }
         }
@@ -257,7 +330,13 @@ impl Runner {
 
     /// One file of results (the succeeded or the failed lines) in line order, expiring `expires_after` seconds from
     /// now if the batch asked (`output_expires_after`); its id.
-    async fn results_file(&self, id: &str, ok: bool, expires_after: Option<i64>) -> Result<String, ApiError> {
+    async fn results_file(
+        &self,
+        id: &str,
+        ok: bool,
+        whose: &Owner,
+        expires_after: Option<i64>,
+    ) -> Result<String, ApiError> {
         let db = self.store.db.clone();
         let (id, from) = (id.to_string(), 0i64);
         let pages = futures_util::stream::unfold(Some(from), move |from| {
@@ -276,80 +355,9 @@ impl Runner {
                 }
             }
         });
-        let up = self.store.receive(pages.boxed(), Owner::Server).await?;
+        let up = self.store.receive(pages.boxed(), whose).await?;
         let name = if ok { "batch_output.jsonl" } else { "batch_errors.jsonl" };
         let file = self.store.keep_file(up, name, "batch_output", expires_after).await?;
         Ok(file["id"].as_str().unwrap_or_default().to_string())
     }
-}
-
-/// The next input line not done yet: (line number, custom_id, body). A line past the bounds ends the input (the
-/// batch was validated under them; a bound lowered since stops it there, never reading the line whole).
-async fn next_line(
-    input: &mut InputLines<tokio::fs::File>,
-    line_no: &mut i64,
-    done: &HashSet<i64>,
-    endpoint: &str,
-    bounds: JsonBounds,
-) -> Option<Line> {
-    while let Ok(Some(text)) = input.next_line().await {
-        *line_no += 1;
-        if done.contains(line_no) {
-            continue;
-        }
-        if let Ok((custom_id, body)) = parse_line(&text, endpoint, bounds) {
-            return Some((*line_no, custom_id, body));
-        }
-    }
-    None
-}
-
-/// Run one line through the request path in its slot: (succeeded, its result line), or None if a client's
-/// request took the slot first (the line runs again later, with a span of its own).
-async fn run_line(
-    st: &Arc<AppState>,
-    door: Door,
-    custom_id: &str,
-    mut body: Value,
-    slot: Permit,
-    mut stopped: oneshot::Receiver<()>,
-    traces: Option<Arc<LineTraces>>,
-) -> Option<(bool, String)> {
-    body["stream"] = json!(false);
-    let request_id = crate::ids::random_id("batch_req");
-    let raw = serde_json::to_vec(&body).unwrap_or_default();
-    let arrival = Instant::now();
-    let trace = traces.and_then(|t| t.begin(st, door, custom_id, &request_id, arrival));
-    let traced = trace.as_ref().map(|t| (t.clone(), ResponseGuard::new(t.clone())));
-    let served = async {
-        let req = door.parse(&raw, &st.config.served_model_names)?;
-        serve(st, door, req, arrival, request_id.clone(), None, Some(slot), traced).await
-    };
-    tokio::pin!(served);
-    // Dropped before `served` (whose drop aborts the request): a line the runner stops (its batch cancelled or
-    // expired, or its slot given up) says so in its span.
-    let mut stop = StopCause::new(trace.clone(), "batch_stopped");
-    let answered = tokio::select! {
-        answered = &mut served => answered,
-        // A closed channel is the slot's normal end, not a preemption: keep waiting for the answer then.
-        Ok(()) = &mut stopped => {
-            stop.cause = "batch_preempted";
-            return None;
-        }
-    };
-    stop.disarm(); // it ran to its end: it ends as its request did
-    let (status, bytes) = match answered {
-        Err(ApiError::Unavailable(_)) => return None, // draining, or a rank down: not the line's fault
-        Ok(resp) => {
-            let status = resp.status().as_u16();
-            (status, axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap_or_default())
-        }
-        Err(e) => {
-            if let Some(t) = &trace {
-                t.ended(Outcome::of(e.status().as_u16(), e.code()));
-            }
-            (e.status().as_u16(), Bytes::from(door.envelope(&e)))
-        }
-    };
-    Some((status == 200, result_line(custom_id, &request_id, status, &bytes)))
 }

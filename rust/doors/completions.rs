@@ -124,6 +124,7 @@ fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
         previous_response_id: None,
         conversation: None,
         background: false,
+        owner: Default::default(),
         body: serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?,
     })
 }

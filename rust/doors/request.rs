@@ -31,6 +31,8 @@ pub struct GenerateRequest {
     pub conversation: Option<String>,
     /// Run it in the background (Responses' `background: true`): answered at once, re-read by its id.
     pub background: bool,
+    /// Whose it is (its API key's owner): what it stores is that owner's, and it continues only that owner's.
+    pub owner: crate::owner::Owner,
     pub body: Vec<u8>,
 }
 
@@ -77,6 +79,7 @@ pub fn plain<D: Spec>(
         previous_response_id: None,
         conversation: None,
         background: false,
+        owner: Default::default(),
         body: serde_json::to_vec(&body).map_err(|_| ApiError::Internal)?,
     })
 }

@@ -13,7 +13,6 @@ use super::generate::{serve, sse_response};
 use super::traced::Traced;
 use crate::doors::{Door, GenerateRequest};
 use crate::error::ApiError;
-use crate::owner::Owner;
 use crate::store::background::Run;
 use crate::store::{Store, StoredResponse, failed, items};
 use crate::trace::body::{TracedBody, TracedStream};
@@ -38,21 +37,21 @@ pub async fn start(
     req: GenerateRequest,
     arrival: Instant,
     request_id: String,
-    owner: &Owner,
     traced: Traced,
 ) -> Result<Response, ApiError> {
     let Some(store) = st.store.clone() else {
         let msg = "This server keeps no responses (its state store is off): background responses need it.";
         return Err(ApiError::bad_param("background", msg));
     };
-    // What the request names must be there now: a 400 or 404 at once, not a failed response later.
+    // Room for what it will store, and what it names must be there now: a 4xx at once, not a failed response later.
+    store.room_for(&req.owner).await?;
     if let Some(prev) = &req.previous_response_id
-        && store.load(prev).await?.is_none()
+        && store.load(prev, &req.owner).await?.is_none()
     {
         return Err(ApiError::PreviousResponseNotFound(prev.clone()));
     }
     if let Some(conv) = &req.conversation {
-        store.conversation(conv).await.map_err(|_| ApiError::NotFound {
+        store.conversation(conv, &req.owner).await.map_err(|_| ApiError::NotFound {
             what: "Conversation",
             id: conv.clone(),
             param: Some("conversation"),
@@ -60,7 +59,7 @@ pub async fn start(
     }
     let response_id = format!("{}{:016x}", door.id_prefix(), crate::ids::random_u64());
     // A place in the background lane, or its own 429 (`store::background`).
-    let run = store.runs.start(&response_id, Some(owner))?;
+    let run = store.runs.start(&response_id, Some(&req.owner))?;
     let mut body: Value = serde_json::from_slice(&req.body).map_err(|_| ApiError::Internal)?;
     let queued = queued_response(&body, &response_id);
     // In the store before the client has its id: `GET` answers from any replica.
@@ -69,9 +68,10 @@ pub async fn start(
         created_at: items::now(),
         model: req.model.clone(),
         previous_response_id: req.previous_response_id.clone(),
-        context: "[]".into(),
+        context: crate::store::CHAINED.into(),
         input_items: Value::Array(items::own_items(body.get("input"))).to_string(),
         response: queued.to_string(),
+        owned_by: req.owner.as_str().to_string(),
     };
     if let Err(e) = store.db.put_responses(None, &[&row]).await {
         store.runs.forget(&response_id);
@@ -87,8 +87,9 @@ pub async fn start(
         return Err(failed(e));
     }
     let (guard, run_trace) = traces(st, traced, &req, &response_id, arrival, door, &request_id);
+    let (owner, ran) = (req.owner.clone(), run.clone());
     let task =
-        tokio::spawn(run_in_background(st.clone(), store, door, body, arrival, request_id, run.clone(), run_trace));
+        tokio::spawn(run_in_background(st.clone(), store, door, body, owner, arrival, request_id, ran, run_trace));
     run.set_task(task.abort_handle());
     if req.stream {
         let events = run.follow(None);
@@ -136,6 +137,7 @@ pub(super) async fn run_in_background(
     store: Arc<Store>,
     door: Door,
     body: Bytes,
+    owner: crate::owner::Owner,
     arrival: Instant,
     request_id: String,
     run: Arc<Run>,
@@ -146,7 +148,10 @@ pub(super) async fn run_in_background(
     let outcome = loop {
         let traced = trace.as_ref().map(|t| (t.clone(), ResponseGuard::new(t.clone())));
         let served = match door.parse(&body, &st.config.served_model_names) {
-            Ok(req) => serve(&st, door, req, arrival, request_id.clone(), Some(run.clone()), None, traced).await,
+            Ok(mut req) => {
+                req.owner = owner.clone();
+                serve(&st, door, req, arrival, request_id.clone(), Some(run.clone()), None, traced).await
+            }
             Err(e) => Err(e),
         };
         match served {
@@ -201,13 +206,13 @@ pub async fn cancel(store: &Arc<Store>, id: &str) -> Result<Option<Response>, Ap
         return Ok(Some(Json(cancelled).into_response()));
     }
     store.settled(id).await;
-    let stored = store.load(id).await?.ok_or(ApiError::Internal)?;
+    let stored = store.load_any(id).await?.ok_or(ApiError::Internal)?;
     Ok(Some(([(axum::http::header::CONTENT_TYPE, "application/json")], stored.response).into_response()))
 }
 
 /// Record the Response as it stands with `status` (and its error), and tell readers of its stream.
 async fn end_as(store: &Store, run: &Run, status: &str, error: Option<Value>) -> Value {
-    let stored = store.load(&run.id).await.ok().flatten();
+    let stored = store.load_any(&run.id).await.ok().flatten();
     let mut response: Value = match run.latest() {
         Some(text) => serde_json::from_slice(&text).unwrap_or_default(),
         None => stored.as_ref().and_then(|r| serde_json::from_str(&r.response).ok()).unwrap_or_default(),

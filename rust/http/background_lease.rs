@@ -62,10 +62,10 @@ pub fn start(st: Arc<AppState>, store: Arc<Store>) {
 
 /// Run again a background response whose replica stopped, unless it ended after all.
 async fn resume(st: &Arc<AppState>, store: &Arc<Store>, id: String, body: String) {
-    let running = match store.load(&id).await {
-        Ok(Some(row)) => is_running(&row.response),
-        Ok(None) => false, // deleted meanwhile
-        Err(_) => return,  // the claim runs out again; whoever holds it then tries again
+    let (running, owner) = match store.load_any(&id).await {
+        Ok(Some(row)) => (is_running(&row.response), crate::owner::Owner::from_stored(&row.owned_by)),
+        Ok(None) => (false, Default::default()), // deleted meanwhile
+        Err(_) => return,                        // the claim runs out again; whoever holds it then tries again
     };
     if !running {
         let _ = store.db.end_run(&id).await;
@@ -81,6 +81,7 @@ async fn resume(st: &Arc<AppState>, store: &Arc<Store>, id: String, body: String
         store.clone(),
         Door::Responses,
         Bytes::from(body),
+        owner,
         Instant::now(),
         request_id,
         run.clone(),

@@ -10,6 +10,7 @@ use crate::batches::input::{Refused, scan};
 use crate::batches::object::{self, ENDPOINTS, new_batch, shown};
 use crate::doors::Door;
 use crate::error::ApiError;
+use crate::owner::Owner;
 use crate::store::conversations::checked_metadata;
 use crate::store::files::EXPIRES_AFTER_S;
 use crate::store::{Store, StoredBatch, failed, items};
@@ -25,7 +26,12 @@ use std::time::Instant;
 const PAGE_MAX: usize = 100;
 
 /// Traced, its span is the one the batch's lines link to: kept with the batch (`trace_context`).
-pub async fn create(State(st): State<Arc<AppState>>, parent: TraceParent, RawBody(body): RawBody) -> Response {
+pub async fn create(
+    State(st): State<Arc<AppState>>,
+    owner: Owner,
+    parent: TraceParent,
+    RawBody(body): RawBody,
+) -> Response {
     let traced = parent.begin(&st, Instant::now(), "create_batch", "/v1/batches");
     let created: Result<Response, ApiError> = async {
         let store = store(&st)?;
@@ -47,7 +53,7 @@ pub async fn create(State(st): State<Arc<AppState>>, parent: TraceParent, RawBod
         }
         let metadata = checked_metadata(body.get("metadata"))?;
         let output_expires_after = output_expiry(body.get("output_expires_after"))?;
-        let file = store.file(input_file_id).await.map_err(|e| match e {
+        let file = store.file(input_file_id, &owner).await.map_err(|e| match e {
             ApiError::NotFound { what, id, .. } => ApiError::NotFound { what, id, param: Some("input_file_id") },
             e => e,
         })?;
@@ -56,7 +62,7 @@ pub async fn create(State(st): State<Arc<AppState>>, parent: TraceParent, RawBod
         }
         // Its lines, checked now rather than by the runner: a file kept before --max-batch-line-bytes was lowered,
         // or one of more requests than a batch runs, is this request's 400, not a batch that fails later.
-        let (_, content) = store.file_content(input_file_id).await?;
+        let (_, content) = store.file_content(input_file_id, &owner).await?;
         let max_line = st.config.max_batch_line_bytes;
         if let Err(e) = scan(content, max_line, object::lines_max(endpoint)).await {
             return Err(match e {
@@ -71,8 +77,8 @@ pub async fn create(State(st): State<Arc<AppState>>, parent: TraceParent, RawBod
             batch[object::OUTPUT_EXPIRES_AFTER] = json!(seconds);
         }
         let trace_context = stored_context(&traced, "deepinfer.batch.id", &id);
-        let row =
-            StoredBatch { id, created_at: now, status: "validating".into(), batch: batch.to_string(), trace_context };
+        let (status, batch_text, owned_by) = ("validating".into(), batch.to_string(), owner.as_str().to_string());
+        let row = StoredBatch { id, created_at: now, status, batch: batch_text, trace_context, owned_by };
         store.db.put_batch(&row).await.map_err(failed)?;
         store.batch_bell.notify_one();
         Ok(Json(shown(&batch)).into_response())
@@ -99,8 +105,8 @@ fn output_expiry(v: Option<&Value>) -> Result<Option<i64>, ApiError> {
     }
 }
 
-pub async fn retrieve(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    answer(async { Ok(Json(shown(&find(store(&st)?, &id).await?.1)).into_response()) }).await
+pub async fn retrieve(State(st): State<Arc<AppState>>, Path(id): Path<String>, owner: Owner) -> Response {
+    answer(async { Ok(Json(shown(&find(store(&st)?, &id, &owner).await?.1)).into_response()) }).await
 }
 
 #[derive(Deserialize)]
@@ -109,14 +115,22 @@ pub struct ListQuery {
     limit: Option<usize>,
 }
 
-pub async fn list(State(st): State<Arc<AppState>>, q: Result<Query<ListQuery>, QueryRejection>) -> Response {
+pub async fn list(
+    State(st): State<Arc<AppState>>,
+    owner: Owner,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Response {
     answer(async {
         let Query(q) = q.map_err(bad_query)?;
         let limit = q.limit.unwrap_or(20);
         if !(1..=PAGE_MAX).contains(&limit) {
             return Err(ApiError::bad_param("limit", format!("'limit' must be between 1 and {PAGE_MAX}.")));
         }
-        let page = store(&st)?.db.list_batches("batch_", q.after.as_deref(), limit as i64 + 1).await.map_err(failed)?;
+        let page = store(&st)?
+            .db
+            .list_batches("batch_", owner.as_str(), q.after.as_deref(), limit as i64 + 1)
+            .await
+            .map_err(failed)?;
         let Some(mut page) = page else {
             return Err(ApiError::bad_param("after", "No batch with that id."));
         };
@@ -131,8 +145,9 @@ pub async fn list(State(st): State<Arc<AppState>>, q: Result<Query<ListQuery>, Q
 
 /// A batch not yet finished goes `cancelling`; its runner (on any replica) stops its lines and writes what they
 /// made. One already finished is answered as it is.
-pub async fn cancel(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+pub async fn cancel(State(st): State<Arc<AppState>>, Path(id): Path<String>, owner: Owner) -> Response {
     answer(async {
+        find(store(&st)?, &id, &owner).await?;
         let cancelled = crate::batches::cancel(store(&st)?, &id).await.map_err(failed)?;
         let (_, batch) = cancelled.ok_or_else(|| ApiError::NotFound { what: "Batch", id: id.clone(), param: None })?;
         Ok(Json(shown(&batch)).into_response())
@@ -140,8 +155,9 @@ pub async fn cancel(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> 
     .await
 }
 
-async fn find(store: &Store, id: &str) -> Result<(String, Value), ApiError> {
-    let row = store.db.get_batch(id).await.map_err(failed)?;
+/// `owner`'s batch: another owner's is not found.
+async fn find(store: &Store, id: &str, owner: &Owner) -> Result<(String, Value), ApiError> {
+    let row = store.db.get_batch(id).await.map_err(failed)?.filter(|b| b.owned_by == owner.as_str());
     let row = row.ok_or_else(|| ApiError::NotFound { what: "Batch", id: id.to_string(), param: None })?;
     Ok((row.status, serde_json::from_str(&row.batch).unwrap_or_default()))
 }

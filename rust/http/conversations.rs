@@ -7,6 +7,7 @@ use super::AppState;
 use super::body::RawBody;
 use super::stored::{PageQuery, answer, bad_query, list_page, page_bounds};
 use crate::error::ApiError;
+use crate::owner::Owner;
 use crate::store::Store;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
@@ -16,38 +17,48 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use std::sync::Arc;
 
-pub async fn create(State(st): State<Arc<AppState>>, RawBody(body): RawBody) -> Response {
+pub async fn create(State(st): State<Arc<AppState>>, owner: Owner, RawBody(body): RawBody) -> Response {
     answer(async {
         let body = json_body(body?, &["items", "metadata", "safety_identifier"])?;
         let items = items_of(&body, false)?;
-        Ok(Json(store(&st)?.create_conversation(&items, body.get("metadata")).await?).into_response())
+        Ok(Json(store(&st)?.create_conversation(&owner, &items, body.get("metadata")).await?).into_response())
     })
     .await
 }
 
-pub async fn retrieve(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    answer(async { Ok(Json(store(&st)?.conversation(&id).await?).into_response()) }).await
+pub async fn retrieve(State(st): State<Arc<AppState>>, Path(id): Path<String>, owner: Owner) -> Response {
+    answer(async { Ok(Json(store(&st)?.conversation(&id, &owner).await?).into_response()) }).await
 }
 
-pub async fn update(State(st): State<Arc<AppState>>, Path(id): Path<String>, RawBody(body): RawBody) -> Response {
+pub async fn update(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    owner: Owner,
+    RawBody(body): RawBody,
+) -> Response {
     answer(async {
         let body = json_body(body?, &["metadata"])?;
         let Some(metadata) = body.get("metadata") else {
             return Err(ApiError::bad_param("metadata", "Missing required parameter: 'metadata'."));
         };
-        Ok(Json(store(&st)?.set_metadata(&id, Some(metadata)).await?).into_response())
+        Ok(Json(store(&st)?.set_metadata(&id, &owner, Some(metadata)).await?).into_response())
     })
     .await
 }
 
-pub async fn delete(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    answer(async { Ok(Json(store(&st)?.delete_conversation(&id).await?).into_response()) }).await
+pub async fn delete(State(st): State<Arc<AppState>>, Path(id): Path<String>, owner: Owner) -> Response {
+    answer(async { Ok(Json(store(&st)?.delete_conversation(&id, &owner).await?).into_response()) }).await
 }
 
-pub async fn add_items(State(st): State<Arc<AppState>>, Path(id): Path<String>, RawBody(body): RawBody) -> Response {
+pub async fn add_items(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    owner: Owner,
+    RawBody(body): RawBody,
+) -> Response {
     answer(async {
         let body = json_body(body?, &["items"])?;
-        let added = store(&st)?.add_items(&id, &items_of(&body, true)?).await?;
+        let added = store(&st)?.add_items(&id, &owner, &items_of(&body, true)?).await?;
         Ok(Json(list_page(added, false)).into_response())
     })
     .await
@@ -56,28 +67,37 @@ pub async fn add_items(State(st): State<Arc<AppState>>, Path(id): Path<String>, 
 pub async fn list_items(
     State(st): State<Arc<AppState>>,
     Path(id): Path<String>,
+    owner: Owner,
     q: Result<Query<PageQuery>, QueryRejection>,
 ) -> Response {
     answer(async {
         let Query(q) = q.map_err(bad_query)?;
         let (limit, ascending) = page_bounds(&q)?;
-        let page = store(&st)?.list_items(&id, q.after.as_deref(), limit as i64, ascending).await?;
+        let page = store(&st)?.list_items(&id, &owner, q.after.as_deref(), limit as i64, ascending).await?;
         let items = page.items.iter().map(|i| serde_json::from_str(i).map_err(|_| ApiError::Internal));
         Ok(Json(list_page(items.collect::<Result<_, _>>()?, page.has_more)).into_response())
     })
     .await
 }
 
-pub async fn get_item(State(st): State<Arc<AppState>>, Path((id, item_id)): Path<(String, String)>) -> Response {
+pub async fn get_item(
+    State(st): State<Arc<AppState>>,
+    Path((id, item_id)): Path<(String, String)>,
+    owner: Owner,
+) -> Response {
     answer(async {
-        let item = store(&st)?.item(&id, &item_id).await?;
+        let item = store(&st)?.item(&id, &owner, &item_id).await?;
         Ok(([(header::CONTENT_TYPE, "application/json")], item).into_response())
     })
     .await
 }
 
-pub async fn delete_item(State(st): State<Arc<AppState>>, Path((id, item_id)): Path<(String, String)>) -> Response {
-    answer(async { Ok(Json(store(&st)?.delete_item(&id, &item_id).await?).into_response()) }).await
+pub async fn delete_item(
+    State(st): State<Arc<AppState>>,
+    Path((id, item_id)): Path<(String, String)>,
+    owner: Owner,
+) -> Response {
+    answer(async { Ok(Json(store(&st)?.delete_item(&id, &owner, &item_id).await?).into_response()) }).await
 }
 
 fn store(st: &AppState) -> Result<&Arc<Store>, ApiError> {

@@ -11,8 +11,9 @@ use super::stored::{answer, bad_query, list_page};
 use crate::batches::input::{Refused, scan};
 use crate::client_io::LongerDeadline;
 use crate::error::ApiError;
+use crate::owner::Owner;
 use crate::store::Store;
-use crate::store::files::{EXPIRES_AFTER_S, Owner, PURPOSES, Upload, file_object};
+use crate::store::files::{EXPIRES_AFTER_S, PURPOSES, Upload, file_object};
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, Request, State};
@@ -31,6 +32,7 @@ const PAGE_MAX: usize = 10_000;
 /// `longer`: the upload deadline the listener offers this request, granted here, past the key check and routing.
 pub async fn upload(
     State(st): State<Arc<AppState>>,
+    owner: Owner,
     longer: Option<Extension<LongerDeadline>>,
     req: Request,
 ) -> Response {
@@ -53,7 +55,7 @@ pub async fn upload(
             let name = field.name().unwrap_or_default().to_string();
             if name == "file" {
                 filename = field.file_name().unwrap_or("upload").to_string();
-                file = Some(store.receive(field, Owner::Client).await?);
+                file = Some(store.receive(field, &owner).await?);
             } else {
                 let text = small_text(field).await?.ok_or_else(|| {
                     ApiError::bad_param(&name, format!("'{name}' is not text of at most {TEXT_MAX} bytes."))
@@ -108,7 +110,11 @@ pub struct ListQuery {
     purpose: Option<String>,
 }
 
-pub async fn list(State(st): State<Arc<AppState>>, q: Result<Query<ListQuery>, QueryRejection>) -> Response {
+pub async fn list(
+    State(st): State<Arc<AppState>>,
+    owner: Owner,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Response {
     answer(async {
         let Query(q) = q.map_err(bad_query)?;
         let limit = q.limit.unwrap_or(PAGE_MAX);
@@ -121,24 +127,24 @@ pub async fn list(State(st): State<Arc<AppState>>, q: Result<Query<ListQuery>, Q
             Some(_) => return Err(ApiError::bad_param("order", "'order' must be 'asc' or 'desc'.")),
         };
         let (data, has_more) =
-            store(&st)?.list_files(q.after.as_deref(), limit, ascending, q.purpose.as_deref()).await?;
+            store(&st)?.list_files(&owner, q.after.as_deref(), limit, ascending, q.purpose.as_deref()).await?;
         Ok(Json(list_page(data, has_more)).into_response())
     })
     .await
 }
 
-pub async fn retrieve(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    answer(async { Ok(Json(file_object(&store(&st)?.file(&id).await?)).into_response()) }).await
+pub async fn retrieve(State(st): State<Arc<AppState>>, Path(id): Path<String>, owner: Owner) -> Response {
+    answer(async { Ok(Json(file_object(&store(&st)?.file(&id, &owner).await?)).into_response()) }).await
 }
 
-pub async fn delete(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    answer(async { Ok(Json(store(&st)?.delete_file(&id).await?).into_response()) }).await
+pub async fn delete(State(st): State<Arc<AppState>>, Path(id): Path<String>, owner: Owner) -> Response {
+    answer(async { Ok(Json(store(&st)?.delete_file(&id, &owner).await?).into_response()) }).await
 }
 
 /// The content as uploaded, streamed from disk.
-pub async fn content(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+pub async fn content(State(st): State<Arc<AppState>>, Path(id): Path<String>, owner: Owner) -> Response {
     answer(async {
-        let (f, content) = store(&st)?.file_content(&id).await?;
+        let (f, content) = store(&st)?.file_content(&id, &owner).await?;
         let body = Body::from_stream(tokio_util_stream(content));
         let headers = [
             (header::CONTENT_TYPE, "application/octet-stream".to_string()),

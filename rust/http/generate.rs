@@ -50,7 +50,7 @@ pub async fn generate(
     // not while a slow client is still sending it (axum allocates a handler's future, the largest of its states
     // included, before the body), nor for the 408s of a thousand trickled bodies that time out together.
     let handled = match body {
-        Ok(body) => Box::pin(handle(&st, door, body, arrival, request_id.clone(), owner, traced)).await,
+        Ok(body) => Box::pin(handle(&st, door, body, owner, arrival, request_id.clone(), traced)).await,
         Err(e) => Err(e),
     };
     match handled {
@@ -78,14 +78,15 @@ async fn handle(
     st: &Arc<AppState>,
     door: Door,
     body: Bytes,
+    owner: Owner,
     arrival: Instant,
     request_id: String,
-    owner: Owner,
     traced: Option<(Arc<RequestTrace>, ResponseGuard)>,
 ) -> Result<Response, ApiError> {
-    let req = door.parse(&body, &st.config.served_model_names)?;
+    let mut req = door.parse(&body, &st.config.served_model_names)?;
+    req.owner = owner;
     if req.background {
-        return super::background::start(st, door, req, arrival, request_id, &owner, traced).await;
+        return super::background::start(st, door, req, arrival, request_id, traced).await;
     }
     serve(st, door, req, arrival, request_id, None, None, traced).await
 }
@@ -302,7 +303,7 @@ async fn stored(st: &AppState, req: &mut GenerateRequest) -> Result<Option<Keep>
     };
     let body = std::mem::take(&mut req.body);
     let (previous, conversation) = (req.previous_response_id.take(), req.conversation.take());
-    let (body, keep) = store.continue_from(body, previous, conversation, req.store).await?;
+    let (body, keep) = store.continue_from(body, previous, conversation, req.store, req.owner.clone()).await?;
     req.body = body;
     Ok(Some(keep))
 }

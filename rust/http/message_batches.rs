@@ -8,7 +8,7 @@ use super::traced::{TraceParent, answered, stored_context};
 use crate::batches::object::{MESSAGE_LINES_MAX, MESSAGES, new_batch, set_counts};
 use crate::doors::Door;
 use crate::error::ApiError;
-use crate::store::files::Owner;
+use crate::owner::Owner;
 use crate::store::{Store, StoredBatch, failed, items};
 use axum::Json;
 use axum::body::Bytes;
@@ -30,7 +30,12 @@ const PAGE_MAX: usize = 1000;
 const PREFIX: &str = "msgbatch_";
 
 /// Traced, its span is the one the batch's lines link to: kept with the batch (`trace_context`).
-pub async fn create(State(st): State<Arc<AppState>>, parent: TraceParent, RawBody(body): RawBody) -> Response {
+pub async fn create(
+    State(st): State<Arc<AppState>>,
+    owner: Owner,
+    parent: TraceParent,
+    RawBody(body): RawBody,
+) -> Response {
     let traced = parent.begin(&st, Instant::now(), "create_batch", "/v1/messages/batches");
     let created: Result<Response, ApiError> = async {
         let store = store(&st)?;
@@ -72,7 +77,7 @@ pub async fn create(State(st): State<Arc<AppState>>, parent: TraceParent, RawBod
             lines.push('\n');
         }
         let chunks = stream::iter([Ok::<_, std::convert::Infallible>(Bytes::from(lines))]);
-        let up = store.receive(chunks, Owner::Client).await?;
+        let up = store.receive(chunks, &owner).await?;
         let file = store.keep_file(up, "message_batch.jsonl", "batch", None).await?;
         let now = items::now();
         let id = crate::ids::random_id(PREFIX.trim_end_matches('_'));
@@ -81,8 +86,8 @@ pub async fn create(State(st): State<Arc<AppState>>, parent: TraceParent, RawBod
         set_counts(&mut batch, requests.len() as i64, 0, 0); // known now: a batch cancelled at once counts them
 
         let trace_context = stored_context(&traced, "deepinfer.batch.id", &id);
-        let row =
-            StoredBatch { id, created_at: now, status: "validating".into(), batch: batch.to_string(), trace_context };
+        let (status, batch_text, owned_by) = ("validating".into(), batch.to_string(), owner.as_str().to_string());
+        let row = StoredBatch { id, created_at: now, status, batch: batch_text, trace_context, owned_by };
         store.db.put_batch(&row).await.map_err(failed)?;
         store.batch_bell.notify_one();
         Ok(Json(message_batch(&row.status, &batch)).into_response())
@@ -91,9 +96,9 @@ pub async fn create(State(st): State<Arc<AppState>>, parent: TraceParent, RawBod
     answered(traced, created, |e| Door::Messages.respond(e))
 }
 
-pub async fn retrieve(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+pub async fn retrieve(State(st): State<Arc<AppState>>, Path(id): Path<String>, owner: Owner) -> Response {
     answer(async {
-        let (status, batch) = find(store(&st)?, &id).await?;
+        let (status, batch) = find(store(&st)?, &id, &owner).await?;
         Ok(Json(message_batch(&status, &batch)).into_response())
     })
     .await
@@ -106,15 +111,20 @@ pub struct ListQuery {
 }
 
 /// Newest first, `after_id` pages on (Anthropic's cursor); only message batches.
-pub async fn list(State(st): State<Arc<AppState>>, q: Result<Query<ListQuery>, QueryRejection>) -> Response {
+pub async fn list(
+    State(st): State<Arc<AppState>>,
+    owner: Owner,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Response {
     answer(async {
         let Query(q) = q.map_err(|e| ApiError::bad_request(format!("Invalid query string: {}", e.body_text())))?;
         let limit = q.limit.unwrap_or(20);
         if !(1..=PAGE_MAX).contains(&limit) {
             return Err(ApiError::bad_param("limit", format!("'limit' must be between 1 and {PAGE_MAX}.")));
         }
+        let after = q.after_id.as_deref();
         let page =
-            store(&st)?.db.list_batches(PREFIX, q.after_id.as_deref(), limit as i64 + 1).await.map_err(failed)?;
+            store(&st)?.db.list_batches(PREFIX, owner.as_str(), after, limit as i64 + 1).await.map_err(failed)?;
         let mut page = page.ok_or_else(|| ApiError::bad_param("after_id", "No message batch with that id."))?;
         let has_more = page.len() > limit;
         page.truncate(limit);
@@ -129,10 +139,10 @@ pub async fn list(State(st): State<Arc<AppState>>, q: Result<Query<ListQuery>, Q
     .await
 }
 
-pub async fn cancel(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+pub async fn cancel(State(st): State<Arc<AppState>>, Path(id): Path<String>, owner: Owner) -> Response {
     answer(async {
         let store = store(&st)?;
-        find(store, &id).await?; // a message batch's id
+        find(store, &id, &owner).await?; // a message batch's id
         let cancelled = crate::batches::cancel(store, &id).await.map_err(failed)?;
         let (status, batch) = cancelled.ok_or(ApiError::Internal)?;
         Ok(Json(message_batch(&status, &batch)).into_response())
@@ -141,10 +151,10 @@ pub async fn cancel(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> 
 }
 
 /// Only an ended batch may be deleted (Anthropic's rule); its files go with it.
-pub async fn delete(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+pub async fn delete(State(st): State<Arc<AppState>>, Path(id): Path<String>, owner: Owner) -> Response {
     answer(async {
         let store = store(&st)?;
-        let (status, batch) = find(store, &id).await?;
+        let (status, batch) = find(store, &id, &owner).await?;
         if !ended(&status) {
             return Err(ApiError::bad_request(
                 "A message batch that has not ended cannot be deleted; cancel it first.",
@@ -152,7 +162,7 @@ pub async fn delete(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> 
         }
         for key in ["input_file_id", "output_file_id", "error_file_id"] {
             if let Some(file) = batch.get(key).and_then(Value::as_str) {
-                let _ = store.delete_file(file).await;
+                let _ = store.delete_file(file, &owner).await;
             }
         }
         store.db.delete_batch(&id).await.map_err(failed)?;
@@ -163,17 +173,17 @@ pub async fn delete(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> 
 
 /// JSONL, one line per request: `succeeded` with its Message, `errored` with its error, or `canceled` /
 /// `expired` for a request that never ran.
-pub async fn results(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+pub async fn results(State(st): State<Arc<AppState>>, Path(id): Path<String>, owner: Owner) -> Response {
     answer(async {
         let store = store(&st)?;
-        let (status, batch) = find(store, &id).await?;
+        let (status, batch) = find(store, &id, &owner).await?;
         if !ended(&status) {
             return Err(ApiError::bad_request("The message batch has not ended: its results are not ready."));
         }
         let mut by_id: HashMap<String, Value> = HashMap::new();
         for key in ["output_file_id", "error_file_id"] {
             let Some(file) = batch.get(key).and_then(Value::as_str) else { continue };
-            for line in read_file(store, file).await?.lines() {
+            for line in read_file(store, file, &owner).await?.lines() {
                 let Ok(r) = serde_json::from_str::<Value>(line) else { continue };
                 let custom_id = r["custom_id"].as_str().unwrap_or_default().to_string();
                 let body = r["response"]["body"].clone();
@@ -188,7 +198,7 @@ pub async fn results(State(st): State<Arc<AppState>>, Path(id): Path<String>) ->
         let never = if status == "expired" { "expired" } else { "canceled" };
         let mut out = String::new();
         let input = batch["input_file_id"].as_str().unwrap_or_default();
-        for line in read_file(store, input).await?.lines() {
+        for line in read_file(store, input, &owner).await?.lines() {
             let Ok(r) = serde_json::from_str::<Value>(line) else { continue };
             let custom_id = r["custom_id"].as_str().unwrap_or_default().to_string();
             let result = by_id.remove(&custom_id).unwrap_or_else(|| json!({"type": never}));
@@ -241,15 +251,17 @@ fn rfc3339(secs: i64) -> String {
     super::worker::rfc3339(secs.max(0) as u64, 0)
 }
 
-async fn read_file(store: &Store, id: &str) -> Result<String, ApiError> {
-    let (_, mut file) = store.file_content(id).await?;
+async fn read_file(store: &Store, id: &str, owner: &Owner) -> Result<String, ApiError> {
+    let (_, mut file) = store.file_content(id, owner).await?;
     let mut text = String::new();
     tokio::io::AsyncReadExt::read_to_string(&mut file, &mut text).await.map_err(|_| ApiError::Store)?;
     Ok(text)
 }
 
-async fn find(store: &Store, id: &str) -> Result<(String, Value), ApiError> {
-    let row = store.db.get_batch(id).await.map_err(failed)?.filter(|b| b.id.starts_with(PREFIX));
+/// `owner`'s message batch: another owner's is not found.
+async fn find(store: &Store, id: &str, owner: &Owner) -> Result<(String, Value), ApiError> {
+    let row = store.db.get_batch(id).await.map_err(failed)?;
+    let row = row.filter(|b| b.id.starts_with(PREFIX) && b.owned_by == owner.as_str());
     let row = row.ok_or_else(|| ApiError::NotFound { what: "Message batch", id: id.to_string(), param: None })?;
     Ok((row.status, serde_json::from_str(&row.batch).unwrap_or_default()))
 }

@@ -5,6 +5,7 @@
 use super::AppState;
 use crate::doors::Door;
 use crate::error::ApiError;
+use crate::owner::Owner;
 use crate::store::StoredResponse;
 use axum::Json;
 use axum::body::Body;
@@ -22,15 +23,17 @@ const PAGE_MAX: usize = 100;
 pub async fn get_response(
     State(st): State<Arc<AppState>>,
     Path(id): Path<String>,
+    owner: Owner,
     q: Result<Query<GetQuery>, QueryRejection>,
 ) -> Response {
     answer(async {
         let Query(q) = q.map_err(bad_query)?;
+        // Its owner's only, running or not (a background response is stored from the moment it is queued).
+        let r = find(&st, &id, &owner).await?;
         let run = st.store.as_ref().and_then(|s| s.runs.get(&id));
         if q.stream == Some(true) {
             // A background response's stream, from after `starting_after`, while this replica keeps it.
             let Some(run) = run else {
-                find(&st, &id).await?;
                 let msg = "Only a background response's stream can be read again, on the replica that runs it, for \
                     up to 10 minutes after it ends.";
                 return Err(ApiError::bad_param("stream", msg));
@@ -53,16 +56,15 @@ pub async fn get_response(
         if let Some(latest) = run.filter(|r| !r.finished()).and_then(|r| r.latest()) {
             return Ok(([(header::CONTENT_TYPE, "application/json")], latest).into_response());
         }
-        let r = find(&st, &id).await?;
         Ok(([(header::CONTENT_TYPE, "application/json")], r.response).into_response())
     })
     .await
 }
 
-pub async fn delete_response(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+pub async fn delete_response(State(st): State<Arc<AppState>>, Path(id): Path<String>, owner: Owner) -> Response {
     answer(async {
         let deleted = match &st.store {
-            Some(responses) => responses.delete(&id).await?,
+            Some(responses) => responses.delete(&id, &owner).await?,
             None => false,
         };
         if !deleted {
@@ -73,14 +75,14 @@ pub async fn delete_response(State(st): State<Arc<AppState>>, Path(id): Path<Str
     .await
 }
 
-pub async fn cancel_response(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+pub async fn cancel_response(State(st): State<Arc<AppState>>, Path(id): Path<String>, owner: Owner) -> Response {
     answer(async {
+        let r = find(&st, &id, &owner).await?;
         if let Some(store) = &st.store
             && let Some(answer) = super::background::cancel(store, &id).await?
         {
             return Ok(answer);
         }
-        let r = find(&st, &id).await?;
         if r.response.contains(r#""background":true"#) {
             let msg = "This background response is no longer running: it has ended.";
             return Err(ApiError::bad_param("response_id", msg));
@@ -93,12 +95,13 @@ pub async fn cancel_response(State(st): State<Arc<AppState>>, Path(id): Path<Str
 pub async fn input_items(
     State(st): State<Arc<AppState>>,
     Path(id): Path<String>,
+    owner: Owner,
     q: Result<Query<PageQuery>, QueryRejection>,
 ) -> Response {
     answer(async {
         let Query(q) = q.map_err(bad_query)?;
         let (limit, ascending) = page_bounds(&q)?;
-        let r = find(&st, &id).await?;
+        let r = find(&st, &id, &owner).await?;
         let mut items: Vec<Value> = serde_json::from_str(&r.input_items).map_err(|_| ApiError::Internal)?;
         if !ascending {
             items.reverse();
@@ -154,9 +157,9 @@ pub fn page_bounds(q: &PageQuery) -> Result<(usize, bool), ApiError> {
     Ok((limit, ascending))
 }
 
-async fn find(st: &AppState, id: &str) -> Result<StoredResponse, ApiError> {
+async fn find(st: &AppState, id: &str, owner: &Owner) -> Result<StoredResponse, ApiError> {
     let Some(store) = &st.store else { return Err(not_found(id)) };
-    store.load(id).await?.ok_or_else(|| not_found(id))
+    store.load(id, owner).await?.ok_or_else(|| not_found(id))
 }
 
 /// A query string that does not parse (`limit=ten`): a 400 in the door's envelope, not axum's plain text.

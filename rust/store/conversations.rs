@@ -6,6 +6,7 @@ use super::queries::conversations::ItemPage;
 use super::responses::CONVERSATION_ITEMS_MAX;
 use super::{Store, StoredConversation, failed, items};
 use crate::error::ApiError;
+use crate::owner::Owner;
 use serde_json::{Map, Value, json};
 
 /// Most items one request adds (OpenAI's limit, for `items` on create and on the items route).
@@ -16,37 +17,45 @@ const METADATA_KEY: usize = 64;
 const METADATA_VALUE: usize = 512;
 
 impl Store {
-    /// A new conversation with its first items (checked: at most `ADD_MAX`).
-    pub async fn create_conversation(&self, items: &[Value], metadata: Option<&Value>) -> Result<Value, ApiError> {
+    /// A new conversation of `owner`'s with its first items (checked: at most `ADD_MAX`, each within the item
+    /// cap, and the owner within its share).
+    pub async fn create_conversation(
+        &self,
+        owner: &Owner,
+        items: &[Value],
+        metadata: Option<&Value>,
+    ) -> Result<Value, ApiError> {
         let metadata = checked_metadata(metadata)?;
-        let rows = checked_items(items)?;
+        let rows = self.checked_items(items)?;
+        self.room_for(owner).await?;
         let now = items::now();
         let c = StoredConversation {
             id: crate::ids::random_id("conv"),
             created_at: now,
             updated_at: now,
             metadata: metadata.to_string(),
+            owned_by: owner.as_str().to_string(),
         };
         self.db.put_conversation(&c, &rows).await.map_err(failed)?;
-        self.retention.grew(rows.iter().map(|(_, item)| item.len()).sum());
+        self.retention.grew(owner, rows.iter().map(|(_, item)| item.len()).sum());
         Ok(object(&c))
     }
 
-    pub async fn conversation(&self, id: &str) -> Result<Value, ApiError> {
-        Ok(object(&self.find(id).await?))
+    pub async fn conversation(&self, id: &str, owner: &Owner) -> Result<Value, ApiError> {
+        Ok(object(&self.find(id, owner).await?))
     }
 
-    pub async fn set_metadata(&self, id: &str, metadata: Option<&Value>) -> Result<Value, ApiError> {
+    pub async fn set_metadata(&self, id: &str, owner: &Owner, metadata: Option<&Value>) -> Result<Value, ApiError> {
         let metadata = checked_metadata(metadata)?;
-        self.settled(id).await;
+        self.find(id, owner).await?;
         if !self.db.set_conversation_metadata(id, &metadata.to_string(), items::now()).await.map_err(failed)? {
             return Err(not_found(id));
         }
-        self.conversation(id).await
+        self.conversation(id, owner).await
     }
 
-    pub async fn delete_conversation(&self, id: &str) -> Result<Value, ApiError> {
-        self.settled(id).await;
+    pub async fn delete_conversation(&self, id: &str, owner: &Owner) -> Result<Value, ApiError> {
+        self.find(id, owner).await?;
         if !self.db.delete_conversation(id).await.map_err(failed)? {
             return Err(not_found(id));
         }
@@ -54,9 +63,10 @@ impl Store {
     }
 
     /// Add items at its end; the items as added (with their ids).
-    pub async fn add_items(&self, id: &str, items: &[Value]) -> Result<Vec<Value>, ApiError> {
-        let rows = checked_items(items)?;
-        self.settled(id).await;
+    pub async fn add_items(&self, id: &str, owner: &Owner, items: &[Value]) -> Result<Vec<Value>, ApiError> {
+        let rows = self.checked_items(items)?;
+        self.find(id, owner).await?;
+        self.room_for(owner).await?;
         let held = self.db.count_items(id).await.map_err(failed)?;
         if held + rows.len() as i64 > CONVERSATION_ITEMS_MAX {
             return Err(full(id));
@@ -64,41 +74,53 @@ impl Store {
         if !self.db.append_items(id, &rows, items::now()).await.map_err(failed)? {
             return Err(not_found(id));
         }
-        self.retention.grew(rows.iter().map(|(_, item)| item.len()).sum());
+        self.retention.grew(owner, rows.iter().map(|(_, item)| item.len()).sum());
         rows.iter().map(|(_, item)| serde_json::from_str(item).map_err(|_| ApiError::Internal)).collect()
     }
 
-    pub async fn list_items(&self, id: &str, after: Option<&str>, limit: i64, asc: bool) -> Result<ItemPage, ApiError> {
-        self.find(id).await?;
+    pub async fn list_items(
+        &self,
+        id: &str,
+        owner: &Owner,
+        after: Option<&str>,
+        limit: i64,
+        asc: bool,
+    ) -> Result<ItemPage, ApiError> {
+        self.find(id, owner).await?;
         let page = self.db.list_items(id, after, limit, asc).await.map_err(failed)?;
         page.ok_or_else(|| ApiError::bad_param("after", format!("No item with id '{}'.", after.unwrap_or_default())))
     }
 
-    pub async fn item(&self, id: &str, item_id: &str) -> Result<String, ApiError> {
-        self.find(id).await?;
+    pub async fn item(&self, id: &str, owner: &Owner, item_id: &str) -> Result<String, ApiError> {
+        self.find(id, owner).await?;
         let item = self.db.get_item(id, item_id).await.map_err(failed)?;
         item.ok_or_else(|| ApiError::NotFound { what: "Item", id: item_id.to_string(), param: None })
     }
 
     /// Delete one item; the conversation, as OpenAI answers.
-    pub async fn delete_item(&self, id: &str, item_id: &str) -> Result<Value, ApiError> {
-        let c = self.find(id).await?;
+    pub async fn delete_item(&self, id: &str, owner: &Owner, item_id: &str) -> Result<Value, ApiError> {
+        let c = self.find(id, owner).await?;
         if !self.db.delete_item(id, item_id).await.map_err(failed)? {
             return Err(ApiError::NotFound { what: "Item", id: item_id.to_string(), param: None });
         }
         Ok(object(&c))
     }
 
-    /// The items a Responses request that names the conversation starts from, in order.
-    pub(super) async fn conversation_context(&self, id: &str) -> Result<Vec<Value>, ApiError> {
+    /// The items a Responses request that names the conversation starts from, in order: a 400 naming
+    /// `conversation` at once, before its items are read, if they hold more than `--state-store-max-chain-bytes`.
+    pub(super) async fn conversation_context(&self, id: &str, owner: &Owner) -> Result<Vec<Value>, ApiError> {
         let param = Some("conversation");
         self.settled(id).await;
-        if self.db.get_conversation(id).await.map_err(failed)?.is_none() {
+        let found = self.db.get_conversation(id).await.map_err(failed)?;
+        if found.is_none_or(|c| c.owned_by != owner.as_str()) {
             return Err(ApiError::NotFound { what: "Conversation", id: id.to_string(), param });
         }
-        let held = self.db.count_items(id).await.map_err(failed)?;
+        let (held, bytes) = self.db.conversation_size(id).await.map_err(failed)?;
         if held >= CONVERSATION_ITEMS_MAX {
             return Err(full(id));
+        }
+        if bytes as u64 > self.retention.chain_max {
+            return Err(super::responses::too_long("conversation", id, bytes, self.retention.chain_max));
         }
         let page = self
             .db
@@ -109,9 +131,25 @@ impl Store {
         page.items.iter().map(|i| serde_json::from_str(i).map_err(|_| ApiError::Internal)).collect()
     }
 
-    async fn find(&self, id: &str) -> Result<StoredConversation, ApiError> {
+    /// `owner`'s conversation `id`: another owner's is not found.
+    async fn find(&self, id: &str, owner: &Owner) -> Result<StoredConversation, ApiError> {
         self.settled(id).await;
-        self.db.get_conversation(id).await.map_err(failed)?.ok_or_else(|| not_found(id))
+        let c = self.db.get_conversation(id).await.map_err(failed)?;
+        c.filter(|c| c.owned_by == owner.as_str()).ok_or_else(|| not_found(id))
+    }
+
+    /// Items a client adds, checked: at most `ADD_MAX`, each an item no larger than `--state-store-max-item-bytes`.
+    fn checked_items(&self, items: &[Value]) -> Result<Vec<(String, String)>, ApiError> {
+        if items.len() > ADD_MAX {
+            return Err(ApiError::bad_param("items", format!("At most {ADD_MAX} items may be added at once.")));
+        }
+        let items = client_items(items).map_err(|(i, why)| ApiError::bad_param(&format!("items[{i}]"), why))?;
+        let max = self.retention.item_max;
+        if let Some((i, n)) = super::items::too_large(&items, max) {
+            let msg = format!("This item holds {n} bytes; the most an item stored here may hold is {max}.");
+            return Err(ApiError::bad_param(&format!("items[{i}]"), msg));
+        }
+        Ok(items.iter().map(row).collect())
     }
 }
 
@@ -119,14 +157,6 @@ impl Store {
 fn object(c: &StoredConversation) -> Value {
     let metadata: Value = serde_json::from_str(&c.metadata).unwrap_or_else(|_| json!({}));
     json!({"id": c.id, "object": "conversation", "created_at": c.created_at, "metadata": metadata})
-}
-
-fn checked_items(items: &[Value]) -> Result<Vec<(String, String)>, ApiError> {
-    if items.len() > ADD_MAX {
-        return Err(ApiError::bad_param("items", format!("At most {ADD_MAX} items may be added at once.")));
-    }
-    let items = client_items(items).map_err(|(i, why)| ApiError::bad_param(&format!("items[{i}]"), why))?;
-    Ok(items.iter().map(row).collect())
 }
 
 pub fn checked_metadata(metadata: Option<&Value>) -> Result<Value, ApiError> {

@@ -1,10 +1,13 @@
 //! Uploaded files (OpenAI's Files API) on top of the database: the metadata is a row, the content a file named by
 //! its id in the files directory (`--files-dir`: a volume every replica mounts when they share a store). An
-//! upload is streamed to disk under a temporary name, counted against `--max-file-bytes` and against what all files
-//! may hold (`--files-max-total-bytes`), and renamed once its row is in; a deleted or expired file is gone from both.
+//! upload is streamed to disk under a temporary name, counted against `--max-file-bytes`, against what all files
+//! may hold (`--files-max-total-bytes`) and against its owner's share (`--files-max-bytes-per-owner`), and renamed
+//! once its row is in; a deleted or expired file is gone from both. A batch's results are files of its owner's,
+//! counted the same way (`crate::batches`). A disk that fills as a file is written is a 507, the partial file gone.
 
 use super::{Store, StoredFile, failed, items};
 use crate::error::ApiError;
+use crate::owner::Owner;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use serde_json::{Value, json};
@@ -27,6 +30,8 @@ pub struct FileRoom {
     pub max_bytes: u64,
     /// Most bytes all stored files may hold together; None: no cap.
     pub total_max: Option<u64>,
+    /// Most bytes one owner's files may hold; None: no cap.
+    pub owner_max: Option<u64>,
     /// Bytes of the uploads arriving here now, not yet in a row: an upload that cannot fit beside them is refused
     /// as it arrives, not once it is whole. (Replicas sharing a store each count their own.)
     arriving: Arc<AtomicU64>,
@@ -36,8 +41,9 @@ pub struct FileRoom {
 }
 
 impl FileRoom {
-    pub fn new(dir: PathBuf, max_bytes: u64, total_max: Option<u64>) -> Self {
-        FileRoom { dir, max_bytes, total_max, arriving: Arc::default(), keeping: tokio::sync::Mutex::new(()) }
+    pub fn new(dir: PathBuf, max_bytes: u64, total_max: Option<u64>, owner_max: Option<u64>) -> Self {
+        let keeping = tokio::sync::Mutex::new(());
+        FileRoom { dir, max_bytes, total_max, owner_max, arriving: Arc::default(), keeping }
     }
 }
 
@@ -49,8 +55,8 @@ pub struct Upload {
     pub bytes: u64,
     /// The room's count of arriving bytes, which this upload's bytes are in until it is kept or dropped.
     arriving: Arc<AtomicU64>,
-    /// The total it must fit under (a client's upload, when there is one).
-    cap: Option<u64>,
+    /// Whose it will be.
+    pub owner: Owner,
 }
 
 impl Upload {
@@ -73,36 +79,50 @@ impl Drop for Upload {
     }
 }
 
-/// Whose bytes an upload holds: a client's count against `--files-max-total-bytes`; the server's own (a batch's
-/// results) are written whatever the total, or a batch that ran would lose what it made.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Owner {
-    Client,
-    Server,
-}
-
 impl Store {
     fn room(&self) -> Result<&FileRoom, ApiError> {
         self.files.as_ref().ok_or_else(|| ApiError::bad_request("This server keeps no files: its state store is off."))
     }
 
-    /// Write an upload's content to disk as it arrives: a 413 past `--max-file-bytes`, or for a client's, past
-    /// what all files may hold (`--files-max-total-bytes`, with the uploads arriving beside it).
+    /// What is stored, and what `owner` stores, against the caps: a 413 if `more` bytes would pass either.
+    pub async fn fits(&self, owner: &Owner, more: u64) -> Result<(), ApiError> {
+        let room = self.room()?;
+        if let Some(cap) = room.total_max {
+            let stored = self.db.files_bytes(None).await.map_err(failed)?.max(0) as u64;
+            if stored + more > cap {
+                return Err(ApiError::FilesFull { stored, cap, whose: "stored here" });
+            }
+        }
+        if let Some(cap) = room.owner_max {
+            let stored = self.db.files_bytes(Some(owner.as_str())).await.map_err(failed)?.max(0) as u64;
+            if stored + more > cap {
+                return Err(ApiError::FilesFull { stored, cap, whose: "you store" });
+            }
+        }
+        Ok(())
+    }
+
+    /// Write an upload's content to disk as it arrives: a 413 past `--max-file-bytes`, past what all files may hold
+    /// (`--files-max-total-bytes`, with the uploads arriving beside it) or past `owner`'s share.
     pub async fn receive<E: std::fmt::Display>(
         &self,
         mut content: impl Stream<Item = Result<Bytes, E>> + Unpin,
-        owner: Owner,
+        owner: &Owner,
     ) -> Result<Upload, ApiError> {
         let room = self.room()?;
-        let cap = room.total_max.filter(|_| owner == Owner::Client);
-        let stored = match cap {
-            Some(_) => self.db.files_bytes().await.map_err(failed)?.max(0) as u64,
-            None => 0,
+        let capped = room.total_max.is_some() || room.owner_max.is_some();
+        let (stored, mine) = match capped {
+            true => (
+                self.db.files_bytes(None).await.map_err(failed)?.max(0) as u64,
+                self.db.files_bytes(Some(owner.as_str())).await.map_err(failed)?.max(0) as u64,
+            ),
+            false => (0, 0),
         };
         let id = crate::ids::random_id("file");
         let path = room.dir.join(format!("{id}.part"));
         let file = tokio::fs::File::create(&path).await.map_err(disk)?;
-        let mut up = Upload { id, path, file: Some(file), bytes: 0, arriving: room.arriving.clone(), cap };
+        let arriving = room.arriving.clone();
+        let mut up = Upload { id, path, file: Some(file), bytes: 0, arriving, owner: owner.clone() };
         while let Some(chunk) = content.next().await {
             let chunk = chunk.map_err(|e| ApiError::bad_request(format!("The upload could not be read: {e}")))?;
             let n = chunk.len() as u64;
@@ -111,10 +131,15 @@ impl Store {
             if up.bytes > room.max_bytes {
                 return Err(ApiError::PayloadTooLarge(room.max_bytes as usize));
             }
-            if let Some(cap) = cap
+            if let Some(cap) = room.total_max
                 && stored + arriving > cap
             {
-                return Err(ApiError::FilesFull { stored: stored + arriving - up.bytes, cap });
+                return Err(ApiError::FilesFull { stored: stored + arriving - up.bytes, cap, whose: "stored here" });
+            }
+            if let Some(cap) = room.owner_max
+                && mine + up.bytes > cap
+            {
+                return Err(ApiError::FilesFull { stored: mine, cap, whose: "you store" });
             }
             up.file.as_mut().expect("open while receiving").write_all(&chunk).await.map_err(disk)?;
         }
@@ -131,17 +156,10 @@ impl Store {
     ) -> Result<Value, ApiError> {
         let room = self.room()?;
         up.file.as_mut().expect("open until kept").sync_all().await.map_err(disk)?;
-        let _keeping = match up.cap {
-            Some(cap) => {
-                let keeping = room.keeping.lock().await;
-                let stored = self.db.files_bytes().await.map_err(failed)?.max(0) as u64;
-                if stored + up.bytes > cap {
-                    return Err(ApiError::FilesFull { stored, cap });
-                }
-                Some(keeping)
-            }
-            None => None,
-        };
+        let _keeping = room.keeping.lock().await;
+        // Counted again from the rows, under the lock: two uploads that arrived side by side are not both kept
+        // past a cap.
+        self.fits(&up.owner, up.bytes).await?;
         let now = items::now();
         let f = StoredFile {
             id: up.id.clone(),
@@ -150,6 +168,7 @@ impl Store {
             bytes: up.bytes as i64,
             filename: filename.chars().take(NAME_MAX).collect(),
             purpose: purpose.to_string(),
+            owned_by: up.owner.as_str().to_string(),
         };
         tokio::fs::rename(&up.path, content_path(&room.dir, &f.id)).await.map_err(disk)?;
         up.file = None; // renamed: nothing to remove
@@ -162,15 +181,17 @@ impl Store {
         Ok(file_object(&f))
     }
 
-    pub async fn file(&self, id: &str) -> Result<StoredFile, ApiError> {
+    /// `owner`'s file (another owner's is not found).
+    pub async fn file(&self, id: &str, owner: &Owner) -> Result<StoredFile, ApiError> {
         self.room()?;
         let f = self.db.get_file(id).await.map_err(failed)?;
-        f.filter(|f| f.expires_at.is_none_or(|at| at >= items::now())).ok_or_else(|| not_found(id))
+        let live = |f: &StoredFile| f.expires_at.is_none_or(|at| at >= items::now()) && f.owned_by == owner.as_str();
+        f.filter(live).ok_or_else(|| not_found(id))
     }
 
     /// The file and its content, open for reading.
-    pub async fn file_content(&self, id: &str) -> Result<(StoredFile, tokio::fs::File), ApiError> {
-        let f = self.file(id).await?;
+    pub async fn file_content(&self, id: &str, owner: &Owner) -> Result<(StoredFile, tokio::fs::File), ApiError> {
+        let f = self.file(id, owner).await?;
         let content = tokio::fs::File::open(content_path(&self.room()?.dir, id)).await.map_err(|e| {
             tracing::error!(file_id = %id, "the content of a stored file cannot be read: {e}");
             ApiError::Store
@@ -180,13 +201,15 @@ impl Store {
 
     pub async fn list_files(
         &self,
+        owner: &Owner,
         after: Option<&str>,
         limit: usize,
         ascending: bool,
         purpose: Option<&str>,
     ) -> Result<(Vec<Value>, bool), ApiError> {
         self.room()?;
-        let page = self.db.list_files(after, limit as i64 + 1, ascending, purpose).await.map_err(failed)?;
+        let page =
+            self.db.list_files(owner.as_str(), after, limit as i64 + 1, ascending, purpose).await.map_err(failed)?;
         let Some(mut page) = page else {
             return Err(ApiError::bad_param("after", format!("No file with id '{}'.", after.unwrap_or_default())));
         };
@@ -195,9 +218,9 @@ impl Store {
         Ok((page.iter().map(file_object).collect(), has_more))
     }
 
-    pub async fn delete_file(&self, id: &str) -> Result<Value, ApiError> {
+    pub async fn delete_file(&self, id: &str, owner: &Owner) -> Result<Value, ApiError> {
         let room = self.room()?;
-        if !self.db.delete_file(id).await.map_err(failed)? {
+        if !self.db.delete_file(id, owner.as_str()).await.map_err(failed)? {
             return Err(not_found(id));
         }
         remove_content(&room.dir, id).await;
@@ -250,7 +273,13 @@ fn not_found(id: &str) -> ApiError {
     ApiError::NotFound { what: "File", id: id.to_string(), param: None }
 }
 
+/// A failure of the files directory: a 507 when it is full (ENOSPC, or a quota's EDQUOT), else a 500.
 fn disk(e: std::io::Error) -> ApiError {
     tracing::error!("the files directory failed: {e}");
-    ApiError::Store
+    if is_full(&e) { ApiError::DiskFull("the file") } else { ApiError::Store }
+}
+
+/// Whether a write failed for want of room.
+pub fn is_full(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::StorageFull || matches!(e.raw_os_error(), Some(28 | 122))
 }

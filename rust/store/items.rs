@@ -41,8 +41,55 @@ pub fn client_items(items: &[Value]) -> Result<Vec<Value>, (usize, String)> {
     Ok(out)
 }
 
+/// The fields kept of each item type the prompt reads: what deepseek-recipe converts, and what OpenAI's items list
+/// shows. Anything else a client sends (unknown keys, a reasoning item's `summary` and `encrypted_content`, which
+/// the prompt never holds) is not stored, nor copied along a chain. Other types are kept whole.
+const KEPT: &[(&str, &[&str])] = &[
+    ("message", &["type", "id", "role", "content", "status", "phase"]),
+    ("reasoning", &["type", "id", "content", "status"]),
+    ("function_call", &["type", "id", "call_id", "name", "namespace", "arguments", "status"]),
+    ("function_call_output", &["type", "id", "call_id", "output", "status"]),
+    ("custom_tool_call", &["type", "id", "call_id", "name", "namespace", "input", "status"]),
+    ("custom_tool_call_output", &["type", "id", "call_id", "output", "status"]),
+];
+/// A message's content parts' fields (text, images, files, and what an assistant's text carries).
+const PART_KEPT: &[&str] = &[
+    "type",
+    "text",
+    "image_url",
+    "file_id",
+    "file_url",
+    "file_data",
+    "filename",
+    "detail",
+    "annotations",
+    "logprobs",
+    "refusal",
+];
+
+/// Drop what the prompt does not read (`KEPT`); a reasoning item keeps an empty `summary`, as OpenAI's schema has one.
+fn keep_only_the_prompts(obj: &mut Map<String, Value>) {
+    let kind = obj.get("type").and_then(Value::as_str).unwrap_or_default().to_string();
+    let Some((_, kept)) = KEPT.iter().find(|(k, _)| *k == kind) else { return };
+    obj.retain(|k, _| kept.contains(&k.as_str()));
+    if kind == "reasoning" {
+        obj.insert("summary".into(), json!([]));
+    }
+    if let Some(Value::Array(parts)) = obj.get_mut("content") {
+        for part in parts.iter_mut().filter_map(Value::as_object_mut) {
+            part.retain(|k, _| PART_KEPT.contains(&k.as_str()));
+        }
+    }
+}
+
+/// The first item (its index, and its size) whose stored JSON is larger than `max` bytes.
+pub fn too_large(items: &[Value], max: u64) -> Option<(usize, usize)> {
+    items.iter().map(|i| i.to_string().len()).enumerate().find(|(_, n)| *n as u64 > max)
+}
+
 fn normalize(obj: &mut Map<String, Value>) {
     obj.entry("type").or_insert_with(|| json!("message"));
+    keep_only_the_prompts(obj);
     // A message's text as the list of parts OpenAI lists it as (`input_text`; `output_text` for what the assistant
     // said).
     if let Some(Value::String(text)) = obj.get("content") {
@@ -77,11 +124,18 @@ pub fn row(item: &Value) -> (String, String) {
     (item.get("id").and_then(Value::as_str).unwrap_or_default().to_string(), item.to_string())
 }
 
-/// The items a continuation of `r` starts from: its chain's, its own input's, and its output.
-pub fn chain_items(r: &StoredResponse) -> Option<Vec<Value>> {
-    let mut items: Vec<Value> = serde_json::from_str(&r.context).ok()?;
-    items.extend(serde_json::from_str::<Vec<Value>>(&r.input_items).ok()?);
-    items.extend(output_items(&serde_json::from_str(&r.response).ok()?));
+/// The items a continuation of a chain starts from: `chain` is its responses, oldest first, the first either the
+/// chain's start or a row that keeps a copy of what came before it (`context`); then each one's own input and
+/// output.
+pub fn chain_items(chain: &[StoredResponse]) -> Option<Vec<Value>> {
+    let mut items: Vec<Value> = Vec::new();
+    for r in chain {
+        if r.context != super::CHAINED {
+            items = serde_json::from_str(&r.context).ok()?;
+        }
+        items.extend(serde_json::from_str::<Vec<Value>>(&r.input_items).ok()?);
+        items.extend(output_items(&serde_json::from_str(&r.response).ok()?));
+    }
     Some(items)
 }
 
@@ -108,6 +162,24 @@ mod tests {
         assert_eq!(kept[0]["id"], "msg_x");
         assert_eq!(kept[0]["content"], json!([{"type": "input_text", "text": "a"}]));
         assert_eq!(kept[0]["type"], "message");
+    }
+
+    #[test]
+    fn what_the_prompt_drops_is_not_kept() {
+        let items = own_items(Some(&json!([
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "long"}], "encrypted_content": "x",
+             "content": [{"type": "reasoning_text", "text": "kept"}]},
+            {"role": "user", "content": [{"type": "input_text", "text": "hi", "junk": 1}], "extra": "x"},
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}", "pad": "x"},
+        ])));
+        assert_eq!(items[0]["summary"], json!([]));
+        assert!(items[0].get("encrypted_content").is_none());
+        assert_eq!(items[0]["content"][0]["text"], "kept");
+        assert_eq!(items[1]["content"], json!([{"type": "input_text", "text": "hi"}]));
+        assert!(items[1].get("extra").is_none() && items[2].get("pad").is_none());
+        assert_eq!(items[2]["arguments"], "{}");
+        assert_eq!(too_large(&items, 10_000), None);
+        assert_eq!(too_large(&items, 50).map(|(i, _)| i), Some(0));
     }
 
     #[test]

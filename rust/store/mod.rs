@@ -87,10 +87,25 @@ impl Store {
     }
 }
 
-/// A store error as the client sees it: a 500 with the store's code; the cause goes to the log.
+/// A store error as the client sees it: a 507 if the database's disk is full (nothing was kept: the write's
+/// transaction rolled back), else a 500 with the store's code; the cause goes to the log.
 pub fn failed(e: StoreError) -> ApiError {
     tracing::error!("{e}");
-    ApiError::Store
+    if e.disk_full() { ApiError::DiskFull("the record") } else { ApiError::Store }
+}
+
+impl StoreError {
+    /// Whether the database ran out of room: SQLite's SQLITE_FULL (13), PostgreSQL's disk_full (53100) or
+    /// ENOSPC underneath.
+    pub fn disk_full(&self) -> bool {
+        match self {
+            StoreError::Db(sqlx::Error::Database(e)) => {
+                matches!(e.code().as_deref(), Some("13" | "53100")) || e.message().contains("database or disk is full")
+            }
+            StoreError::Db(sqlx::Error::Io(e)) => e.raw_os_error() == Some(28),
+            _ => false,
+        }
+    }
 }
 
 /// A response as stored: its JSON as the client got it, and the items it was generated from.
@@ -100,13 +115,19 @@ pub struct StoredResponse {
     pub created_at: i64,
     pub model: String,
     pub previous_response_id: Option<String>,
-    /// JSON array: the items of the chain before this response's own input.
+    /// JSON array: the items of the chain before this response's own input, for rows written before chains were
+    /// walked; `CHAINED` (empty) for the others, whose chain is their previous responses' (`queries::responses`).
     pub context: String,
     /// JSON array: this request's own input items, each with an id.
     pub input_items: String,
     /// JSON object: the Response.
     pub response: String,
+    /// Whose it is (`crate::owner`): '' for the anonymous owner.
+    pub owned_by: String,
 }
+
+/// A response's `context` when it keeps only its own items: its chain is read through `previous_response_id`.
+pub const CHAINED: &str = "";
 
 /// A conversation as stored: its metadata (a JSON object) and times; its items are rows of their own.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -115,6 +136,7 @@ pub struct StoredConversation {
     pub created_at: i64,
     pub updated_at: i64,
     pub metadata: String,
+    pub owned_by: String,
 }
 
 /// An uploaded file's metadata; its content is a file named by its id in the files directory.
@@ -126,6 +148,7 @@ pub struct StoredFile {
     pub bytes: i64,
     pub filename: String,
     pub purpose: String,
+    pub owned_by: String,
 }
 
 /// A batch: its Batch object as clients read it, and its status for the runner's queries.
@@ -138,6 +161,7 @@ pub struct StoredBatch {
     /// The span of the request that created it (`crate::trace::stored`), which its lines' spans link to; None
     /// when traces were off.
     pub trace_context: Option<String>,
+    pub owned_by: String,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -10,8 +10,9 @@
 //!   write (`Store::settled`).
 
 use super::items::{self, chain_items, output_items, own_items};
-use super::{Db, Store, StoredResponse, WRITE_WAIT, failed};
+use super::{CHAINED, Db, Store, StoredResponse, WRITE_WAIT, failed};
 use crate::error::ApiError;
+use crate::owner::Owner;
 use crate::stream::Deliver;
 use bytes::Bytes;
 use serde_json::{Value, json};
@@ -41,8 +42,8 @@ pub struct Keep {
     pub previous: Option<String>,
     /// The conversation the request continues: its input and output are added to it.
     pub conversation: Option<String>,
-    /// The items before the request's own input (the chain's, or the conversation's).
-    context: Vec<Value>,
+    /// Whose the response (and the conversation's new items) will be.
+    pub owner: Owner,
     /// The request's body as the client sent it: its own input items are read from it as the record is written.
     body: Vec<u8>,
 }
@@ -55,44 +56,97 @@ impl Keep {
 }
 
 impl Store {
-    /// A stored response, waiting for it if it is being written.
-    pub async fn load(&self, id: &str) -> Result<Option<StoredResponse>, ApiError> {
+    /// `owner`'s stored response, waiting for it if it is being written (another owner's is not found).
+    pub async fn load(&self, id: &str, owner: &Owner) -> Result<Option<StoredResponse>, ApiError> {
+        self.settled(id).await;
+        let r = self.db.get_response(id).await.map_err(failed)?;
+        Ok(r.filter(|r| r.owned_by == owner.as_str()))
+    }
+
+    /// A stored response whoever owns it: for the server's own work on it (a background response's end).
+    pub async fn load_any(&self, id: &str) -> Result<Option<StoredResponse>, ApiError> {
         self.settled(id).await;
         self.db.get_response(id).await.map_err(failed)
     }
 
-    pub async fn delete(&self, id: &str) -> Result<bool, ApiError> {
+    pub async fn delete(&self, id: &str, owner: &Owner) -> Result<bool, ApiError> {
         self.settled(id).await; // a response being written is deleted once it is there
-        self.db.delete_response(id).await.map_err(failed)
+        self.db.delete_response(id, owner.as_str()).await.map_err(failed)
+    }
+
+    /// The items a continuation of `owner`'s response `prev` starts from: its chain's, walked through
+    /// `previous_response_id`. A chain larger than `--state-store-max-chain-bytes` is a 400 naming the parameter,
+    /// from its rows' sizes alone (its text is never read then); one whose earlier response is gone, a 400.
+    async fn chain_context(&self, prev: &str, owner: &Owner) -> Result<Vec<Value>, ApiError> {
+        // OpenAI's 400 previous_response_not_found, which Codex-style clients key on.
+        let not_found = |id: &str| ApiError::PreviousResponseNotFound(id.to_string());
+        self.load(prev, owner).await?.ok_or_else(|| not_found(prev))?;
+        let links = self.db.chain_sizes(prev).await.map_err(failed)?;
+        let bytes: i64 = links.iter().map(|l| l.bytes).sum();
+        if bytes as u64 > self.retention.chain_max {
+            return Err(too_long("previous_response_id", prev, bytes, self.retention.chain_max));
+        }
+        if let Some(last) = links.last()
+            && !last.copied
+            && let Some(gone) = &last.previous_response_id
+        {
+            let msg = format!(
+                "Response '{gone}', earlier in the chain of '{prev}', is no longer stored: the chain cannot be \
+                 continued."
+            );
+            return Err(ApiError::bad_param("previous_response_id", msg));
+        }
+        let ids: Vec<String> = links.iter().rev().map(|l| l.id.clone()).collect();
+        let chain = self.db.get_responses(&ids).await.map_err(failed)?;
+        if chain.len() != ids.len() {
+            return Err(not_found(prev)); // deleted as it was read
+        }
+        chain_items(&chain).ok_or(ApiError::Internal)
     }
 
     /// The body of a Responses request with the chain of `previous`, or the items of `conversation`, put before
-    /// its input, and what its own record will keep. A request that continues nothing is not parsed here.
+    /// its input, and what its own record will keep. A request that will store something is refused first if its
+    /// owner is past its share (a 429) or one of its input items past `--state-store-max-item-bytes` (a 400). A
+    /// request that continues nothing is parsed here only if it could hold such an item.
     pub async fn continue_from(
         &self,
         body: Vec<u8>,
         previous: Option<String>,
         conversation: Option<String>,
         store: bool,
+        owner: Owner,
     ) -> Result<(Vec<u8>, Keep), ApiError> {
-        let context = match (&previous, &conversation) {
-            (Some(prev), _) => {
-                let not_found = || ApiError::PreviousResponseNotFound(prev.clone());
-                let stored = self.load(prev).await?.ok_or_else(not_found)?;
-                chain_items(&stored).ok_or(ApiError::Internal)?
-            }
-            (None, Some(conv)) => self.conversation_context(conv).await?,
-            (None, None) => return Ok((body.clone(), Keep { store, previous, conversation, context: vec![], body })),
-        };
+        let writes = store || conversation.is_some();
+        if writes {
+            self.room_for(&owner).await?;
+        }
+        let item_max = self.retention.item_max;
+        let continues = previous.is_some() || conversation.is_some();
+        if !continues && (!writes || body.len() as u64 <= item_max) {
+            return Ok((body.clone(), Keep { store, previous, conversation, owner, body }));
+        }
         let mut v: Value = serde_json::from_slice(&body).map_err(|_| ApiError::Internal)?;
+        let own = own_items(v.get("input"));
+        if writes && let Some((i, n)) = items::too_large(&own, item_max) {
+            let msg = format!("This input item holds {n} bytes; the most an item stored here may hold is {item_max}.");
+            return Err(ApiError::bad_param(&format!("input[{i}]"), msg));
+        }
+        if !continues {
+            return Ok((body.clone(), Keep { store, previous, conversation, owner, body }));
+        }
+        let context = match (&previous, &conversation) {
+            (Some(prev), _) => self.chain_context(prev, &owner).await?,
+            (_, Some(conv)) => self.conversation_context(conv, &owner).await?,
+            (None, None) => unreachable!("continues"),
+        };
         let obj = v.as_object_mut().ok_or(ApiError::Internal)?;
         obj.remove("previous_response_id");
         obj.remove("conversation");
-        let mut input = context.clone();
-        input.extend(own_items(obj.get("input")));
+        let mut input = context;
+        input.extend(own);
         obj.insert("input".into(), Value::Array(input));
         let spliced = serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?;
-        Ok((spliced, Keep { store, previous, conversation, context, body }))
+        Ok((spliced, Keep { store, previous, conversation, owner, body }))
     }
 
     /// Record a finished response from its last bytes (a whole body, or a stream's final events), then `deliver`
@@ -151,7 +205,7 @@ pub(super) async fn write_all(store: Weak<Store>, db: Arc<Db>, mut queue: mpsc::
     while queue.recv_many(&mut batch, WRITE_BATCH).await > 0 {
         let records: Vec<Record> = batch.iter_mut().filter_map(to_record).collect();
         let stored: Vec<&StoredResponse> = records.iter().filter_map(|r| r.response.as_ref()).collect();
-        let mut grew = 0;
+        let mut grew: Vec<(&Owner, usize)> = Vec::new();
         if held.is_none() {
             held = db.hold().await.unwrap_or_else(|e| {
                 tracing::warn!("the store's writer has no connection of its own: {e}");
@@ -167,26 +221,32 @@ pub(super) async fn write_all(store: Weak<Store>, db: Arc<Db>, mut queue: mpsc::
             put = db.put_responses(None, &stored).await;
         }
         match put {
-            Ok(()) => {
-                grew += stored.iter().map(|r| r.context.len() + r.input_items.len() + r.response.len()).sum::<usize>()
-            }
+            Ok(()) => grew.extend(
+                records
+                    .iter()
+                    .filter_map(|r| Some((&r.owner, r.response.as_ref()?)))
+                    .map(|(o, r)| (o, r.context.len() + r.input_items.len() + r.response.len())),
+            ),
             Err(e) => tracing::error!(responses = stored.len(), "could not store responses: {e}"),
         }
-        for (conv, rows) in records.iter().filter_map(|r| r.conversation.as_ref()) {
+        for (owner, (conv, rows)) in records.iter().filter_map(|r| Some((&r.owner, r.conversation.as_ref()?))) {
             match db.append_items(conv, rows, items::now()).await {
-                Ok(true) => grew += rows.iter().map(|(_, item)| item.len()).sum::<usize>(),
+                Ok(true) => grew.push((owner, rows.iter().map(|(_, item)| item.len()).sum::<usize>())),
                 Ok(false) => tracing::info!(conversation = %conv, "a response's conversation was deleted meanwhile"),
                 Err(e) => tracing::error!(conversation = %conv, "could not add a response's items: {e}"),
             }
         }
         let Some(me) = store.upgrade() else { return };
-        me.retention.grew(grew);
+        for (owner, bytes) in grew {
+            me.retention.grew(owner, bytes);
+        }
         batch.drain(..).for_each(|w| me.finished(&w));
     }
 }
 
-/// What one finished response writes: its row, and the items its conversation gains.
+/// What one finished response writes: its row, and the items its conversation gains, and whose they are.
 struct Record {
+    owner: Owner,
     response: Option<StoredResponse>,
     conversation: Option<(String, Vec<(String, String)>)>,
 }
@@ -205,11 +265,22 @@ fn to_record(w: &mut Write) -> Option<Record> {
         created_at: items::now(),
         model: sent.get("model").and_then(Value::as_str).unwrap_or_default().to_string(),
         previous_response_id: keep.previous.clone(),
-        context: Value::Array(std::mem::take(&mut keep.context)).to_string(),
+        // Its own items only: the chain before it is its previous responses' (never a copy of them in each).
+        context: CHAINED.to_string(),
         input_items: Value::Array(own).to_string(),
         response: text,
+        owned_by: keep.owner.as_str().to_string(),
     });
-    Some(Record { response, conversation })
+    Some(Record { owner: keep.owner.clone(), response, conversation })
+}
+
+/// A chain or conversation too large to continue: a 400 naming the parameter, at once.
+pub(super) fn too_long(param: &str, id: &str, bytes: i64, max: u64) -> ApiError {
+    let msg = format!(
+        "'{id}' holds {bytes} bytes of stored items, more than the {max} a request may continue from here: start a \
+         new one with the input you need."
+    );
+    ApiError::bad_param(param, msg)
 }
 
 /// The Response in a finished request's last bytes, as text: a non-stream's whole body, or the `response` of a

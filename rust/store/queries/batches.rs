@@ -5,10 +5,11 @@ use crate::store::{StoreError, StoredBatch};
 
 impl Db {
     pub async fn put_batch(&self, b: &StoredBatch) -> Result<(), StoreError> {
-        let q = "INSERT INTO batches (id, created_at, status, batch, trace_context) VALUES ($1, $2, $3, $4, $5)";
+        let q = "INSERT INTO batches (id, created_at, status, batch, trace_context, owned_by) \
+                 VALUES ($1, $2, $3, $4, $5, $6)";
         on_pool!(self, |pool| {
             let q = sqlx::query(q).bind(&b.id).bind(b.created_at).bind(&b.status).bind(&b.batch);
-            q.bind(&b.trace_context).execute(pool).await?;
+            q.bind(&b.trace_context).bind(&b.owned_by).execute(pool).await?;
         });
         Ok(())
     }
@@ -33,27 +34,29 @@ impl Db {
     }
 
     pub async fn get_batch(&self, id: &str) -> Result<Option<StoredBatch>, StoreError> {
-        let q = "SELECT id, created_at, status, batch, trace_context FROM batches WHERE id = $1";
+        let q = "SELECT id, created_at, status, batch, trace_context, owned_by FROM batches WHERE id = $1";
         Ok(on_pool!(self, |pool| sqlx::query_as(q).bind(id).fetch_optional(pool).await?))
     }
 
-    /// Up to `limit` batches whose ids start with `kind` (`batch_`, or Anthropic's `msgbatch_`: each API lists its
-    /// own) made before `after` (newest first); None when `after` is not such a batch.
+    /// Up to `limit` of `owner`'s batches whose ids start with `kind` (`batch_`, or Anthropic's `msgbatch_`: each
+    /// API lists its own) made before `after` (newest first); None when `after` is not such a batch.
     pub async fn list_batches(
         &self,
         kind: &str,
+        owner: &str,
         after: Option<&str>,
         limit: i64,
     ) -> Result<Option<Vec<StoredBatch>>, StoreError> {
         let from = match after {
-            Some(after) => match self.get_batch(after).await?.filter(|b| b.id.starts_with(kind)) {
+            Some(after) => match self.get_batch(after).await?.filter(|b| b.id.starts_with(kind) && b.owned_by == owner)
+            {
                 Some(b) => (b.created_at, b.id),
                 None => return Ok(None),
             },
             None => (i64::MAX, String::new()),
         };
-        let q = "SELECT id, created_at, status, batch, trace_context FROM batches \
-                 WHERE substr(id, 1, $4) = $5 AND (created_at < $1 OR (created_at = $1 AND id < $2)) \
+        let q = "SELECT id, created_at, status, batch, trace_context, owned_by FROM batches \
+                 WHERE substr(id, 1, $4) = $5 AND (created_at < $1 OR (created_at = $1 AND id < $2)) AND owned_by = $6 \
                  ORDER BY created_at DESC, id DESC LIMIT $3";
         Ok(Some(on_pool!(self, |pool| sqlx::query_as(q)
             .bind(from.0)
@@ -61,6 +64,7 @@ impl Db {
             .bind(limit)
             .bind(kind.len() as i32)
             .bind(kind)
+            .bind(owner)
             .fetch_all(pool)
             .await?)))
     }
@@ -121,6 +125,12 @@ impl Db {
     }
 
     /// The results of one kind (succeeded or failed) in line order, from line `from` on, at most `limit`.
+    /// What a batch's recorded results hold, in characters (about their bytes): what its output files will.
+    pub async fn results_bytes(&self, id: &str) -> Result<i64, StoreError> {
+        let q = "SELECT CAST(COALESCE(SUM(LENGTH(result) + 1), 0) AS BIGINT) FROM batch_results WHERE batch_id = $1";
+        Ok(on_pool!(self, |pool| sqlx::query_scalar(q).bind(id).fetch_one(pool).await?))
+    }
+
     pub async fn results(&self, id: &str, ok: bool, from: i64, limit: i64) -> Result<Vec<(i64, String)>, StoreError> {
         let q = "SELECT line, result FROM batch_results WHERE batch_id = $1 AND ok = $2 AND line >= $3 \
                  ORDER BY line LIMIT $4";

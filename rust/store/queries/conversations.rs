@@ -11,22 +11,27 @@ pub struct ItemPage {
 }
 
 /// An item at the end of a conversation, with its size (for the store's size cap).
-const INSERT_ITEM: &str = "INSERT INTO conversation_items (conversation_id, id, item, bytes) VALUES ($1, $2, $3, $4)";
+const INSERT_ITEM: &str =
+    "INSERT INTO conversation_items (conversation_id, id, item, bytes, owned_by) VALUES ($1, $2, $3, $4, $5)";
 
 impl Db {
     /// A new conversation with its first items, in one transaction.
     pub async fn put_conversation(&self, c: &StoredConversation, items: &[(String, String)]) -> Result<(), StoreError> {
         on_pool!(self, |pool| {
             let mut tx = pool.begin().await?;
-            sqlx::query("INSERT INTO conversations (id, created_at, updated_at, metadata) VALUES ($1, $2, $3, $4)")
-                .bind(&c.id)
-                .bind(c.created_at)
-                .bind(c.updated_at)
-                .bind(&c.metadata)
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "INSERT INTO conversations (id, created_at, updated_at, metadata, owned_by) VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(&c.id)
+            .bind(c.created_at)
+            .bind(c.updated_at)
+            .bind(&c.metadata)
+            .bind(&c.owned_by)
+            .execute(&mut *tx)
+            .await?;
             for (id, item) in items {
                 let q = sqlx::query(INSERT_ITEM).bind(&c.id).bind(id).bind(item).bind(item.len() as i64);
+                let q = q.bind(&c.owned_by);
                 q.execute(&mut *tx).await?;
             }
             tx.commit().await?;
@@ -68,16 +73,17 @@ impl Db {
     pub async fn append_items(&self, id: &str, items: &[(String, String)], now: i64) -> Result<bool, StoreError> {
         on_pool!(self, |pool| {
             let mut tx = pool.begin().await?;
-            let touched = sqlx::query("UPDATE conversations SET updated_at = $2 WHERE id = $1")
-                .bind(id)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-            if touched.rows_affected() == 0 {
-                return Ok(false);
-            }
+            // Its items are its owner's, whoever adds them (a response's writer adds them too).
+            let owner: Option<String> =
+                sqlx::query_scalar("UPDATE conversations SET updated_at = $2 WHERE id = $1 RETURNING owned_by")
+                    .bind(id)
+                    .bind(now)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            let Some(owner) = owner else { return Ok(false) };
             for (item_id, item) in items {
                 let q = sqlx::query(INSERT_ITEM).bind(id).bind(item_id).bind(item).bind(item.len() as i64);
+                let q = q.bind(&owner);
                 q.execute(&mut *tx).await?;
             }
             tx.commit().await?;
@@ -86,8 +92,14 @@ impl Db {
     }
 
     pub async fn count_items(&self, id: &str) -> Result<i64, StoreError> {
-        let q = "SELECT COUNT(*) FROM conversation_items WHERE conversation_id = $1";
-        Ok(on_pool!(self, |pool| sqlx::query_scalar(q).bind(id).fetch_one(pool).await?))
+        Ok(self.conversation_size(id).await?.0)
+    }
+
+    /// How many items it holds, and their bytes.
+    pub async fn conversation_size(&self, id: &str) -> Result<(i64, i64), StoreError> {
+        let q = "SELECT COUNT(*), CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM conversation_items \
+                 WHERE conversation_id = $1";
+        Ok(on_pool!(self, |pool| sqlx::query_as(q).bind(id).fetch_one(pool).await?))
     }
 
     /// Up to `limit` items after the item `after` (from either end without it), in order or newest first; None
@@ -154,22 +166,5 @@ impl Db {
             n.rows_affected()
         });
         Ok(n)
-    }
-
-    /// When the conversation least recently added to was last added to.
-    pub async fn oldest_conversation(&self) -> Result<Option<i64>, StoreError> {
-        let q = "SELECT MIN(updated_at) FROM conversations";
-        Ok(on_pool!(self, |pool| sqlx::query_scalar(q).fetch_one(pool).await?))
-    }
-
-    /// Remove the conversation least recently added to, with its items; the bytes they held (None: there was none).
-    pub async fn evict_conversation_oldest(&self) -> Result<Option<i64>, StoreError> {
-        let q = "SELECT id FROM conversations ORDER BY updated_at, id LIMIT 1";
-        let id: Option<String> = on_pool!(self, |pool| sqlx::query_scalar(q).fetch_optional(pool).await?);
-        let Some(id) = id else { return Ok(None) };
-        let q = "SELECT CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM conversation_items WHERE conversation_id = $1";
-        let bytes: i64 = on_pool!(self, |pool| sqlx::query_scalar(q).bind(&id).fetch_one(pool).await?);
-        self.delete_conversation(&id).await?;
-        Ok(Some(bytes))
     }
 }

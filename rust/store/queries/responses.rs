@@ -17,7 +17,7 @@ impl Db {
         on_held!(self, held, |e| {
             let mut q = sqlx::QueryBuilder::new(
                 "INSERT INTO responses (id, created_at, model, previous_response_id, context, input_items, response, \
-                 bytes) ",
+                 bytes, owned_by) ",
             );
             q.push_values(rows, |mut row, r| {
                 row.push_bind(&r.id)
@@ -27,7 +27,8 @@ impl Db {
                     .push_bind(&r.context)
                     .push_bind(&r.input_items)
                     .push_bind(&r.response)
-                    .push_bind((r.context.len() + r.input_items.len() + r.response.len()) as i64);
+                    .push_bind((r.context.len() + r.input_items.len() + r.response.len()) as i64)
+                    .push_bind(&r.owned_by);
             });
             q.push(
                 " ON CONFLICT (id) DO UPDATE SET model = excluded.model, \
@@ -44,10 +45,46 @@ impl Db {
         Ok(on_pool!(self, |pool| sqlx::query_as(q).bind(id).fetch_optional(pool).await?))
     }
 
-    /// Whether it was there.
-    pub async fn delete_response(&self, id: &str) -> Result<bool, StoreError> {
-        let q = "DELETE FROM responses WHERE id = $1";
-        Ok(on_pool!(self, |pool| sqlx::query(q).bind(id).execute(pool).await?.rows_affected()) > 0)
+    /// Whether it was there, `owner`'s.
+    pub async fn delete_response(&self, id: &str, owner: &str) -> Result<bool, StoreError> {
+        let q = "DELETE FROM responses WHERE id = $1 AND owned_by = $2";
+        Ok(on_pool!(self, |pool| sqlx::query(q).bind(id).bind(owner).execute(pool).await?.rows_affected()) > 0)
+    }
+
+    /// The chain that ends at `id`, newest first, as (id, its bytes, whether it keeps a copy of what came before
+    /// it): walked through `previous_response_id` up to the chain's start, a row that keeps such a copy, or a
+    /// response no longer stored (then the last one's previous is not None). Sizes only: a chain too large to
+    /// continue is refused before its text is read.
+    pub async fn chain_sizes(&self, id: &str) -> Result<Vec<ChainLink>, StoreError> {
+        let q = "WITH RECURSIVE chain (id, previous_response_id, bytes, copied, depth) AS ( \
+                   SELECT id, previous_response_id, bytes, context <> '', 0 FROM responses WHERE id = $1 \
+                   UNION ALL \
+                   SELECT r.id, r.previous_response_id, r.bytes, r.context <> '', c.depth + 1 \
+                   FROM responses r JOIN chain c ON r.id = c.previous_response_id \
+                   WHERE NOT c.copied AND c.depth < $2) \
+                 SELECT id, previous_response_id, bytes, copied FROM chain ORDER BY depth";
+        Ok(on_pool!(self, |pool| sqlx::query_as(q).bind(id).bind(CHAIN_DEPTH_MAX).fetch_all(pool).await?))
+    }
+
+    /// The responses of a chain, by id, in the order given.
+    pub async fn get_responses(&self, ids: &[String]) -> Result<Vec<StoredResponse>, StoreError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(256) {
+            let rows: Vec<StoredResponse> = on_pool!(self, |pool| {
+                let mut q = sqlx::QueryBuilder::new("SELECT * FROM responses WHERE id IN (");
+                let mut list = q.separated(", ");
+                for id in chunk {
+                    list.push_bind(id);
+                }
+                q.push(")");
+                q.build_query_as().fetch_all(pool).await?
+            });
+            out.extend(rows);
+        }
+        let at: std::collections::HashMap<&str, usize> =
+            ids.iter().enumerate().map(|(i, id)| (id.as_str(), i)).collect();
+        out.sort_by_key(|r| at.get(r.id.as_str()).copied().unwrap_or(usize::MAX));
+        Ok(out)
     }
 
     /// Remove the responses created before `created_before` (Unix seconds); how many went.
@@ -63,38 +100,25 @@ impl Db {
         Ok(on_pool!(self, |pool| sqlx::query_scalar::<_, i64>(q).fetch_one(pool).await?))
     }
 
-    /// The creation time of the oldest stored response.
-    pub async fn oldest_response(&self) -> Result<Option<i64>, StoreError> {
-        let q = "SELECT MIN(created_at) FROM responses";
-        Ok(on_pool!(self, |pool| sqlx::query_scalar(q).fetch_one(pool).await?))
+    /// What one owner's stored responses and conversations hold, in bytes (its share's measure), from the
+    /// (owned_by, bytes) indexes.
+    pub async fn owner_bytes(&self, owner: &str) -> Result<i64, StoreError> {
+        let q = "SELECT CAST((SELECT COALESCE(SUM(bytes), 0) FROM responses WHERE owned_by = $1) \
+                 + (SELECT COALESCE(SUM(bytes), 0) FROM conversation_items WHERE owned_by = $1) AS BIGINT)";
+        Ok(on_pool!(self, |pool| sqlx::query_scalar::<_, i64>(q).bind(owner).fetch_one(pool).await?))
     }
+}
 
-    /// Remove the oldest stored responses, enough to free `need` bytes, none created after `until` (Unix
-    /// seconds) and at most `EVICT_CHUNK`: (bytes freed, how many went).
-    pub async fn evict_oldest_responses(&self, need: i64, until: Option<i64>) -> Result<(i64, u64), StoreError> {
-        const EVICT_CHUNK: i64 = 256;
-        let q = "SELECT id, bytes FROM responses WHERE created_at <= $1 ORDER BY created_at, id LIMIT $2";
-        let until = until.unwrap_or(i64::MAX);
-        let oldest: Vec<(String, i64)> =
-            on_pool!(self, |pool| sqlx::query_as(q).bind(until).bind(EVICT_CHUNK).fetch_all(pool).await?);
-        let (mut freed, mut gone) = (0, 0);
-        on_pool!(self, |pool| {
-            let mut tx = pool.begin().await?;
-            for (id, bytes) in oldest {
-                if freed >= need {
-                    break;
-                }
-                gone += sqlx::query("DELETE FROM responses WHERE id = $1")
-                    .bind(&id)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
-                freed += bytes;
-            }
-            tx.commit().await?;
-        });
-        Ok((freed, gone))
-    }
+/// Longest chain walked: far past any session (each turn is a request), short of a walk that never ends.
+pub const CHAIN_DEPTH_MAX: i64 = 100_000;
+
+/// One response of a chain, as `chain_sizes` reads it.
+#[derive(Debug, sqlx::FromRow)]
+pub struct ChainLink {
+    pub id: String,
+    pub previous_response_id: Option<String>,
+    pub bytes: i64,
+    pub copied: bool,
 }
 
 #[cfg(test)]
@@ -110,6 +134,7 @@ mod tests {
             context: "[]".into(),
             input_items: "[]".into(),
             response: text.into(),
+            owned_by: String::new(),
         }
     }
 
