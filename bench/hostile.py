@@ -19,6 +19,8 @@ Attacks:
 - readers: 16 streams of 8,000 tokens with top_logprobs 20 that nobody reads.
 - heads (issue 39): with --api-key and --max-connections 200, 200 connections that send an unauthenticated
   `POST /v1/files` head declaring a 100 MB body and send nothing more; a keyed client's request meanwhile.
+- logprobs (issue 39): 16 concurrent chats of 50 tokens, half with top_logprobs 20 and half with 2, three rounds (it
+  killed the rank's output thread and wedged every later request behind /health 200); then a plain request.
 - forms (issue 39): what a web page on another origin may send with no preflight: a form upload and a chat and a
   conversation POSTed without a `Content-Type`.
 """
@@ -385,6 +387,37 @@ def attack_forms(srv: Server, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def attack_logprobs(srv: Server, args: argparse.Namespace) -> dict[str, Any]:
+    statuses: dict[str, int] = {}
+
+    def one(i: int) -> None:
+        top = 20 if i % 2 else 2
+        body = {
+            "model": MODEL, "messages": [{"role": "user", "content": f"item {i}"}], "max_tokens": 50,
+            "ignore_eos": True, "seed": i, "thinking": {"type": "disabled"}, "logprobs": True, "top_logprobs": top,
+        }  # fmt: skip
+        try:
+            code = str(httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=30).status_code)
+        except httpx.HTTPError as e:
+            code = type(e).__name__
+        statuses[code] = statuses.get(code, 0) + 1
+
+    with Prober(srv) as p:
+        for r in range(3):
+            threads = [threading.Thread(target=one, args=(16 * r + i,)) for i in range(16)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    plain = {"model": MODEL, "messages": MSG, "max_tokens": 2, "thinking": {"type": "disabled"}}
+    try:
+        after: int | str = httpx.post(f"{srv.url}/v1/chat/completions", json=plain, timeout=15).status_code
+    except httpx.HTTPError as e:
+        after = type(e).__name__
+    health = httpx.get(f"{srv.url}/health", timeout=5).status_code
+    return {"attacker": statuses, "plain_after": after, "health": health, **p.summary()}
+
+
 ATTACKS: dict[str, tuple[Callable[[Server, argparse.Namespace], dict[str, Any]], tuple[str, ...]]] = {
     "grammar": (attack_grammar, ()),
     "ring": (attack_ring, ()),
@@ -396,6 +429,7 @@ ATTACKS: dict[str, tuple[Callable[[Server, argparse.Namespace], dict[str, Any]],
     "readers": (attack_readers, ("--stream-interval-ms", "0", "--sim-decode-step-ms", "1", "--max-num-seqs", "32")),
     "heads": (attack_heads, ("--api-key", KEY, "--max-connections", "200")),
     "forms": (attack_forms, ()),
+    "logprobs": (attack_logprobs, ("--dp", "2")),
 }
 
 

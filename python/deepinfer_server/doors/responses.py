@@ -87,6 +87,14 @@ def _mend_response(body: str) -> str:
     return dumps(d)
 
 
+# What each `text.format` type holds in OpenAI's Response schema.
+_FORMAT_KEYS = {
+    "text": ("type",),
+    "json_object": ("type",),
+    "json_schema": ("type", "name", "schema", "description", "strict"),
+}
+
+
 def _mend(response: dict[str, object]) -> None:
     for key in _UNDECLARED:
         response.pop(key, None)
@@ -96,8 +104,12 @@ def _mend(response: dict[str, object]) -> None:
     for item in cast(list[dict[str, object]], response.get("output") or []):
         _trim_arguments(item)
     fmt = cast(dict[str, object], response.get("text") or {}).get("format")
-    if isinstance(fmt, dict) and fmt.get("description", "") is None:
-        del fmt["description"]  # echoed from a json_schema format; OpenAI's schema has it a string when present
+    if isinstance(fmt, dict):
+        # Echoed from the request: only the keys OpenAI's schema declares for its type (a client's extra key is
+        # not part of the Response), and no null description (a string when present).
+        declared = _FORMAT_KEYS.get(str(fmt.get("type")), ("type",))
+        for key in [k for k in fmt if k not in declared or (k == "description" and fmt[k] is None)]:
+            del fmt[key]
 
 
 def _trim_arguments(item: dict[str, object]) -> None:
