@@ -59,12 +59,22 @@ impl Lane {
             if st.unavailable().is_none() {
                 self.deal(&st.admission);
             }
+            // With no batch wanting a slot, only a seat that starts wanting one wakes the dealer: an idle replica
+            // is not woken ten times a second for nothing.
+            if !self.anyone_wants() {
+                self.bell.notified().await;
+                continue;
+            }
             tokio::select! {
                 () = st.admission.slot_freed() => {}
                 () = self.bell.notified() => {}
                 () = tokio::time::sleep(LOOK_EVERY) => {}
             }
         }
+    }
+
+    fn anyone_wants(&self) -> bool {
+        self.turn.lock().unwrap().iter().any(|p| p.wants.load(Ordering::Acquire))
     }
 
     /// Hand out free slots one at a time, each to the next seat in turn that wants one, until none is free or no
