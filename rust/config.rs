@@ -109,6 +109,9 @@ pub struct ServerConfig {
     /// What background runs keep of their streams for replay, all together (`--background-replay-bytes`).
     #[pyo3(default = 64 << 20)]
     pub background_replay_bytes: usize,
+    /// How long a claim on a batch or a background response holds without renewal (`--claim-lease`).
+    #[pyo3(default = 15)]
+    pub claim_lease_s: i64,
     /// Most bytes one owner's files (batch results included) may hold (`--files-max-bytes-per-owner`); 0: the
     /// files total shared evenly by the keys (all of it with one).
     #[pyo3(default = 0)]
@@ -263,6 +266,7 @@ impl ServerConfig {
             max_background_runs: 512,
             max_background_runs_per_owner: 64,
             background_replay_bytes: 64 << 20,
+            claim_lease_s: 15,
             files_max_bytes_per_owner: 0,
             upload_timeout_s: 600.0,
             allowed_origins: Vec::new(),

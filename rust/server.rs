@@ -145,7 +145,7 @@ async fn open_store(
         per_owner: config.max_background_runs_per_owner.max(1),
         replay_bytes: config.background_replay_bytes,
     };
-    let store = crate::store::Store::new(db, files, retention, runs, runtime.clone());
+    let store = crate::store::Store::new(db, files, retention, runs, config.claim_lease_s.max(3), runtime.clone());
     store.keep_within_bounds();
     Ok(Some(store))
 }
@@ -263,15 +263,33 @@ async fn run(state: Arc<AppState>, pids: Vec<i32>, tls: Option<Arc<Tls>>) -> std
     Ok(code)
 }
 
+/// How long before the drain's timeout the background responses still running are released.
+const CUT_BEFORE: Duration = Duration::from_secs(2);
+
 /// Stop admitting (503), wait for in-flight requests up to the drain timeout, then let axum close up. The caller
 /// turns the 0 into 1 if anything was cut.
 async fn drain(state: &AppState, why: &str) -> i32 {
     state.draining.store(true, Ordering::Release);
+    if let Some(store) = &state.store {
+        store.hand_over.begin(); // before the waiters are refused: a background response among them is handed over
+    }
     // Queued requests have not started: a 503 now lets a gateway send them to another replica.
     state.admission.refuse_waiting(|| ApiError::Unavailable("The server is shutting down.".into()));
     let limit = Duration::from_secs_f64(state.config.drain_timeout_s);
     tracing::info!("{why}: draining {} in-flight requests (up to {limit:?})", state.admission.in_flight());
     let deadline = tokio::time::Instant::now() + limit;
+    // Background responses still running shortly before the timeout are released for another replica (`store::
+    // hand_over`), with time left to write it; the others in flight run to the deadline.
+    let cut_at = deadline - CUT_BEFORE.min(limit / 2);
+    while state.admission.in_flight() > 0 && tokio::time::Instant::now() < cut_at {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if let Some(store) = &state.store {
+        store.hand_over.cut();
+        if !store.hand_over.wait(deadline.saturating_duration_since(tokio::time::Instant::now())).await {
+            tracing::warn!("{why}: not every claim held here was released within the drain; their leases run out");
+        }
+    }
     while state.admission.in_flight() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -147,6 +147,15 @@ def add_arguments(p: argparse._ArgumentGroup) -> None:
         help="Longest a file upload's body may take to arrive (other bodies have --client-timeout).",
     )
     p.add_argument(
+        "--claim-lease",
+        type=int,
+        default=15,
+        metavar="SECONDS",
+        help="How long a replica's claim on a batch or a background response holds without renewal (renewed every "
+        "second or two): past it, another replica takes the work over. Shorter takes over a dead replica's work "
+        "sooner; longer tolerates longer pauses (a stalled host, a store outage) before the work moves.",
+    )
+    p.add_argument(
         "--disable-response-store",
         action="store_true",
         help="Keep no responses, whatever a request's 'store' says ('previous_response_id' is then a 400).",
@@ -175,6 +184,8 @@ def resolve(args: argparse.Namespace) -> str | None:
     for flag in ("state_store_max_item_bytes", "state_store_max_chain_bytes"):
         if getattr(args, flag) < 1:
             return f"--{flag.replace('_', '-')} must be positive"
+    if args.claim_lease < 3:
+        return "--claim-lease must be at least 3 seconds (claims are renewed every second or two)"
     if args.max_file_bytes < 1 or args.upload_timeout <= 0:
         return "--max-file-bytes and --upload-timeout must be positive"
     spec = store_spec(args)
@@ -231,4 +242,5 @@ def server_config(args: argparse.Namespace) -> dict[str, Any]:
         "background_replay_bytes": args.background_replay_bytes,
         "files_max_bytes_per_owner": args.files_max_bytes_per_owner,
         "upload_timeout_s": args.upload_timeout,
+        "claim_lease_s": args.claim_lease,
     }

@@ -13,11 +13,13 @@
 //! - `responses`: what the request path needs on top: chains and conversations spliced before a request's input,
 //!   and finished responses written in batches, waited for by the next request that names them.
 //! - `retention`: the bounds on what the store keeps, in time and in size.
+//! - `hand_over`: the drain's release of the claims this replica holds.
 
 pub mod background;
 pub mod conversations;
 pub mod db;
 pub mod files;
+pub mod hand_over;
 pub mod items;
 pub mod queries;
 pub mod responses;
@@ -51,6 +53,10 @@ pub struct Store {
     pub retention: retention::Retention,
     /// This replica's name in claims (background responses).
     pub instance: String,
+    /// How long a claim (a batch's, a background response's) holds without renewal, in seconds (`--claim-lease`).
+    pub lease_s: i64,
+    /// Set as a drain begins: the claims held here are released for another replica.
+    pub hand_over: hand_over::HandOver,
 }
 
 impl Store {
@@ -59,6 +65,7 @@ impl Store {
         files: Option<files::FileRoom>,
         retention: retention::Retention,
         runs: background::Limits,
+        lease_s: i64,
         runtime: tokio::runtime::Handle,
     ) -> Arc<Self> {
         let db = Arc::new(db);
@@ -73,6 +80,8 @@ impl Store {
             batch_bell: tokio::sync::Notify::new(),
             retention,
             instance: crate::ids::random_id("replica"),
+            lease_s,
+            hand_over: Default::default(),
         });
         me.runtime.spawn(responses::write_all(Arc::downgrade(&me), db, queue));
         me
