@@ -33,9 +33,11 @@ pub enum ApiError {
          let them expire, or send 'store: false'."
     )]
     StoreFull { held: i64, cap: i64, whose: &'static str, they: &'static str },
-    /// A write the disk had no room for (ENOSPC, a quota): nothing half-written was kept.
-    #[error("The server's storage is full: {0} was not kept. Retry later.")]
-    DiskFull(&'static str),
+    /// The state store could not commit now (its database unreachable or busy, its disk full): nothing was kept,
+    /// and the client was not told otherwise. A 503 with Retry-After: the store recovers by itself, and a retry
+    /// (on any replica: they share it) then succeeds.
+    #[error("The state store cannot keep records right now ({0}): nothing was kept. Retry shortly.")]
+    StoreUnavailable(&'static str),
     /// A head over the limits: what it had, and the limits (`http::head_limits`).
     #[error(
         "The request headers are too large: {headers} headers, {bytes} bytes; the limits are {max_headers} headers \
@@ -103,6 +105,10 @@ pub enum ApiError {
     #[error("Internal server error.")]
     Internal,
 }
+
+/// Seconds a client is asked to wait before retrying a write the store could not commit: about what a busy
+/// SQLite or a PostgreSQL failover takes.
+pub const STORE_RETRY_AFTER: &str = "2";
 
 /// Longest client string echoed in an error message or a log line (a model name, a path).
 pub const ECHO_MAX: usize = 256;
@@ -185,7 +191,6 @@ impl ApiError {
             }
             FilesFull { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", "file_storage_limit_exceeded"),
             StoreFull { .. } => (StatusCode::TOO_MANY_REQUESTS, "insufficient_quota", "storage_quota_exceeded"),
-            DiskFull(_) => (StatusCode::INSUFFICIENT_STORAGE, "server_error", "insufficient_storage"),
             HeadersTooLarge { .. } => (
                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
                 "invalid_request_error",
@@ -211,7 +216,7 @@ impl ApiError {
                 (StatusCode::BAD_REQUEST, "invalid_request_error", "previous_response_not_found")
             }
             RouteNotFound(_) | NotFound { .. } => (StatusCode::NOT_FOUND, "invalid_request_error", "not_found"),
-            // Not a 503: gateways take a replica that answers 503 out of rotation, and the store is shared.
+            StoreUnavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable_error", "store_unavailable"),
             Store => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", "store_error"),
             MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed"),
             Unauthorized => (StatusCode::UNAUTHORIZED, "invalid_request_error", "invalid_api_key"),
@@ -285,6 +290,9 @@ impl ApiError {
         let mut resp = (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
         if self.status() == StatusCode::TOO_MANY_REQUESTS || matches!(self, ApiError::EngineBusy(_)) {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if matches!(self, ApiError::StoreUnavailable(_)) {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(STORE_RETRY_AFTER));
         }
         // The openai and anthropic SDKs read this header before their own status rules (which retry no 400).
         if let ApiError::Media { retryable, .. } = &self {
@@ -384,6 +392,14 @@ mod tests {
         assert!(!leaky.to_string().contains("/dev/shm"), "{leaky}");
         let (plain, _) = ApiError::from_engine("prompt contains a token id outside the vocabulary");
         assert!(plain.to_string().contains("outside the vocabulary"));
+    }
+
+    #[test]
+    fn a_store_that_cannot_commit_is_a_503_with_retry_after() {
+        let resp = ApiError::StoreUnavailable("its disk is full").into_response();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], STORE_RETRY_AFTER);
+        assert_eq!(ApiError::StoreUnavailable("x").code(), "store_unavailable");
     }
 
     #[test]

@@ -124,8 +124,9 @@ impl StreamBuf {
     }
 }
 
-/// Sends a request's last bytes (and ends its output), from any thread, once.
-pub type Deliver = Box<dyn FnOnce(Bytes) + Send>;
+/// Sends a request's last bytes (and ends its output), from any thread, once; or, instead, an error (a stored
+/// response whose record could not be committed: the client is never told it is done when it was not kept).
+pub type Deliver = Box<dyn FnOnce(Result<Bytes, ApiError>) + Send>;
 
 /// Where a request's output goes.
 pub enum Outlet {
@@ -158,18 +159,19 @@ impl Outlet {
         match self {
             Outlet::Stream(s) => {
                 let s = s.clone();
-                Box::new(move |bytes| {
-                    s.with_buf(true, |buf| {
+                Box::new(move |last| match last {
+                    Ok(bytes) => s.with_buf(true, |buf| {
                         buf.extend_from_slice(&bytes);
                         buf.extend_from_slice(s.door.done());
-                    })
+                    }),
+                    Err(e) => s.fail(&e),
                 })
             }
             Outlet::Unary(tx) => {
                 let tx = tx.lock().unwrap().take();
-                Box::new(move |bytes| {
+                Box::new(move |last| {
                     if let Some(tx) = tx {
-                        let _ = tx.send(Ok(bytes));
+                        let _ = tx.send(last);
                     }
                 })
             }

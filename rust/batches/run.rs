@@ -312,7 +312,7 @@ impl Runner {
             let expires_after = batch[OUTPUT_EXPIRES_AFTER].as_i64();
             match self.results_file(id, ok, whose, expires_after).await {
                 Ok(file) => batch[key] = json!(file),
-                Err(e @ (ApiError::FilesFull { .. } | ApiError::DiskFull(_))) => {
+                Err(e @ (ApiError::FilesFull { .. } | ApiError::StoreUnavailable(_))) => {
                     tracing::warn!(batch_id = %id, "a batch's results file did not fit: {e}");
                     batch["errors"] = object::errors(&[(0, FULL, format!("Its results file was not kept: {e}"))]);
                     status = "failed";

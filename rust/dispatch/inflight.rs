@@ -101,7 +101,7 @@ impl Inflight {
         let deliver = self.outlet.last_bytes();
         match self.on_finish.lock().unwrap().take() {
             Some(f) => f(last, deliver),
-            None => deliver(last),
+            None => deliver(Ok(last)),
         }
     }
 

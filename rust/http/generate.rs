@@ -173,7 +173,7 @@ pub(crate) async fn serve(
                 if keep.writes() && !run.as_ref().is_some_and(|r| r.is_cancelled()) {
                     store.record_then(rid, keep, last, stream, deliver);
                 } else {
-                    deliver(last);
+                    deliver(Ok(last));
                 }
             }) as OnFinish)
         }

@@ -4,6 +4,7 @@
 //! it on whichever pool is open. Only the migrations (`migrations/<backend>/`) and the pools' settings differ.
 
 use super::StoreError;
+use sqlx::Connection;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgPool, PgPoolOptions, Postgres};
 use sqlx::sqlite::{Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
@@ -41,6 +42,17 @@ pub enum Held {
     Postgres(PoolConnection<Postgres>),
 }
 
+impl Held {
+    /// Close it as it is dropped, instead of giving it back: a write failed on it, and whatever state that left
+    /// (a transaction whose rollback failed, a broken socket) goes with it.
+    pub fn discard(mut self) {
+        match &mut self {
+            Held::Sqlite(c) => c.close_on_drop(),
+            Held::Postgres(c) => c.close_on_drop(),
+        }
+    }
+}
+
 /// Run `$body` with `$e` bound to an executor: the held connection if there is one, else the pool.
 macro_rules! on_held {
     ($db:expr, $held:expr, |$e:ident| $body:expr) => {
@@ -71,8 +83,12 @@ impl Db {
     /// `sqlite::memory:` / `memory` (gone with the process), or a bare file path (SQLite).
     pub async fn open(spec: &str) -> Result<Self, StoreError> {
         if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
-            let pool =
-                PgPoolOptions::new().max_connections(8).acquire_timeout(Duration::from_secs(10)).connect(spec).await?;
+            let pool = PgPoolOptions::new()
+                .max_connections(8)
+                .acquire_timeout(Duration::from_secs(10))
+                .after_release(|conn, _| Box::pin(async move { Ok(!conn.is_in_transaction()) }))
+                .connect(spec)
+                .await?;
             sqlx::migrate!("./rust/store/migrations/postgres").run(&pool).await?;
             return Ok(Db { pool: Pool::Postgres(pool) });
         }
@@ -95,6 +111,12 @@ impl Db {
             // A local file's connection does not go stale: no ping (a round trip to its worker thread) to check
             // each one out.
             .test_before_acquire(false)
+            // A connection given back still inside a transaction is closed (which rolls it back), never reused: a
+            // write that fails on a full disk can leave SQLite's ROLLBACK refused too, and the connection would
+            // then keep the database's write lock ("database is locked" for every other) and take later writes
+            // into savepoints of a transaction never committed (acknowledged, then lost). The one connection of an
+            // in-memory database is the database: it is kept.
+            .after_release(move |conn, _| Box::pin(async move { Ok(memory || !conn.is_in_transaction()) }))
             .connect_with(options)
             .await?;
         sqlx::migrate!("./rust/store/migrations/sqlite").run(&pool).await?;
@@ -102,6 +124,7 @@ impl Db {
     }
 
     /// A connection for the writer to keep; None for an in-memory SQLite, whose one connection every query shares.
+    /// One whose write failed is dropped with `Held::discard`.
     pub async fn hold(&self) -> Result<Option<Held>, StoreError> {
         Ok(match &self.pool {
             Pool::Sqlite(p) if p.options().get_max_connections() == 1 => None,

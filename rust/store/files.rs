@@ -3,7 +3,7 @@
 //! upload is streamed to disk under a temporary name, counted against `--max-file-bytes`, against what all files
 //! may hold (`--files-max-total-bytes`) and against its owner's share (`--files-max-bytes-per-owner`), and renamed
 //! once its row is in; a deleted or expired file is gone from both. A batch's results are files of its owner's,
-//! counted the same way (`crate::batches`). A disk that fills as a file is written is a 507, the partial file gone.
+//! counted the same way (`crate::batches`). A disk that fills as a file is written is a 503 `store_unavailable`, the partial file gone.
 
 use super::{Store, StoredFile, failed, items};
 use crate::error::ApiError;
@@ -273,10 +273,11 @@ fn not_found(id: &str) -> ApiError {
     ApiError::NotFound { what: "File", id: id.to_string(), param: None }
 }
 
-/// A failure of the files directory: a 507 when it is full (ENOSPC, or a quota's EDQUOT), else a 500.
+/// A failure of the files directory: a 503 `store_unavailable` when it is full (ENOSPC, or a quota's EDQUOT: a
+/// retry succeeds once there is room), else a 500.
 fn disk(e: std::io::Error) -> ApiError {
     tracing::error!("the files directory failed: {e}");
-    if is_full(&e) { ApiError::DiskFull("the file") } else { ApiError::Store }
+    if is_full(&e) { ApiError::StoreUnavailable(super::DISK_FULL) } else { ApiError::Store }
 }
 
 /// Whether a write failed for want of room.

@@ -36,11 +36,15 @@ use tokio::sync::{mpsc, watch};
 /// Longest a request waits for a write it depends on (the response it names, the conversation it continues).
 pub(crate) const WRITE_WAIT: Duration = Duration::from_secs(10);
 
+/// A write's outcome as those who wait for it see it: None while it is on its way; then committed, or why not
+/// (`Some(why)`: the store cannot commit now, a 503; None: another failure, a 500).
+pub type Written = Option<Result<(), Option<&'static str>>>;
+
 /// The store as the request path and the routes use it: the database, and the writes still on their way to it.
 pub struct Store {
     pub db: Arc<Db>,
-    /// Records being written (a response's id, the conversation it adds to): their writes' "done" flags.
-    writing: Mutex<HashMap<String, watch::Receiver<bool>>>,
+    /// Records being written (a response's id, the conversation it adds to): their writes' outcomes.
+    writing: Mutex<HashMap<String, watch::Receiver<Written>>>,
     writer: mpsc::Sender<responses::Write>,
     runtime: tokio::runtime::Handle,
     /// Background responses running here (or finished, kept for replay).
@@ -91,29 +95,67 @@ impl Store {
     pub async fn settled(&self, key: &str) {
         let writing = self.writing.lock().unwrap().get(key).cloned();
         if let Some(mut done) = writing {
-            let _ = tokio::time::timeout(WRITE_WAIT, done.wait_for(|d| *d)).await;
+            let _ = tokio::time::timeout(WRITE_WAIT, done.wait_for(Option::is_some)).await;
         }
     }
 }
 
-/// A store error as the client sees it: a 507 if the database's disk is full (nothing was kept: the write's
-/// transaction rolled back), else a 500 with the store's code; the cause goes to the log.
+/// A store error as the client sees it: a 503 `store_unavailable` with Retry-After when the database cannot
+/// commit now (unreachable, busy, its disk full: the write's transaction rolled back, nothing was kept), else a
+/// 500 `store_error`; the cause goes to the log.
 pub fn failed(e: StoreError) -> ApiError {
     tracing::error!("{e}");
-    if e.disk_full() { ApiError::DiskFull("the record") } else { ApiError::Store }
+    match e.unavailable() {
+        Some(why) => ApiError::StoreUnavailable(why),
+        None => ApiError::Store,
+    }
 }
 
+/// Why the store cannot commit now, as a client reads it.
+pub const DISK_FULL: &str = "its disk is full";
+pub(crate) const UNREACHABLE: &str = "its database cannot be reached";
+pub(crate) const BUSY: &str = "its database is busy";
+
 impl StoreError {
-    /// Whether the database ran out of room: SQLite's SQLITE_FULL (13), PostgreSQL's disk_full (53100) or
-    /// ENOSPC underneath.
-    pub fn disk_full(&self) -> bool {
-        match self {
-            StoreError::Db(sqlx::Error::Database(e)) => {
-                matches!(e.code().as_deref(), Some("13" | "53100")) || e.message().contains("database or disk is full")
-            }
-            StoreError::Db(sqlx::Error::Io(e)) => e.raw_os_error() == Some(28),
-            _ => false,
+    /// Why the database cannot commit now, if that is what failed (a retry may succeed once it is back): its
+    /// disk full (SQLite's SQLITE_FULL, PostgreSQL's 53100, ENOSPC), the connection lost or not to be had in time,
+    /// the database locked or shutting down. None for a failure a retry would not mend.
+    pub fn unavailable(&self) -> Option<&'static str> {
+        let StoreError::Db(e) = self else { return None };
+        match e {
+            sqlx::Error::Io(io) if io.raw_os_error() == Some(28) => Some(DISK_FULL),
+            sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_) => Some(UNREACHABLE),
+            sqlx::Error::Database(d) if d.message().contains("database or disk is full") => Some(DISK_FULL),
+            sqlx::Error::Database(d) => database_unavailable(d.code().as_deref().unwrap_or_default()),
+            _ => None,
         }
+    }
+}
+
+/// A database error code's meaning for availability: SQLite's are numbers of at most four digits (extended
+/// codes: the primary code is the low byte), PostgreSQL's five characters (SQLSTATE, some all digits).
+fn database_unavailable(code: &str) -> Option<&'static str> {
+    if let Ok(n) = code.parse::<i32>()
+        && code.len() < 5
+    {
+        return match n & 0xff {
+            13 => Some(DISK_FULL),             // SQLITE_FULL
+            5 | 6 => Some(BUSY),               // SQLITE_BUSY, SQLITE_LOCKED
+            10 | 14 | 15 => Some(UNREACHABLE), // SQLITE_IOERR, SQLITE_CANTOPEN, SQLITE_PROTOCOL
+            _ => None,
+        };
+    }
+    match code {
+        "53100" => Some(DISK_FULL),
+        "40001" | "40P01" | "55P03" => Some(BUSY), // serialization failure, deadlock, lock not available
+        c if c.starts_with("53") => Some(BUSY),    // out of memory, too many connections
+        c if c.starts_with("08") || c.starts_with("57P") => Some(UNREACHABLE), // connection lost, shutting down
+        _ => None,
     }
 }
 
@@ -191,5 +233,24 @@ pub fn redacted(spec: &str) -> String {
             u.to_string()
         }
         _ => spec.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_a_retry_may_mend_is_unavailable() {
+        assert_eq!(database_unavailable("13"), Some(DISK_FULL)); // SQLITE_FULL
+        assert_eq!(database_unavailable("517"), Some(BUSY)); // SQLITE_BUSY_SNAPSHOT: its primary code is BUSY
+        assert_eq!(database_unavailable("1034"), Some(UNREACHABLE)); // SQLITE_IOERR_FSYNC
+        assert_eq!(database_unavailable("53100"), Some(DISK_FULL));
+        assert_eq!(database_unavailable("57P01"), Some(UNREACHABLE)); // admin_shutdown
+        assert_eq!(database_unavailable("08006"), Some(UNREACHABLE)); // connection_failure
+        assert_eq!(database_unavailable("2067"), None); // SQLITE_CONSTRAINT_UNIQUE: a retry would not mend it
+        assert_eq!(database_unavailable("23505"), None);
+        assert_eq!(StoreError::Db(sqlx::Error::PoolTimedOut).unavailable(), Some(UNREACHABLE));
+        assert_eq!(StoreError::Config("x".into()).unavailable(), None);
     }
 }

@@ -10,7 +10,7 @@
 //!   write (`Store::settled`).
 
 use super::items::{self, chain_items, output_items, own_items};
-use super::{CHAINED, Db, Store, StoredResponse, WRITE_WAIT, failed};
+use super::{BUSY, CHAINED, Db, Store, StoredResponse, UNREACHABLE, WRITE_WAIT, Written, failed};
 use crate::error::ApiError;
 use crate::owner::Owner;
 use crate::stream::Deliver;
@@ -31,8 +31,8 @@ pub(super) struct Write {
     id: String,
     keep: Keep,
     response: Vec<u8>,
-    done: watch::Sender<bool>,
-    wait: watch::Receiver<bool>,
+    done: watch::Sender<Written>,
+    wait: watch::Receiver<Written>,
 }
 
 /// What a stored request (or one that continues a chain or a conversation) leaves for its response.
@@ -150,25 +150,37 @@ impl Store {
     }
 
     /// Record a finished response from its last bytes (a whole body, or a stream's final events), then `deliver`
-    /// them: the client has its `response.completed` (or its body) only once the response is in the database, so
-    /// a crash of the server a moment later loses nothing the client was told is done. Called on the rank_io
-    /// thread: it marks the ids as being written and leaves the rest (parsing, writing, sending) to tasks. A store
-    /// that cannot write in `WRITE_WAIT` does not hold the client longer: it gets its answer, the log the failure.
+    /// them: the client has its `response.completed` (or its body) only once the response is committed, so a
+    /// crash of the server a moment later loses nothing the client was told is done. A store that cannot commit
+    /// (it failed, or did not answer within `WRITE_WAIT`) gets the client a 503 `store_unavailable` instead, in
+    /// its door's envelope (a stream's error event): never an answer for a response that was not kept. Called on
+    /// the rank_io thread: it marks the ids as being written and leaves the rest (parsing, writing, sending) to
+    /// tasks.
     pub fn record_then(&self, id: String, keep: Keep, last: Bytes, stream: bool, deliver: Deliver) {
         let Some(response) = response_text(&last, stream) else {
             tracing::warn!(response_id = %id, "a stored response's last bytes held no Response");
-            return deliver(last);
+            return deliver(Ok(last));
         };
-        let mut written = self.record(id, keep, response);
+        let mut written = self.record(id.clone(), keep, response);
         self.runtime.spawn(async move {
-            let _ = tokio::time::timeout(WRITE_WAIT, written.wait_for(|done| *done)).await;
-            deliver(last);
+            let outcome = match tokio::time::timeout(WRITE_WAIT, written.wait_for(Option::is_some)).await {
+                Ok(Ok(done)) => done.unwrap_or(Err(None)),
+                Ok(Err(_)) => Err(None), // the writer is gone (the server stops)
+                Err(_) => Err(Some(UNREACHABLE)),
+            };
+            match outcome {
+                Ok(()) => deliver(Ok(last)),
+                Err(why) => {
+                    tracing::warn!(response_id = %id, "a stored response was not kept: its client gets an error");
+                    deliver(Err(why.map_or(ApiError::Store, ApiError::StoreUnavailable)))
+                }
+            }
         });
     }
 
-    /// Hand a finished response to the writer; its "written" flag.
-    fn record(&self, id: String, keep: Keep, response: &[u8]) -> watch::Receiver<bool> {
-        let (done, wait) = watch::channel(false);
+    /// Hand a finished response to the writer; its outcome, once written.
+    fn record(&self, id: String, keep: Keep, response: &[u8]) -> watch::Receiver<Written> {
+        let (done, wait) = watch::channel(None);
         {
             let mut writing = self.writing.lock().unwrap();
             writing.insert(id.clone(), wait.clone());
@@ -180,13 +192,13 @@ impl Store {
         if let Err(e) = self.writer.try_send(write) {
             let w = e.into_inner();
             tracing::error!(response_id = %w.id, "the state store is {WRITE_QUEUE} responses behind: not stored");
-            self.finished(&w);
+            self.finished(&w, Err(Some(BUSY)));
         }
         wait
     }
 
-    /// The write is in the database (or given up): requests waiting for its ids go on.
-    fn finished(&self, w: &Write) {
+    /// The write is committed (or failed): requests waiting for its ids go on.
+    fn finished(&self, w: &Write, outcome: Result<(), Option<&'static str>>) {
         let mut writing = self.writing.lock().unwrap();
         for key in std::iter::once(&w.id).chain(&w.keep.conversation) {
             // A later write to the same conversation has its own flag: leave it.
@@ -194,17 +206,21 @@ impl Store {
                 writing.remove(key);
             }
         }
-        let _ = w.done.send(true);
+        let _ = w.done.send(Some(outcome));
     }
 }
 
-/// The writer: what has gathered since its last transaction, in one; then each conversation's new items.
+/// The writer: what has gathered since its last transaction, in one; then each conversation's new items. Each
+/// write's outcome goes to those waiting for it (its client's answer among them), committed or not.
 pub(super) async fn write_all(store: Weak<Store>, db: Arc<Db>, mut queue: mpsc::Receiver<Write>) {
     let mut batch = Vec::with_capacity(WRITE_BATCH);
     let mut held = None;
     while queue.recv_many(&mut batch, WRITE_BATCH).await > 0 {
-        let records: Vec<Record> = batch.iter_mut().filter_map(to_record).collect();
-        let stored: Vec<&StoredResponse> = records.iter().filter_map(|r| r.response.as_ref()).collect();
+        // A write whose record cannot be made (its request's body is not JSON) fails as the server's fault.
+        let mut outcomes: Vec<Result<(), Option<&'static str>>> = vec![Err(None); batch.len()];
+        let records: Vec<(usize, Record)> =
+            batch.iter_mut().enumerate().filter_map(|(i, w)| Some((i, to_record(w)?))).collect();
+        let stored: Vec<&StoredResponse> = records.iter().filter_map(|(_, r)| r.response.as_ref()).collect();
         let mut grew: Vec<(&Owner, usize)> = Vec::new();
         if held.is_none() {
             held = db.hold().await.unwrap_or_else(|e| {
@@ -214,33 +230,47 @@ pub(super) async fn write_all(store: Weak<Store>, db: Arc<Db>, mut queue: mpsc::
         }
         let mut put = db.put_responses(held.as_mut(), &stored).await;
         if let (Err(e), Some(_)) = (&put, &held) {
-            // The held connection may be what failed (a PostgreSQL restarted, a network cut): once more through
-            // the pool, which checks the connection it gives; the next batch holds a new one.
+            // The held connection may be what failed (a PostgreSQL restarted, a network cut, a SQLite connection
+            // left in a bad state by a full disk): once more through the pool, which checks the connection it
+            // gives; the next batch holds a new one.
             tracing::warn!("the store's writer lost its connection ({e}): writing through the pool");
-            held = None;
+            if let Some(broken) = held.take() {
+                broken.discard();
+            }
             put = db.put_responses(None, &stored).await;
         }
-        match put {
-            Ok(()) => grew.extend(
-                records
-                    .iter()
-                    .filter_map(|r| Some((&r.owner, r.response.as_ref()?)))
-                    .map(|(o, r)| (o, r.context.len() + r.input_items.len() + r.response.len())),
-            ),
-            Err(e) => tracing::error!(responses = stored.len(), "could not store responses: {e}"),
+        let put = put.map_err(|e| {
+            tracing::error!(responses = stored.len(), "could not store responses: {e}");
+            e.unavailable()
+        });
+        for (i, r) in &records {
+            outcomes[*i] = if r.response.is_some() { put } else { Ok(()) };
+            if let (Ok(()), Some(row)) = (put, &r.response) {
+                grew.push((&r.owner, row.context.len() + row.input_items.len() + row.response.len()));
+            }
         }
-        for (owner, (conv, rows)) in records.iter().filter_map(|r| Some((&r.owner, r.conversation.as_ref()?))) {
+        // A conversation gains a response's items only once the response (if stored) is.
+        for (i, r) in &records {
+            let Some((conv, rows)) = &r.conversation else { continue };
+            if outcomes[*i].is_err() {
+                continue;
+            }
             match db.append_items(conv, rows, items::now()).await {
-                Ok(true) => grew.push((owner, rows.iter().map(|(_, item)| item.len()).sum::<usize>())),
+                Ok(true) => grew.push((&r.owner, rows.iter().map(|(_, item)| item.len()).sum::<usize>())),
                 Ok(false) => tracing::info!(conversation = %conv, "a response's conversation was deleted meanwhile"),
-                Err(e) => tracing::error!(conversation = %conv, "could not add a response's items: {e}"),
+                Err(e) => {
+                    tracing::error!(conversation = %conv, "could not add a response's items: {e}");
+                    outcomes[*i] = Err(e.unavailable());
+                }
             }
         }
         let Some(me) = store.upgrade() else { return };
         for (owner, bytes) in grew {
             me.retention.grew(owner, bytes);
         }
-        batch.drain(..).for_each(|w| me.finished(&w));
+        for (w, outcome) in batch.drain(..).zip(outcomes) {
+            me.finished(&w, outcome);
+        }
     }
 }
 
