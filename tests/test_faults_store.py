@@ -23,6 +23,8 @@ from conftest import MODEL, Server
 
 from pg_server import cluster, fresh_database
 
+# Lines of the batch that runs beside the storing clients on SQLite: still running as the disk fills.
+LINES = 2000
 # Seconds the store may take to take writes again once its fault ends.
 RECOVERY_S = 10.0
 
@@ -161,6 +163,64 @@ def missing(base: str, load: Load) -> tuple[list[str], list[str]]:
     return gone, [t for t in load.tally.appended if t not in have]
 
 
+class BatchWatch:
+    """A batch of `n` chat lines, polled as it runs: whether its counts ever went backwards."""
+
+    def __init__(self, base: str, n: int) -> None:
+        self.base, self.n, self.stop = base, n, threading.Event()
+        self.backwards: list[str] = []
+        lines = [
+            {
+                "custom_id": f"line-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": f"line {i}"}],
+                    "max_tokens": 64,
+                    "ignore_eos": True,
+                },
+            }
+            for i in range(n)
+        ]
+        text = "\n".join(json.dumps(x) for x in lines).encode()
+        f = httpx.post(f"{base}/v1/files", files={"file": ("in.jsonl", text)}, data={"purpose": "batch"}, timeout=30)
+        body = {"input_file_id": f.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+        self.id = httpx.post(f"{base}/v1/batches", json=body, timeout=30).json()["id"]
+        self.thread = threading.Thread(target=self.poll, daemon=True)
+        self.thread.start()
+
+    def poll(self) -> None:
+        seen = 0
+        with httpx.Client(base_url=self.base, timeout=30) as http:
+            while not self.stop.is_set():
+                r = http.get(f"/v1/batches/{self.id}")
+                if r.status_code == 200:
+                    counts = r.json()["request_counts"]
+                    done = counts["completed"] + counts["failed"]
+                    if done < seen:
+                        self.backwards.append(f"{seen} -> {done}")
+                    seen = max(seen, done)
+                time.sleep(0.2)
+
+    def finish(self, timeout: float) -> tuple[str, list[str]]:
+        """Its end status and the custom_ids of its output, once it ended."""
+        deadline = time.monotonic() + timeout
+        while (b := httpx.get(f"{self.base}/v1/batches/{self.id}", timeout=30).json())["status"] not in (
+            "completed",
+            "failed",
+            "cancelled",
+            "expired",
+        ):
+            assert time.monotonic() < deadline, f"the batch is still {b['status']}: {b['request_counts']}"
+            time.sleep(0.2)
+        self.stop.set()
+        self.thread.join()
+        out = b.get("output_file_id")
+        text = httpx.get(f"{self.base}/v1/files/{out}/content", timeout=30).text if out else ""
+        return b["status"], [json.loads(line)["custom_id"] for line in text.splitlines()]
+
+
 def fill(path: str) -> int:
     """Fill the file system holding `path` until it has no room; the bytes written."""
     n = 0
@@ -190,13 +250,18 @@ def small_disk() -> Iterator[str]:
 
 def test_sqlite_on_a_disk_that_fills_and_empties(make_server: Callable[..., Server], small_disk: str) -> None:
     files = tempfile.mkdtemp(prefix="deepinfer-files-")
-    srv = make_server("--state-store", f"{small_disk}/state.sqlite3", "--files-dir", files, "--max-num-seqs", "16")
+    srv = make_server(
+        "--state-store", f"{small_disk}/state.sqlite3", "--files-dir", files, "--max-num-seqs", "16",
+        "--claim-lease", "4",
+    )  # fmt: skip
     load = start_load([srv.url])
+    batch = BatchWatch(srv.url, LINES)  # beside the storing clients: its results rows are in the same database
     try:
         time.sleep(3)
         before = len(load.tally.stored)
         filler = f"{small_disk}/filler"
         fill(filler)
+        at_fill = httpx.get(f"{srv.url}/v1/batches/{batch.id}", timeout=30).json()["request_counts"]
         time.sleep(5)  # full: every store write is refused, generation without storing goes on
         unstored = httpx.post(
             f"{srv.url}/v1/chat/completions",
@@ -211,6 +276,10 @@ def test_sqlite_on_a_disk_that_fills_and_empties(make_server: Callable[..., Serv
     finally:
         load.end()
     gone, items_gone = missing(srv.url, load)
+    status, ids = batch.finish(120)
+    print(
+        f"the batch beside them: {at_fill} as the disk filled; {status}, {len(ids)} results, {len(set(ids))} custom_ids, backwards: {batch.backwards}"
+    )
     print(
         f"sqlite full disk: {len(load.tally.stored)} responses and {len(load.tally.appended)} items acknowledged "
         f"({before} before the fill), {dict(load.tally.refused)} refused, writes again {took:.1f} s after room came "
@@ -219,6 +288,8 @@ def test_sqlite_on_a_disk_that_fills_and_empties(make_server: Callable[..., Serv
     assert refused_full > 0, "the full disk refused nothing: the test did not fill it"
     assert not load.tally.bad, load.tally.bad[:5]
     assert gone == [] and items_gone == [], (gone[:5], items_gone[:5])
+    assert status == "completed" and sorted(ids) == sorted(f"line-{i}" for i in range(LINES)), (status, len(ids))
+    assert batch.backwards == [], batch.backwards
 
 
 def test_postgresql_stopped_under_two_replicas(make_server: Callable[..., Server]) -> None:
