@@ -17,7 +17,7 @@ use super::generate::{serve, sse_response};
 use super::traced::Traced;
 use crate::doors::{Door, GenerateRequest};
 use crate::error::ApiError;
-use crate::store::background::Run;
+use crate::store::background::{Run, is_running};
 use crate::store::responses::{Keep, response_text};
 use crate::store::{Store, StoredResponse, failed, items};
 use crate::stream::Deliver;
@@ -288,18 +288,30 @@ pub(super) async fn hand_over(store: &Store, run: &Run) {
 }
 
 /// `POST /v1/responses/{id}/cancel` for a background response: stopped if it runs here, recorded as cancelled;
-/// one that already ended is answered as it is.
+/// one that already ended is answered as it is. One stopped here that runs elsewhere now (its claim was lost, or
+/// handed over) is asked of that replica.
 pub async fn cancel(store: &Arc<Store>, id: &str) -> Result<Option<Response>, ApiError> {
     let Some(run) = store.runs.get(id) else { return cancel_elsewhere(store, id).await };
-    if run.stop() {
-        run.release(); // before it reads as cancelled
-        let cancelled = end_as(store, &run, "cancelled", None).await;
-        store.runs.ended(&run);
+    if let Some(cancelled) = cancel_here(store, &run).await {
         return Ok(Some(Json(cancelled).into_response()));
     }
     run.wait_finished(crate::store::WRITE_WAIT).await; // its final state is being written
     let stored = store.load_any(id).await?.ok_or(ApiError::Internal)?;
+    if run.is_stopped() && is_running(&stored.response) {
+        return cancel_elsewhere(store, id).await;
+    }
     Ok(Some(([(axum::http::header::CONTENT_TYPE, "application/json")], stored.response).into_response()))
+}
+
+/// Cancel a run here: the cancelled Response, or None if it had ended or was stopped already.
+pub(super) async fn cancel_here(store: &Store, run: &Run) -> Option<Value> {
+    if !run.stop() {
+        return None;
+    }
+    run.release(); // before it reads as cancelled
+    let cancelled = end_as(store, run, "cancelled", None).await;
+    store.runs.ended(run);
+    Some(cancelled)
 }
 
 /// Stop a run here from outside (its claim lost, its Response deleted): nothing more is written for it, but for

@@ -15,7 +15,7 @@
 //!   draining replica takes over no run.
 
 use super::AppState;
-use super::background::{cancel, hand_over, run_in_background, stop};
+use super::background::{cancel_here, hand_over, run_in_background, stop};
 use crate::doors::Door;
 use crate::error::ApiError;
 use crate::store::background::{Claim, Stage, is_running};
@@ -66,10 +66,8 @@ async fn renew(store: &Arc<Store>) {
         let here = store.runs.get(&r.id).filter(|run| run.generation == r.claim_gen && !run.finished());
         match here {
             Some(run) if r.deleted => stop(store, &run, true).await,
-            Some(_) if r.cancel_asked => {
-                if let Err(e) = cancel(store, &r.id).await {
-                    tracing::warn!(response_id = %r.id, "could not cancel a background response: {e}");
-                }
+            Some(run) if r.cancel_asked => {
+                cancel_here(store, &run).await;
             }
             Some(_) => {}
             None if mine.iter().any(|run| run.id == r.id) => {} // it ended as the claims were renewed

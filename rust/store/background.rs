@@ -489,7 +489,7 @@ impl super::Store {
     pub async fn until_ended(&self, id: &str) -> Result<(), ApiError> {
         let deadline = tokio::time::Instant::now() + CHAIN_WAIT;
         loop {
-            if let Some(run) = self.runs.get(id) {
+            if let Some(run) = self.runs.get(id).filter(|r| !r.finished()) {
                 // Running here: its end is seen at once (its final state is written before its stream ends).
                 run.wait_finished(Duration::from_secs(1)).await;
             } else {
