@@ -1,8 +1,9 @@
 """Background responses under faults (issue 40), two replicas on one PostgreSQL, judged over HTTP with the `openai`
 SDK: a replica paused past its claim's lease does not overwrite the final Response of the one that took the run
 over; a drain hands its runs over (none failed, none stranded); a DELETE stops the run and sticks; a chain on a
-running response waits for its output; any replica reads a running response as `in_progress`. Each counts the
-stranded and doubled runs and asserts none. Claims here hold 4 s (`--claim-lease 4`)."""
+running response waits for its output; any replica reads a running response as `in_progress`; and, on SQLite, a
+restarted replica runs what its drain released. Each counts the stranded and doubled runs and asserts none. Claims
+here hold 4 s (`--claim-lease 4`)."""
 
 from __future__ import annotations
 
@@ -179,3 +180,26 @@ def test_a_running_response_reads_in_progress_through_any_replica(pair: tuple[Se
     done = until_done(b, r.id, timeout=30)
     assert done.status in ENDED and runs_again(a) + runs_again(b) == 0
     assert claims_left(store) == 0
+
+
+def test_a_restart_on_sqlite_runs_what_its_drain_released(tmp_path: Any) -> None:
+    """One replica on SQLite: what its drain released (one running, one waiting for its one slot) the same server
+    runs once restarted, at its first look, without waiting for a lease."""
+    store = str(tmp_path / "state.sqlite3")
+    a = replica(store, "--max-num-seqs", "1", "--drain-timeout", "3")
+    try:
+        rs = [create(a, input=f"job {i}", background=True, max_output_tokens=300) for i in range(2)]
+        until_running(a, rs[0].id)
+        a.proc.send_signal(signal.SIGTERM)
+        a.proc.wait(timeout=15)
+        assert "The server is shutting down" not in a.log()
+        assert a.log().count("handed over by the drain") == 2
+    finally:
+        a.stop()
+    again = replica(store)
+    try:
+        done = [until_done(again, r.id, timeout=30) for r in rs]
+        assert all(d.status in ENDED for d in done), [(d.status, d.error) for d in done]
+        assert runs_again(again) == 2
+    finally:
+        again.stop()
