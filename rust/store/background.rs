@@ -484,10 +484,10 @@ impl super::Store {
         self.runtime.spawn(task);
     }
 
-    /// Wait (at most `CHAIN_WAIT`) until the background response `id`, read as still running, has ended, for a
-    /// request that continues it: its output is then the chain's. A 409 `response_in_progress` past the wait.
-    pub async fn until_ended(&self, id: &str) -> Result<(), ApiError> {
-        let deadline = tokio::time::Instant::now() + CHAIN_WAIT;
+    /// Wait (at most `within`: `CHAIN_WAIT`) until the background response `id`, read as still running, has ended,
+    /// for a request that continues it: its output is then the chain's. A 409 `response_in_progress` past the wait.
+    pub async fn until_ended(&self, id: &str, within: Duration) -> Result<(), ApiError> {
+        let deadline = tokio::time::Instant::now() + within;
         loop {
             if let Some(run) = self.runs.get(id).filter(|r| !r.finished()) {
                 // Running here: its end is seen at once (its final state is written before its stream ends).
@@ -551,6 +551,55 @@ mod tests {
         assert!(runs.get("r1").is_some(), "kept for replay");
         runs.start("r6", Some(&a), 0).unwrap();
         assert_eq!(runs.held().0, 3);
+    }
+
+    #[test]
+    fn a_stop_and_its_holders_end_exclude_each_other() {
+        let runs = Runs::default();
+        let ending = runs.start("r1", None, 0).unwrap();
+        assert!(ending.generating() && ending.begin_end());
+        assert!(!ending.stop() && !ending.give_up(), "its holder writes its end: nobody stops it");
+        let stopped = runs.start("r2", None, 3).unwrap();
+        assert!(stopped.stop() && stopped.is_stopped());
+        assert!(!stopped.generating() && !stopped.begin_end(), "stopped: its holder writes nothing more");
+        assert!(matches!(stopped.claim("me"), Claim::Held { owner: "me", generation: 3 }));
+        assert!(runs.claimed().is_empty(), "no claim in the store yet");
+        stopped.set_claimed();
+        assert_eq!(runs.claimed().len(), 1);
+        runs.ended(&stopped);
+        assert!(runs.claimed().is_empty(), "ended");
+    }
+
+    #[tokio::test]
+    async fn a_chain_waits_for_a_running_response_then_is_a_409_past_the_wait() {
+        use crate::store::{Db, Store, StoredResponse, retention::Retention};
+        let db = Db::open("memory").await.unwrap();
+        let mut row = StoredResponse {
+            id: "resp_1".into(),
+            created_at: 1,
+            model: "m".into(),
+            previous_response_id: None,
+            context: String::new(),
+            input_items: "[]".into(),
+            response: r#"{"status":"in_progress","metadata":{"status":"completed"}}"#.into(),
+            owned_by: String::new(),
+        };
+        db.put_responses(None, &[&row]).await.unwrap();
+        let retention = Retention::new(None, Default::default());
+        let store = Store::new(db, None, retention, Limits::default(), 15, tokio::runtime::Handle::current());
+        let err = store.until_ended("resp_1", Duration::from_millis(300)).await.unwrap_err();
+        assert_eq!(err.status(), axum::http::StatusCode::CONFLICT);
+        let envelope: serde_json::Value = serde_json::from_str(&err.envelope()).unwrap();
+        assert_eq!(envelope["error"]["code"], "response_in_progress");
+        assert_eq!(envelope["error"]["param"], "previous_response_id");
+        row.response = r#"{"status":"completed"}"#.into();
+        let db = store.db.clone();
+        let ends = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            db.put_responses(None, &[&row]).await.unwrap();
+        });
+        store.until_ended("resp_1", Duration::from_secs(5)).await.unwrap();
+        ends.await.unwrap();
     }
 
     #[test]

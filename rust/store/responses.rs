@@ -83,7 +83,7 @@ impl Store {
         let first = self.load(prev, owner).await?.ok_or_else(|| not_found(prev))?;
         // A background response still running: its output is the chain's, so wait for its end (bounded).
         if super::background::is_running(&first.response) {
-            self.until_ended(prev).await?;
+            self.until_ended(prev, super::background::CHAIN_WAIT).await?;
         }
         let links = self.db.chain_sizes(prev).await.map_err(failed)?;
         let bytes: i64 = links.iter().map(|l| l.bytes).sum();
