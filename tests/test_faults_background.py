@@ -1,14 +1,18 @@
 """Background responses under faults (issue 40), two replicas on one PostgreSQL, judged over HTTP with the `openai`
 SDK: a replica paused past its claim's lease does not overwrite the final Response of the one that took the run
 over; a drain hands its runs over (none failed, none stranded); a DELETE stops the run and sticks; a chain on a
-running response waits for its output; any replica reads a running response as `in_progress`; and, on SQLite, a
-restarted replica runs what its drain released. Each counts the stranded and doubled runs and asserts none. Claims
+running response waits for its output; any replica reads a running response as `in_progress`; a replica cut off
+from the store past its lease does as a paused one; and, on SQLite, a restarted replica runs what its drain
+released. Each counts the stranded and doubled runs and asserts none. Claims
 here hold 4 s (`--claim-lease 4`)."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +22,7 @@ import openai
 import pytest
 from conftest import MODEL, Server, start_server
 
-from pg_server import bindir, fresh_database
+from pg_server import bindir, free_port, fresh_database
 
 LONG = {"ignore_eos": True}  # the sim answers until max_output_tokens
 LEASE = "4"
@@ -203,3 +207,89 @@ def test_a_restart_on_sqlite_runs_what_its_drain_released(tmp_path: Any) -> None
         assert runs_again(again) == 2
     finally:
         again.stop()
+
+
+class Cuttable:
+    """A TCP relay to the database that can be cut (every connection through it dropped, new ones refused) and
+    restored: one replica's store outage, the other's store still there."""
+
+    def __init__(self, upstream: int) -> None:
+        self.upstream, self.port, self.open = upstream, free_port(), True
+        self.conns: list[socket.socket] = []
+        self.listener = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if not self.open:
+                client.close()
+                continue
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            self.conns += [client, server]
+            for src, dst in ((client, server), (server, client)):
+                threading.Thread(target=self.pump, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        self.open = False
+        for s in self.conns:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+        self.conns = []
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()
+
+
+def test_a_store_outage_past_the_lease_never_overwrites_the_final_response(pg_url: str) -> None:
+    """A's store is cut off while it runs a background response, past the lease: B takes the run over. The store
+    comes back before A's run ends: A finds its claim gone and stops; the final Response is B's, written once."""
+    store = fresh_database(pg_url, "faults_bg_outage")
+    head, tail = store.rsplit(":", 1)
+    port, name = tail.split("/", 1)
+    relay = Cuttable(int(port))
+    a = replica(f"{head}:{relay.port}/{name}")
+    b = replica(store)
+    try:
+        r = create(a, input="Run long.", background=True, max_output_tokens=600)  # 12 s at 20 ms a token
+        until_running(a, r.id)
+        time.sleep(0.5)  # its in_progress is in the store
+        relay.cut()
+        deadline = time.monotonic() + 20
+        while runs_again(b) == 0:  # the lease (4 s) runs out, and b takes it over
+            assert time.monotonic() < deadline, "never taken over"
+            time.sleep(0.1)
+        relay.open = True  # the store is back, before a's run ends
+        first = until_done(a, r.id, timeout=40)
+        assert first.status in ENDED and first.output and first.completed_at, first
+        final = (first.status, first.completed_at, first.output)
+        # Until neither replica runs anything (whatever either still had in hand has ended), and a while after.
+        settled, deadline = time.monotonic() + 3, time.monotonic() + 30
+        while time.monotonic() < settled or load(a) + load(b) > 0:
+            assert time.monotonic() < deadline, "still running"
+            for srv in (a, b):
+                now = srv.client().responses.retrieve(r.id)
+                assert (now.status, now.completed_at, now.output) == final, "a final Response was overwritten"
+            time.sleep(0.2)
+        assert runs_again(b) == 1 and runs_again(a) == 0, "run twice over"
+        assert "claim was lost" in a.log()
+        assert claims_left(store) == 0, "a claim left behind"
+    finally:
+        relay.close()
+        a.stop()
+        b.stop()
