@@ -230,22 +230,25 @@ async fn mark_running(store: &Store, run: &Run, latest: &[u8]) -> bool {
 
 /// A background run's request has finished (called where it finishes, on its rank's thread): its final Response
 /// from `last`, written under its claim if it still holds it, then `deliver`ed (the stream's readers see its end
-/// once it is stored). A run stopped meanwhile writes nothing: its stopper ended it.
+/// once it is stored; an error instead if the store could not take it: the claim, kept, is released once the run
+/// has ended here, and the run runs again). A run stopped meanwhile writes nothing: its stopper ended it.
 pub(super) fn record_then(store: &Arc<Store>, run: Arc<Run>, mut keep: Keep, last: Bytes, deliver: Deliver) {
     let Some(response) = response_text(&last, true).map(<[u8]>::to_vec) else {
         // Its run records it as failed once its stream ends.
         tracing::warn!(response_id = %run.id, "a background response's last bytes held no Response");
-        return deliver(last);
+        return deliver(Ok(last));
     };
     if !run.begin_end() {
-        return deliver(last);
+        return deliver(Ok(last));
     }
     let held = store.clone();
     store.spawn(async move {
         let store = held;
         let text = String::from_utf8_lossy(&response);
-        if !end_with(&store, &run, Some(&text)).await {
-            return deliver(last);
+        match end_with(&store, &run, Some(&text)).await {
+            Ok(true) => {}
+            Ok(false) => return deliver(Ok(last)), // another ended it: what the store holds is its end
+            Err(e) => return deliver(Err(failed(e))),
         }
         store.retention.grew(&keep.owner, text.len());
         if keep.conversation.is_some() {
@@ -253,27 +256,29 @@ pub(super) fn record_then(store: &Arc<Store>, run: Arc<Run>, mut keep: Keep, las
             keep.store = false;
             store.record_then(run.id.clone(), keep, last, true, deliver);
         } else {
-            deliver(last);
+            deliver(Ok(last));
         }
     });
 }
 
 /// End the run in the store under its claim, with its final Response (None: none, as for a deleted one); whether
 /// this ended it. A store that fails is asked again a few times: a final state is not given up lightly.
-async fn end_with(store: &Store, run: &Run, response: Option<&str>) -> bool {
-    for attempt in 0..5 {
+async fn end_with(store: &Store, run: &Run, response: Option<&str>) -> Result<bool, crate::store::StoreError> {
+    let mut attempt = 0;
+    loop {
         match store.db.end_run(&run.id, run.claim(&store.instance), response).await {
             Ok(ended) => {
                 if !ended {
                     tracing::info!(response_id = %run.id, "a background response's claim was lost: its end not written");
                 }
-                return ended;
+                return Ok(ended);
             }
+            Err(e) if attempt >= 4 => return Err(e),
             Err(e) => tracing::warn!(response_id = %run.id, attempt, "could not end a background response: {e}"),
         }
+        attempt += 1;
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    false
 }
 
 /// Give the run's claim up for another replica (a drain): it is not failed, and runs again there from its start.
@@ -322,7 +327,7 @@ pub(super) async fn stop(store: &Store, run: &Run, deleted: bool) {
     }
     run.release();
     if deleted {
-        end_with(store, run, None).await;
+        let _ = end_with(store, run, None).await; // else its claim lapses, and whoever takes it finds it deleted
         tracing::info!(response_id = %run.id, "a background response was deleted: stopped");
     } else {
         tracing::info!(response_id = %run.id, "a background response's claim was lost: stopped here");
@@ -342,7 +347,7 @@ async fn end_as(store: &Store, run: &Run, status: &str, error: Option<Value>) ->
     if let Some(error) = error {
         response["error"] = error;
     }
-    if !end_with(store, run, Some(&response.to_string())).await {
+    if !matches!(end_with(store, run, Some(&response.to_string())).await, Ok(true)) {
         // Another ended it first (or its claim is gone): what the store holds is its state.
         if let Some(row) = store.load_any(&run.id).await.ok().flatten() {
             response = serde_json::from_str(&row.response).unwrap_or(response);
