@@ -5,16 +5,22 @@
 //! `POST /v1/responses/{id}/cancel` stops it on the replica that runs it, asked through any (`background_lease`,
 //! which also runs it again elsewhere if its replica dies).
 //!
+//! Its writes name its claim (`store::background::Claim`, issue 40): `in_progress` as it reaches a rank, then one
+//! final state, written by whoever ends it first (its run, a cancel, a DELETE); a run whose claim was lost writes
+//! nothing. A drain hands it over instead of failing it (`hand_over`).
+//!
 //! Traced, the `POST` has its own short span, and the run a trace of its own linked to it (`crate::trace`).
 
 use super::AppState;
-use super::background_lease::{LEASE_S, cancel_elsewhere};
+use super::background_lease::cancel_elsewhere;
 use super::generate::{serve, sse_response};
 use super::traced::Traced;
 use crate::doors::{Door, GenerateRequest};
 use crate::error::ApiError;
-use crate::store::background::Run;
+use crate::store::background::{Run, is_running};
+use crate::store::responses::{Keep, response_text};
 use crate::store::{Store, StoredResponse, failed, items};
+use crate::stream::Deliver;
 use crate::trace::body::{TracedBody, TracedStream};
 use crate::trace::{Outcome, RequestTrace, ResponseGuard, StopCause};
 use axum::Json;
@@ -59,7 +65,7 @@ pub async fn start(
     }
     let response_id = format!("{}{:016x}", door.id_prefix(), crate::ids::random_u64());
     // A place in the background lane, or its own 429 (`store::background`).
-    let run = store.runs.start(&response_id, Some(&req.owner))?;
+    let run = store.runs.start(&response_id, Some(&req.owner), 0)?;
     let mut body: Value = serde_json::from_slice(&req.body).map_err(|_| ApiError::Internal)?;
     let queued = queued_response(&body, &response_id);
     // In the store before the client has its id: `GET` answers from any replica.
@@ -80,12 +86,13 @@ pub async fn start(
     body["stream"] = json!(true);
     let body = Bytes::from(serde_json::to_vec(&body).map_err(|_| ApiError::Internal)?);
     // Claimed with its request kept: if this replica dies, another runs it (`background_lease`).
-    let until = items::now() + LEASE_S;
+    let until = items::now() + store.lease_s;
     let kept = std::str::from_utf8(&body).map_err(|_| ApiError::Internal)?;
     if let Err(e) = store.db.put_run(&response_id, kept, &store.instance, until).await {
         store.runs.forget(&response_id);
         return Err(failed(e));
     }
+    run.set_claimed();
     let (guard, run_trace) = traces(st, traced, &req, &response_id, arrival, door, &request_id);
     let (owner, ran) = (req.owner.clone(), run.clone());
     let task =
@@ -162,14 +169,34 @@ pub(super) async fn run_in_background(
         }
     };
     match outcome {
-        Ok(resp) => {
+        Ok(resp) if run.generating() => {
             let mut data = resp.into_body().into_data_stream();
             // Dropped before `data` (the request's body, whose drop aborts it): a cancel names itself first.
             let mut cancel = StopCause::new(trace.clone(), "cancelled");
+            let mut announced = false;
             while let Some(Ok(chunk)) = data.next().await {
                 run.push(&chunk);
+                if !announced && let Some(latest) = run.latest() {
+                    announced = true;
+                    if !mark_running(&store, &run, &latest).await && run.give_up() {
+                        // Its claim is gone (taken over, or its Response deleted): it stops, and writes nothing.
+                        tracing::info!(response_id = %run.id, "a background response's claim was lost: stopped here");
+                        break;
+                    }
+                }
             }
             cancel.disarm();
+            drop(data);
+            if run.begin_end() {
+                // Its stream ended without a final state (cut on its way): that is its end.
+                let error = json!({"code": "server_error", "message": "The response ended before it finished."});
+                end_as(&store, &run, "failed", Some(error)).await;
+            }
+        }
+        Ok(_) => {} // stopped as it reached a rank: its stopper ended it
+        Err(_) if store.hand_over.has_begun() && run.give_up() => {
+            // Refused because this replica drains: handed over to another, not failed.
+            hand_over(&store, &run).await;
         }
         Err(e) => {
             run.release(); // before it reads as failed
@@ -178,39 +205,138 @@ pub(super) async fn run_in_background(
             }
             tracing::info!(target: "deepinfer_server::request", request_id = %request_id, response_id = %run.id,
                 status = e.status().as_u16(), reason = e.code(), "background response failed: {e}");
-            let error = json!({"code": e.code(), "message": e.to_string()});
-            end_as(&store, &run, "failed", Some(error)).await;
+            if run.begin_end() {
+                let error = json!({"code": e.code(), "message": e.to_string()});
+                end_as(&store, &run, "failed", Some(error)).await;
+            }
         }
     }
     unfinished.disarm();
     store.runs.ended(&run);
-    end_run(&store, &run.id).await;
 }
 
-/// Give up the claim on a run that ended.
-async fn end_run(store: &Store, id: &str) {
-    if let Err(e) = store.db.end_run(id).await {
-        tracing::warn!(response_id = %id, "could not end a background response's claim: {e}");
+/// Write the Response as it runs (`in_progress`), so any replica reads it so; false if the run's claim is gone.
+async fn mark_running(store: &Store, run: &Run, latest: &[u8]) -> bool {
+    let Ok(mut response) = serde_json::from_slice::<Value>(latest) else { return true };
+    response["status"] = json!("in_progress");
+    match store.db.put_running(&run.id, &store.instance, run.generation, &response.to_string()).await {
+        Ok(held) => held,
+        Err(e) => {
+            tracing::warn!(response_id = %run.id, "could not record a background response as in progress: {e}");
+            true // the store is down, not the claim: its final write says
+        }
     }
+}
+
+/// A background run's request has finished (called where it finishes, on its rank's thread): its final Response
+/// from `last`, written under its claim if it still holds it, then `deliver`ed (the stream's readers see its end
+/// once it is stored; an error instead if the store could not take it: the claim, kept, is released once the run
+/// has ended here, and the run runs again). A run stopped meanwhile writes nothing: its stopper ended it.
+pub(super) fn record_then(store: &Arc<Store>, run: Arc<Run>, mut keep: Keep, last: Bytes, deliver: Deliver) {
+    let Some(response) = response_text(&last, true).map(<[u8]>::to_vec) else {
+        // Its run records it as failed once its stream ends.
+        tracing::warn!(response_id = %run.id, "a background response's last bytes held no Response");
+        return deliver(Ok(last));
+    };
+    if !run.begin_end() {
+        return deliver(Ok(last));
+    }
+    let held = store.clone();
+    store.spawn(async move {
+        let store = held;
+        let text = String::from_utf8_lossy(&response);
+        match end_with(&store, &run, Some(&text)).await {
+            Ok(true) => {}
+            Ok(false) => return deliver(Ok(last)), // another ended it: what the store holds is its end
+            Err(e) => return deliver(Err(failed(e))),
+        }
+        store.retention.grew(&keep.owner, text.len());
+        if keep.conversation.is_some() {
+            // Its conversation gains its input and output, as any response's does (the Response row is written).
+            keep.store = false;
+            store.record_then(run.id.clone(), keep, last, true, deliver);
+        } else {
+            deliver(Ok(last));
+        }
+    });
+}
+
+/// End the run in the store under its claim, with its final Response (None: none, as for a deleted one); whether
+/// this ended it. A store that fails is asked again a few times: a final state is not given up lightly.
+async fn end_with(store: &Store, run: &Run, response: Option<&str>) -> Result<bool, crate::store::StoreError> {
+    let mut attempt = 0;
+    loop {
+        match store.db.end_run(&run.id, run.claim(&store.instance), response).await {
+            Ok(ended) => {
+                if !ended {
+                    tracing::info!(response_id = %run.id, "a background response's claim was lost: its end not written");
+                }
+                return Ok(ended);
+            }
+            Err(e) if attempt >= 4 => return Err(e),
+            Err(e) => tracing::warn!(response_id = %run.id, attempt, "could not end a background response: {e}"),
+        }
+        attempt += 1;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Give the run's claim up for another replica (a drain): it is not failed, and runs again there from its start.
+pub(super) async fn hand_over(store: &Store, run: &Run) {
+    let _writing = store.hand_over.handing();
+    run.release();
+    match store.db.release_run(&run.id, &store.instance, run.generation).await {
+        Ok(_) => tracing::info!(response_id = %run.id, "a background response was handed over by the drain"),
+        Err(e) => tracing::warn!(response_id = %run.id, "could not hand over a background response: {e}"),
+    }
+    store.runs.ended(run);
 }
 
 /// `POST /v1/responses/{id}/cancel` for a background response: stopped if it runs here, recorded as cancelled;
-/// one that already ended is answered as it is.
+/// one that already ended is answered as it is. One stopped here that runs elsewhere now (its claim was lost, or
+/// handed over) is asked of that replica.
 pub async fn cancel(store: &Arc<Store>, id: &str) -> Result<Option<Response>, ApiError> {
     let Some(run) = store.runs.get(id) else { return cancel_elsewhere(store, id).await };
-    if run.cancel() {
-        run.release(); // before it reads as cancelled
-        let cancelled = end_as(store, &run, "cancelled", None).await;
-        store.runs.ended(&run);
-        end_run(store, id).await;
+    if let Some(cancelled) = cancel_here(store, &run).await {
         return Ok(Some(Json(cancelled).into_response()));
     }
-    store.settled(id).await;
+    run.wait_finished(crate::store::WRITE_WAIT).await; // its final state is being written
     let stored = store.load_any(id).await?.ok_or(ApiError::Internal)?;
+    if run.is_stopped() && is_running(&stored.response) {
+        return cancel_elsewhere(store, id).await;
+    }
     Ok(Some(([(axum::http::header::CONTENT_TYPE, "application/json")], stored.response).into_response()))
 }
 
-/// Record the Response as it stands with `status` (and its error), and tell readers of its stream.
+/// Cancel a run here: the cancelled Response, or None if it had ended or was stopped already.
+pub(super) async fn cancel_here(store: &Store, run: &Run) -> Option<Value> {
+    if !run.stop() {
+        return None;
+    }
+    run.release(); // before it reads as cancelled
+    let cancelled = end_as(store, run, "cancelled", None).await;
+    store.runs.ended(run);
+    Some(cancelled)
+}
+
+/// Stop a run here from outside (its claim lost, its Response deleted): nothing more is written for it, but for
+/// a deleted one's claim, removed.
+pub(super) async fn stop(store: &Store, run: &Run, deleted: bool) {
+    if !run.stop() {
+        return;
+    }
+    run.release();
+    if deleted {
+        let _ = end_with(store, run, None).await; // else its claim lapses, and whoever takes it finds it deleted
+        tracing::info!(response_id = %run.id, "a background response was deleted: stopped");
+    } else {
+        tracing::info!(response_id = %run.id, "a background response's claim was lost: stopped here");
+    }
+    store.runs.ended(run);
+}
+
+/// Record the Response as it stands with `status` (and its error), under the run's claim, and tell readers of its
+/// stream. The caller made sure it may end it (`Run::begin_end`, or `Run::stop`).
 async fn end_as(store: &Store, run: &Run, status: &str, error: Option<Value>) -> Value {
     let stored = store.load_any(&run.id).await.ok().flatten();
     let mut response: Value = match run.latest() {
@@ -221,10 +347,10 @@ async fn end_as(store: &Store, run: &Run, status: &str, error: Option<Value>) ->
     if let Some(error) = error {
         response["error"] = error;
     }
-    if let Some(mut row) = stored {
-        row.response = response.to_string();
-        if let Err(e) = store.db.put_responses(None, &[&row]).await {
-            tracing::error!(response_id = %run.id, "could not record a {status} background response: {e}");
+    if !matches!(end_with(store, run, Some(&response.to_string())).await, Ok(true)) {
+        // Another ended it first (or its claim is gone): what the store holds is its state.
+        if let Some(row) = store.load_any(&run.id).await.ok().flatten() {
+            response = serde_json::from_str(&row.response).unwrap_or(response);
         }
     }
     if status == "failed" {

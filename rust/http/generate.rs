@@ -169,8 +169,11 @@ pub(crate) async fn serve(
                     Some(e) => Bytes::from(e.apply(&last)),
                     None => last,
                 };
-                // A cancelled background response is recorded as cancelled, by its canceller.
-                if keep.writes() && !run.as_ref().is_some_and(|r| r.is_cancelled()) {
+                // A background response's final state is written under its claim, by whoever ends it first (its
+                // run, or a cancel or a stop, which then writes it), never by the batched writer.
+                if let Some(run) = run {
+                    super::background::record_then(&store, run, keep, last, deliver);
+                } else if keep.writes() {
                     store.record_then(rid, keep, last, stream, deliver);
                 } else {
                     deliver(Ok(last));

@@ -10,6 +10,10 @@
 //! - events: each run keeps the latest `window` bytes of its stream (older events go: a replay that asks for them
 //!   is a 400, and a live reader that falls that far behind ends); ended runs are kept for replay, the oldest
 //!   dropped first, while together they hold at most `replay_bytes`, and for `KEEP_AFTER` at most.
+//!
+//! Each run knows its claim in the store (issue 40): this replica's name and the generation it holds the run
+//! under (`Claim`), named by every write it makes there. Its `Stage` says who may end it: the holder's own final
+//! write (`begin_end`) and a stop (a cancel, a lost claim, a drain's hand-over) exclude each other.
 
 use crate::error::ApiError;
 use crate::owner::Owner;
@@ -17,7 +21,7 @@ use bytes::Bytes;
 use futures_util::Stream;
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -30,6 +34,47 @@ const WINDOW_MIN: usize = 64 << 10;
 const PARTIAL_ROOM: usize = 16 << 10;
 /// What a kept event costs beside its text, counted with it: its slot in the queue and its allocation's own.
 const EVENT_COST: usize = 64;
+
+/// Which claim a write names: its holder's (owner, generation), or any claim whose lease ran out before `now`
+/// (its replica is dead, or released it).
+#[derive(Clone, Copy, Debug)]
+pub enum Claim<'a> {
+    Held { owner: &'a str, generation: i64 },
+    Lapsed { now: i64 },
+}
+
+/// One claim renewed: its id and generation, whether a cancel was asked of it, and whether its Response is gone
+/// (deleted: the run stops).
+#[derive(Debug, sqlx::FromRow)]
+pub struct Renewed {
+    pub id: String,
+    pub claim_gen: i64,
+    pub cancel_asked: bool,
+    pub deleted: bool,
+}
+
+/// A run taken over: its id, request, generation now, and whether a cancel was asked of the replica before.
+#[derive(Debug, sqlx::FromRow)]
+pub struct TakenOver {
+    pub id: String,
+    pub body: String,
+    pub claim_gen: i64,
+    pub cancel_asked: bool,
+}
+
+/// Where a run stands (`Run::stage`): each moves only forward, and ending and stopping exclude each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Stage {
+    /// Waiting for a slot (or for the response it continues).
+    Waiting,
+    /// Its request runs on a rank: it writes `in_progress`.
+    Generating,
+    /// Its holder is writing its final state.
+    Ending,
+    /// Stopped from outside (cancelled, its claim lost, handed over, deleted): its holder writes nothing more.
+    Stopped,
+}
 
 /// How much the runs may hold (`--max-background-runs`, `--max-background-runs-per-owner`,
 /// `--background-replay-bytes`).
@@ -106,7 +151,11 @@ pub struct Run {
     /// (events so far, finished): what a reader waits on.
     progress: watch::Sender<(usize, bool)>,
     task: Mutex<Option<tokio::task::AbortHandle>>,
-    cancelled: AtomicBool,
+    /// The generation this replica holds its claim under.
+    pub generation: i64,
+    /// Whether its claim is in the store yet: a claim renewal that started before is not expected to name it.
+    claimed: AtomicBool,
+    stage: AtomicU8,
     /// Whether it was put with the ended runs (`Runs::ended`).
     ended: AtomicBool,
 }
@@ -129,9 +178,9 @@ impl Runs {
         Runs { limits, counted: Arc::default(), kept: Mutex::default() }
     }
 
-    /// A new run for `id`, counted for `owner` (None: a run taken over from another replica, whose owner is not
-    /// known here: counted in all only); a 429 past either cap.
-    pub fn start(&self, id: &str, owner: Option<&Owner>) -> Result<Arc<Run>, ApiError> {
+    /// A new run for `id` held under `generation`, counted for `owner` (None: a run taken over from another
+    /// replica, whose owner is not known here: counted in all only); a 429 past either cap.
+    pub fn start(&self, id: &str, owner: Option<&Owner>, generation: i64) -> Result<Arc<Run>, ApiError> {
         let place = {
             let mut c = self.counted.lock().unwrap();
             if c.all >= self.limits.max_runs {
@@ -156,7 +205,9 @@ impl Runs {
             partial: Mutex::default(),
             progress: watch::channel((0, false)).0,
             task: Mutex::default(),
-            cancelled: AtomicBool::new(false),
+            generation,
+            claimed: AtomicBool::new(false),
+            stage: AtomicU8::new(Stage::Waiting as u8),
             ended: AtomicBool::new(false),
         });
         let mut kept = self.kept.lock().unwrap();
@@ -169,6 +220,13 @@ impl Runs {
         let mut kept = self.kept.lock().unwrap();
         self.prune(&mut kept);
         kept.runs.get(id).cloned()
+    }
+
+    /// The runs known here that have not ended, with their claim in the store.
+    pub fn claimed(&self) -> Vec<Arc<Run>> {
+        let kept = self.kept.lock().unwrap();
+        let live = kept.runs.values().filter(|r| !r.ended.load(Ordering::Acquire) && r.claimed.load(Ordering::Acquire));
+        live.cloned().collect()
     }
 
     /// A run that never started (its row could not be written).
@@ -272,9 +330,51 @@ impl Run {
         self.progress.borrow().1
     }
 
-    /// Stop it: its task (and with it the request on its rank) ends; true if it was still running.
-    pub fn cancel(&self) -> bool {
-        if self.finished() || self.cancelled.swap(true, Ordering::AcqRel) {
+    /// Its claim is in the store from now on.
+    pub fn set_claimed(&self) {
+        self.claimed.store(true, Ordering::Release);
+    }
+
+    /// The claim its writes name: this replica's (`instance`) under its generation.
+    pub fn claim<'a>(&self, instance: &'a str) -> Claim<'a> {
+        Claim::Held { owner: instance, generation: self.generation }
+    }
+
+    pub fn stage(&self) -> Stage {
+        match self.stage.load(Ordering::Acquire) {
+            0 => Stage::Waiting,
+            1 => Stage::Generating,
+            2 => Stage::Ending,
+            _ => Stage::Stopped,
+        }
+    }
+
+    /// Move from Waiting or Generating to `to`; whether it did.
+    fn advance(&self, to: Stage) -> bool {
+        let mut at = self.stage.load(Ordering::Acquire);
+        while at <= Stage::Generating as u8 && at < to as u8 {
+            match self.stage.compare_exchange(at, to as u8, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(now) => at = now,
+            }
+        }
+        false
+    }
+
+    /// Its request reached a rank; false if it was stopped or ended meanwhile.
+    pub fn generating(&self) -> bool {
+        self.advance(Stage::Generating)
+    }
+
+    /// Its holder is about to write its final state; false if it was stopped first (then it writes nothing).
+    pub fn begin_end(&self) -> bool {
+        self.advance(Stage::Ending)
+    }
+
+    /// Stop it from outside: its task (and with it the request on its rank) ends, and its holder writes nothing
+    /// more; true if it was still running (whoever stops it then ends it in the store, and calls `Runs::ended`).
+    pub fn stop(&self) -> bool {
+        if !self.give_up() {
             return false;
         }
         if let Some(task) = self.task.lock().unwrap().take() {
@@ -283,8 +383,20 @@ impl Run {
         true
     }
 
-    pub fn is_cancelled(&self) -> bool {
-        self.cancelled.load(Ordering::Acquire)
+    /// Stop it from its own task (its claim is gone, or a drain hands it over): as `stop`, its task left to end
+    /// by itself.
+    pub fn give_up(&self) -> bool {
+        !self.finished() && self.advance(Stage::Stopped)
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.stage() == Stage::Stopped
+    }
+
+    /// Wait (at most `within`) until its stream has ended: its final state is written by then.
+    pub async fn wait_finished(&self, within: Duration) {
+        let mut rx = self.progress.subscribe();
+        let _ = tokio::time::timeout(within, rx.wait_for(|p| p.1)).await;
     }
 
     /// The Response as its latest whole-Response event has it (`in_progress`), while it runs.
@@ -357,6 +469,54 @@ fn sequence_number(event: &[u8]) -> Option<u64> {
     std::str::from_utf8(&event[at..at + digits]).ok()?.parse().ok()
 }
 
+/// Whether a stored Response has yet to end (its own `status`, not a `status` its metadata may hold).
+pub fn is_running(response: &str) -> bool {
+    let status = serde_json::from_str::<serde_json::Value>(response).ok().and_then(|r| r.get("status").cloned());
+    matches!(status.as_ref().and_then(serde_json::Value::as_str), Some("queued" | "in_progress"))
+}
+
+/// Longest a request that continues a background response still running waits for it to end.
+pub const CHAIN_WAIT: Duration = Duration::from_secs(60);
+
+impl super::Store {
+    /// Run `task` on the store's runtime (from a thread that has none: the rank's, as a request finishes).
+    pub fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.runtime.spawn(task);
+    }
+
+    /// Wait (at most `within`: `CHAIN_WAIT`) until the background response `id`, read as still running, has ended,
+    /// for a request that continues it: its output is then the chain's. A 409 `response_in_progress` past the wait.
+    pub async fn until_ended(&self, id: &str, within: Duration) -> Result<(), ApiError> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Some(run) = self.runs.get(id).filter(|r| !r.finished()) {
+                // Running here: its end is seen at once (its final state is written before its stream ends).
+                run.wait_finished(Duration::from_secs(1)).await;
+            } else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            match self.db.get_response(id).await.map_err(super::failed)? {
+                Some(row) if is_running(&row.response) => {}
+                _ => return Ok(()), // ended (or deleted: the chain's own read says so)
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(in_progress(id));
+            }
+        }
+    }
+}
+
+/// OpenAI's envelope for a request that continues a response still running past the wait.
+fn in_progress(id: &str) -> ApiError {
+    let message = format!(
+        "Response '{}' is still in progress: continue from it once it has ended (its status is 'completed').",
+        crate::error::clip(id, crate::error::ECHO_MAX)
+    );
+    let body = serde_json::json!({"error": {"message": message, "type": "invalid_request_error",
+        "param": "previous_response_id", "code": "response_in_progress"}});
+    ApiError::Codec { status: axum::http::StatusCode::CONFLICT, body: body.to_string() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,7 +525,7 @@ mod tests {
     #[tokio::test]
     async fn events_are_kept_whole_and_replayed_after_a_sequence_number() {
         let runs = Runs::default();
-        let run = runs.start("resp_1", None).unwrap();
+        let run = runs.start("resp_1", None, 0).unwrap();
         run.push(b"event: a\ndata: {\"sequence_number\":0}\n\n: keep-alive\n\nevent: b\ndata: {\"seq");
         run.push(b"uence_number\":1}\n\n");
         let late = tokio::spawn(run.clone().follow(Some(0)).collect::<Vec<_>>());
@@ -375,28 +535,77 @@ mod tests {
         assert_eq!(got.len(), 2);
         assert!(got[0].starts_with(b"event: b") && got[1].starts_with(b"event: c"));
         assert_eq!(run.clone().follow(None).count().await, 3);
-        assert!(!run.cancel(), "a finished run is not cancelled");
+        assert!(!run.stop(), "a finished run is not stopped");
     }
 
     #[test]
     fn runs_are_capped_per_owner_and_in_all_and_an_ended_one_frees_its_place_at_once() {
         let runs = Runs::new(Limits { max_runs: 3, per_owner: 2, replay_bytes: 1 << 20 });
         let (a, b) = (Owner::for_key("a"), Owner::for_key("b"));
-        let a1 = runs.start("r1", Some(&a)).unwrap();
-        runs.start("r2", Some(&a)).unwrap();
-        assert!(matches!(runs.start("r3", Some(&a)), Err(ApiError::BackgroundOwnerFull(2))));
-        runs.start("r4", Some(&b)).unwrap();
-        assert!(matches!(runs.start("r5", Some(&b)), Err(ApiError::BackgroundFull(3))));
+        let a1 = runs.start("r1", Some(&a), 0).unwrap();
+        runs.start("r2", Some(&a), 0).unwrap();
+        assert!(matches!(runs.start("r3", Some(&a), 0), Err(ApiError::BackgroundOwnerFull(2))));
+        runs.start("r4", Some(&b), 0).unwrap();
+        assert!(matches!(runs.start("r5", Some(&b), 0), Err(ApiError::BackgroundFull(3))));
         runs.ended(&a1);
         assert!(runs.get("r1").is_some(), "kept for replay");
-        runs.start("r6", Some(&a)).unwrap();
+        runs.start("r6", Some(&a), 0).unwrap();
         assert_eq!(runs.held().0, 3);
+    }
+
+    #[test]
+    fn a_stop_and_its_holders_end_exclude_each_other() {
+        let runs = Runs::default();
+        let ending = runs.start("r1", None, 0).unwrap();
+        assert!(ending.generating() && ending.begin_end());
+        assert!(!ending.stop() && !ending.give_up(), "its holder writes its end: nobody stops it");
+        let stopped = runs.start("r2", None, 3).unwrap();
+        assert!(stopped.stop() && stopped.is_stopped());
+        assert!(!stopped.generating() && !stopped.begin_end(), "stopped: its holder writes nothing more");
+        assert!(matches!(stopped.claim("me"), Claim::Held { owner: "me", generation: 3 }));
+        assert!(runs.claimed().is_empty(), "no claim in the store yet");
+        stopped.set_claimed();
+        assert_eq!(runs.claimed().len(), 1);
+        runs.ended(&stopped);
+        assert!(runs.claimed().is_empty(), "ended");
+    }
+
+    #[tokio::test]
+    async fn a_chain_waits_for_a_running_response_then_is_a_409_past_the_wait() {
+        use crate::store::{Db, Store, StoredResponse, retention::Retention};
+        let db = Db::open("memory").await.unwrap();
+        let mut row = StoredResponse {
+            id: "resp_1".into(),
+            created_at: 1,
+            model: "m".into(),
+            previous_response_id: None,
+            context: String::new(),
+            input_items: "[]".into(),
+            response: r#"{"status":"in_progress","metadata":{"status":"completed"}}"#.into(),
+            owned_by: String::new(),
+        };
+        db.put_responses(None, &[&row]).await.unwrap();
+        let retention = Retention::new(None, Default::default());
+        let store = Store::new(db, None, retention, Limits::default(), 15, tokio::runtime::Handle::current());
+        let err = store.until_ended("resp_1", Duration::from_millis(300)).await.unwrap_err();
+        assert_eq!(err.status(), axum::http::StatusCode::CONFLICT);
+        let envelope: serde_json::Value = serde_json::from_str(&err.envelope()).unwrap();
+        assert_eq!(envelope["error"]["code"], "response_in_progress");
+        assert_eq!(envelope["error"]["param"], "previous_response_id");
+        row.response = r#"{"status":"completed"}"#.into();
+        let db = store.db.clone();
+        let ends = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            db.put_responses(None, &[&row]).await.unwrap();
+        });
+        store.until_ended("resp_1", Duration::from_secs(5)).await.unwrap();
+        ends.await.unwrap();
     }
 
     #[test]
     fn a_run_keeps_its_window_and_ended_runs_their_budget() {
         let runs = Runs::new(Limits { max_runs: 1, per_owner: 1, replay_bytes: WINDOW_MIN });
-        let run = runs.start("r1", None).unwrap();
+        let run = runs.start("r1", None, 0).unwrap();
         let event =
             |i: usize| format!("event: x\ndata: {{\"sequence_number\":{i},\"pad\":\"{}\"}}\n\n", "p".repeat(1000));
         for i in 0..200 {
@@ -406,7 +615,7 @@ mod tests {
         assert!(kept_from > 100 && kept_from < 199, "{kept_from}");
         assert!(run.events.lock().unwrap().bytes <= WINDOW_MIN);
         runs.ended(&run);
-        let second = runs.start("r2", None).unwrap();
+        let second = runs.start("r2", None, 0).unwrap();
         second.push(event(0).as_bytes());
         runs.ended(&second);
         assert!(runs.get("r1").is_none(), "the oldest ended run goes past the budget");

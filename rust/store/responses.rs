@@ -80,7 +80,11 @@ impl Store {
     async fn chain_context(&self, prev: &str, owner: &Owner) -> Result<Vec<Value>, ApiError> {
         // OpenAI's 400 previous_response_not_found, which Codex-style clients key on.
         let not_found = |id: &str| ApiError::PreviousResponseNotFound(id.to_string());
-        self.load(prev, owner).await?.ok_or_else(|| not_found(prev))?;
+        let first = self.load(prev, owner).await?.ok_or_else(|| not_found(prev))?;
+        // A background response still running: its output is the chain's, so wait for its end (bounded).
+        if super::background::is_running(&first.response) {
+            self.until_ended(prev, super::background::CHAIN_WAIT).await?;
+        }
         let links = self.db.chain_sizes(prev).await.map_err(failed)?;
         let bytes: i64 = links.iter().map(|l| l.bytes).sum();
         if bytes as u64 > self.retention.chain_max {
@@ -315,7 +319,7 @@ pub(super) fn too_long(param: &str, id: &str, bytes: i64, max: u64) -> ApiError 
 
 /// The Response in a finished request's last bytes, as text: a non-stream's whole body, or the `response` of a
 /// stream's final lifecycle event (`{"type":…,"response":{…},"sequence_number":N}`).
-fn response_text(last: &[u8], stream: bool) -> Option<&[u8]> {
+pub(crate) fn response_text(last: &[u8], stream: bool) -> Option<&[u8]> {
     if !stream {
         return Some(last).filter(|b| b.first() == Some(&b'{'));
     }
