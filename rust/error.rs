@@ -92,6 +92,13 @@ pub enum ApiError {
     /// key on to start the chain afresh.
     #[error("Previous response with id '{}' not found.", clip(.0, ECHO_MAX))]
     PreviousResponseNotFound(String),
+    /// `previous_response_id` names a background response still running after the wait for its end
+    /// (`store::background::CHAIN_WAIT`): a 409, to continue from it once it has ended.
+    #[error(
+        "Response '{}' is still in progress: continue from it once it has ended (its status is 'completed').",
+        clip(.0, ECHO_MAX)
+    )]
+    ResponseInProgress(String),
     /// The state store failed (its database is down or refused the query); what failed is logged, not sent.
     #[error("The state store failed. Retry later.")]
     Store,
@@ -215,6 +222,7 @@ impl ApiError {
             PreviousResponseNotFound(_) => {
                 (StatusCode::BAD_REQUEST, "invalid_request_error", "previous_response_not_found")
             }
+            ResponseInProgress(_) => (StatusCode::CONFLICT, "invalid_request_error", "response_in_progress"),
             RouteNotFound(_) | NotFound { .. } => (StatusCode::NOT_FOUND, "invalid_request_error", "not_found"),
             StoreUnavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable_error", "store_unavailable"),
             Store => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", "store_error"),
@@ -245,7 +253,9 @@ impl ApiError {
             ApiError::ModelNotFound(_) => Some("model".to_string()),
             ApiError::Media { param, .. } => Some(param.clone()),
             ApiError::NotFound { param, .. } => param.map(str::to_string),
-            ApiError::PreviousResponseNotFound(_) => Some("previous_response_id".to_string()),
+            ApiError::PreviousResponseNotFound(_) | ApiError::ResponseInProgress(_) => {
+                Some("previous_response_id".to_string())
+            }
             ApiError::NotJson => Some("Content-Type".to_string()),
             _ => None,
         };

@@ -68,7 +68,6 @@ pub async fn start(
     let run = store.runs.start(&response_id, Some(&req.owner), 0)?;
     let mut body: Value = serde_json::from_slice(&req.body).map_err(|_| ApiError::Internal)?;
     let queued = queued_response(&body, &response_id);
-    // In the store before the client has its id: `GET` answers from any replica.
     let row = StoredResponse {
         id: response_id.clone(),
         created_at: items::now(),
@@ -79,16 +78,13 @@ pub async fn start(
         response: queued.to_string(),
         owned_by: req.owner.as_str().to_string(),
     };
-    if let Err(e) = store.db.put_responses(None, &[&row]).await {
-        store.runs.forget(&response_id);
-        return Err(failed(e));
-    }
     body["stream"] = json!(true);
     let body = Bytes::from(serde_json::to_vec(&body).map_err(|_| ApiError::Internal)?);
-    // Claimed with its request kept: if this replica dies, another runs it (`background_lease`).
+    // In the store before the client has its id (`GET` answers from any replica), claimed with its request kept
+    // (if this replica dies, another runs it: `background_lease`), both in one commit.
     let until = items::now() + store.lease_s;
     let kept = std::str::from_utf8(&body).map_err(|_| ApiError::Internal)?;
-    if let Err(e) = store.db.put_run(&response_id, kept, &store.instance, until).await {
+    if let Err(e) = store.db.queue_run(&row, kept, &store.instance, until).await {
         store.runs.forget(&response_id);
         return Err(failed(e));
     }

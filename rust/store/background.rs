@@ -500,21 +500,10 @@ impl super::Store {
                 _ => return Ok(()), // ended (or deleted: the chain's own read says so)
             }
             if tokio::time::Instant::now() >= deadline {
-                return Err(in_progress(id));
+                return Err(ApiError::ResponseInProgress(id.to_string()));
             }
         }
     }
-}
-
-/// OpenAI's envelope for a request that continues a response still running past the wait.
-fn in_progress(id: &str) -> ApiError {
-    let message = format!(
-        "Response '{}' is still in progress: continue from it once it has ended (its status is 'completed').",
-        crate::error::clip(id, crate::error::ECHO_MAX)
-    );
-    let body = serde_json::json!({"error": {"message": message, "type": "invalid_request_error",
-        "param": "previous_response_id", "code": "response_in_progress"}});
-    ApiError::Codec { status: axum::http::StatusCode::CONFLICT, body: body.to_string() }
 }
 
 #[cfg(test)]

@@ -1,22 +1,41 @@
 //! Background responses' claims: which replica runs each, until when, under which generation, and whether a cancel
 //! was asked elsewhere.
 //!
-//! A claim is fenced (issue 40): (owner, claim_gen). `put_run` starts it at generation 0, a take-over adds one,
+//! A claim is fenced (issue 40): (owner, claim_gen). `queue_run` starts it at generation 0, a take-over adds one,
 //! and every write its holder makes names both in the same statement or transaction, so a replica that lost its
 //! claim (paused past its lease, cut off from the store) has its writes refused. A run's final state is one
 //! transaction that removes its claim and, only if it did, writes the final Response: whoever ends it first
 //! (its holder, a canceller, a DELETE) wins, and nothing overwrites a final Response.
 
-use crate::store::StoreError;
 use crate::store::background::{Claim, Renewed, TakenOver};
 use crate::store::db::{Db, on_pool};
+use crate::store::{StoreError, StoredResponse};
 
 impl Db {
-    /// A background response `owner` runs from now (generation 0), with the request to run again if it dies.
-    pub async fn put_run(&self, id: &str, body: &str, owner: &str, until: i64) -> Result<(), StoreError> {
-        let q = "INSERT INTO background_runs (id, body, owner, lease_until, claim_gen) VALUES ($1, $2, $3, $4, 0)";
+    /// A background response as it is queued: its queued Response and its claim (generation 0, with the request
+    /// to run again if its replica dies), in one transaction, so a store that fails between the two never leaves
+    /// a `queued` Response that nobody will run.
+    pub async fn queue_run(&self, row: &StoredResponse, body: &str, owner: &str, until: i64) -> Result<(), StoreError> {
+        let response = "INSERT INTO responses (id, created_at, model, previous_response_id, context, input_items, \
+                        response, bytes, owned_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+        let run = "INSERT INTO background_runs (id, body, owner, lease_until, claim_gen) VALUES ($1, $2, $3, $4, 0)";
+        let bytes = (row.context.len() + row.input_items.len() + row.response.len()) as i64;
         on_pool!(self, |pool| {
-            sqlx::query(q).bind(id).bind(body).bind(owner).bind(until).execute(pool).await?;
+            let mut tx = pool.begin().await?;
+            sqlx::query(response)
+                .bind(&row.id)
+                .bind(row.created_at)
+                .bind(&row.model)
+                .bind(&row.previous_response_id)
+                .bind(&row.context)
+                .bind(&row.input_items)
+                .bind(&row.response)
+                .bind(bytes)
+                .bind(&row.owned_by)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(run).bind(&row.id).bind(body).bind(owner).bind(until).execute(&mut *tx).await?;
+            tx.commit().await?;
         });
         Ok(())
     }
@@ -109,7 +128,6 @@ impl Db {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::StoredResponse;
 
     async fn db_with(id: &str) -> Db {
         let db = Db::open("memory").await.unwrap();
@@ -123,8 +141,7 @@ mod tests {
             response: r#"{"status":"queued"}"#.into(),
             owned_by: String::new(),
         };
-        db.put_responses(None, &[&row]).await.unwrap();
-        db.put_run(id, "{}", "a", 100).await.unwrap();
+        db.queue_run(&row, "{}", "a", 100).await.unwrap();
         db
     }
 
