@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import socket
+import sqlite3
 import subprocess
 import threading
 import time
@@ -67,6 +68,9 @@ def load(srv: Server) -> int:
 
 def claims_left(store: str) -> int:
     """Rows of background_runs: a run nobody ends is stranded there."""
+    if not store.startswith("postgres"):
+        with contextlib.closing(sqlite3.connect(store)) as db:
+            return int(db.execute("SELECT count(*) FROM background_runs").fetchone()[0])
     out = subprocess.run(
         [f"{bindir()}/psql", store, "-tAc", "SELECT count(*) FROM background_runs"],
         check=True,
@@ -81,9 +85,8 @@ def runs_again(srv: Server) -> int:
     return srv.log().count("running again a background response whose replica stopped")
 
 
-@pytest.fixture
-def pair(pg_url: str, request: pytest.FixtureRequest) -> Iterator[tuple[Server, Server, str]]:
-    store = fresh_database(pg_url, f"faults_bg_{request.node.name[5:40].lower()}")
+@contextlib.contextmanager
+def replicas(store: str) -> Iterator[tuple[Server, Server, str]]:
     a, b = replica(store), replica(store)
     try:
         yield a, b, store
@@ -93,10 +96,27 @@ def pair(pg_url: str, request: pytest.FixtureRequest) -> Iterator[tuple[Server, 
         b.stop()
 
 
+@pytest.fixture
+def pair(pg_url: str, request: pytest.FixtureRequest) -> Iterator[tuple[Server, Server, str]]:
+    with replicas(fresh_database(pg_url, f"faults_bg_{request.node.name[5:40].lower()}")) as p:
+        yield p
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def pair_on_each_store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[tuple[Server, Server, str]]:
+    """Two replicas on one PostgreSQL database, or on one SQLite file (WAL lets both write it)."""
+    if request.param == "sqlite":
+        store = str(tmp_path / "state.sqlite3")
+    else:
+        store = fresh_database(request.getfixturevalue("pg_url"), "faults_bg_paused")
+    with replicas(store) as p:
+        yield p
+
+
 def test_a_paused_replica_never_overwrites_the_final_response_of_the_one_that_took_over(
-    pair: tuple[Server, Server, str],
+    pair_on_each_store: tuple[Server, Server, str],
 ) -> None:
-    a, b, store = pair
+    a, b, store = pair_on_each_store
     r = create(a, input="Run long.", background=True, max_output_tokens=120)
     until_running(a, r.id)
     a.proc.send_signal(signal.SIGSTOP)  # past its lease (4 s): b takes the run over and finishes it
