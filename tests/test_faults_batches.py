@@ -189,7 +189,7 @@ def test_a_paused_runner_loses_its_claim_and_runs_nothing_more(store: str, tmp_p
         assert taken and min(g for _, g in taken) > generation, "the other replica ran lines under a stale claim"
 
         again = len({n for n, _ in ran} & {n for n, _ in taken})
-        print(f"\n{store.split(':')[0]}: re-run {again} lines; finished {extra} more than the batch's lines; ", end="")
+        print(f"\n{'postgresql' if '://' in store else 'sqlite'}: re-run {again} lines; finished {extra} more than the batch's lines; ", end="")
         print(f"refused {refused} finished results, aborted {aborted} in flight")
         assert again <= SLOTS, again
 

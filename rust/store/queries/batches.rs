@@ -225,3 +225,49 @@ impl Db {
         Ok(n)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_claim_taken_over_has_every_write_of_its_old_holder_refused() {
+        let db = Db::open("memory").await.unwrap();
+        let row = |status: &str| StoredBatch {
+            id: "batch_1".into(),
+            created_at: 1,
+            status: status.into(),
+            batch: "{}".into(),
+            trace_context: None,
+            owned_by: String::new(),
+        };
+        db.put_batch(&row("in_progress")).await.unwrap();
+        let first = db.claim_batch("batch_1", "a", 100, 110).await.unwrap().unwrap();
+        let a = Claim { owner: "a", generation: first };
+        assert_eq!(db.claim_batch("batch_1", "b", 105, 115).await.unwrap(), None, "a live claim is not taken");
+        assert!(db.renew_batch("batch_1", a, 120).await.unwrap());
+        assert!(db.put_results("batch_1", a, &[(0, true, "r0".into())]).await.unwrap());
+
+        // a's lease runs out (it was paused): b takes the batch over, under the next generation.
+        let second = db.claim_batch("batch_1", "b", 121, 131).await.unwrap().unwrap();
+        assert_eq!(second, first + 1);
+        let b = Claim { owner: "b", generation: second };
+        assert!(!db.renew_batch("batch_1", a, 140).await.unwrap(), "a's renewal finds its claim lost");
+        assert!(!db.put_results("batch_1", a, &[(1, true, "stale".into())]).await.unwrap());
+        assert!(!db.set_batch("batch_1", "in_progress", "in_progress", "{\"stale\":1}", Some(a)).await.unwrap());
+        assert!(!db.release_batch("batch_1", a).await.unwrap());
+        assert!(!db.holds_batch("batch_1", a).await.unwrap() && db.holds_batch("batch_1", b).await.unwrap());
+        assert_eq!(db.done_lines("batch_1").await.unwrap(), (vec![0], 0), "nothing of a's was written");
+
+        // The holder's results: a line already recorded keeps its first.
+        assert!(db.put_results("batch_1", b, &[(0, false, "again".into()), (1, true, "r1".into())]).await.unwrap());
+        assert_eq!(db.results("batch_1", true, 0, 10).await.unwrap(), vec![(0, "r0".into()), (1, "r1".into())]);
+        assert!(db.release_batch("batch_1", b).await.unwrap());
+        assert_eq!(db.claimable_batches("c", 122, 10).await.unwrap(), vec!["batch_1".to_string()], "released: at once");
+        assert_eq!(db.claim_batch("batch_1", "c", 122, 132).await.unwrap(), Some(second + 1));
+
+        // A cancel names no claim, and goes only over the object it read.
+        assert!(!db.cancel_batch("batch_1", "in_progress", "{\"old\":1}", "{}").await.unwrap());
+        assert!(db.cancel_batch("batch_1", "in_progress", "{}", "{\"c\":1}").await.unwrap());
+    }
+}
