@@ -39,7 +39,7 @@ LINES = 400
 # Each line decodes 12 tokens at 25 ms a token: 400 lines over 8 slots take about 15 s, so a runner paused past its
 # lease at half way has work left when it wakes, beside the replica that took the batch over.
 BODY = {"max_tokens": 12, "ignore_eos": True, "thinking": {"type": "disabled"}}
-ARGS = ("--served-model-name", MODEL, "--max-num-seqs", str(SLOTS), "--sim-decode-step-ms", "25")
+ARGS: tuple[str, ...] = ("--served-model-name", MODEL, "--max-num-seqs", str(SLOTS), "--sim-decode-step-ms", "25")
 ARGS += ("--max-model-len", "4096", "--claim-lease", str(LEASE))
 # Each line a batch starts, and under which claim (the batch runner's debug lines).
 ENV = {"RUST_LOG": "info,hyper=warn,batch_lines=debug"}
@@ -189,8 +189,9 @@ def test_a_paused_runner_loses_its_claim_and_runs_nothing_more(store: str, tmp_p
         assert taken and min(g for _, g in taken) > generation, "the other replica ran lines under a stale claim"
 
         again = len({n for n, _ in ran} & {n for n, _ in taken})
-        print(f"\n{'postgresql' if '://' in store else 'sqlite'}: re-run {again} lines; finished {extra} more than the batch's lines; ", end="")
-        print(f"refused {refused} finished results, aborted {aborted} in flight")
+        kind = "postgresql" if "://" in store else "sqlite"
+        print(f"\n{kind}: re-run {again} lines, {extra} finished twice; the paused runner lost its claim with ", end="")
+        print(f"{refused} finished results unwritten, {aborted} lines in flight aborted")
         assert again <= SLOTS, again
 
 
