@@ -1,7 +1,10 @@
 //! The batch lane (OpenAI's Batch API, and Anthropic's Message Batches over it): batches created through any
-//! replica are run by one, claimed in the store with a lease that the runner renews; a replica that dies lets
-//! another take its batches over once their leases run out, and the results recorded per line make each
-//! `custom_id` appear once. A replica runs its batches side by side, sharing the lane's slots round-robin
+//! replica are run by one, claimed in the store with a lease (`--claim-lease`) that the runner renews; a replica
+//! that dies lets another take its batches over once their leases run out, and the results recorded per line make
+//! each `custom_id` appear once. A claim is fenced (issue 40): taking it adds one to its generation, and every
+//! write its runner makes names the owner and generation in the same statement, so a runner that lost its claim
+//! (paused, or cut off from the store, past its lease) has its writes refused and stops. A drain releases the
+//! claims held here as it begins, so another replica takes the batches at its next look. A replica runs its batches side by side, sharing the lane's slots round-robin
 //! (`lane`), and claims at most as many as it has slots, so it never holds batches it cannot run.
 //!
 //! - `input`: the input file's lines, each read only up to `--max-batch-line-bytes`;
@@ -23,16 +26,14 @@ use crate::http::AppState;
 use crate::store::{Store, items};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// How long a claim on a batch holds without renewal (a running batch renews it every second).
-pub const LEASE_S: i64 = 15;
 /// How often the runner looks for batches to run when nobody rang (another replica's, or one left over).
 const LOOK_EVERY: Duration = Duration::from_secs(2);
 
 /// Ask a batch to stop: `cancelling` if it had not finished (its runner, on any replica, stops its lines and
-/// writes what they made). The runner's own writes go only over the status they read, so one that moves the batch
-/// meanwhile (validating to in_progress) makes this try again. The batch row's status and object after it; None if
+/// writes what they made). This write goes only over the status and object it read, so a runner's write meanwhile
+/// (validating to in_progress, or its counts) makes this try again. The batch row's status and object after it; None if
 /// there is no such batch.
 pub async fn cancel(store: &Store, id: &str) -> Result<Option<(String, serde_json::Value)>, crate::store::StoreError> {
     loop {
@@ -42,7 +43,8 @@ pub async fn cancel(store: &Store, id: &str) -> Result<Option<(String, serde_jso
             return Ok(Some((row.status, batch)));
         }
         object::set_status(&mut batch, "cancelling", items::now());
-        if store.db.set_batch(id, &row.status, "cancelling", &batch.to_string(), None).await? {
+        // No claim named: any replica may ask. Only over the object as read, so a runner's counts are never put back.
+        if store.db.cancel_batch(id, &row.status, &row.batch, &batch.to_string()).await? {
             store.batch_bell.notify_one();
             return Ok(Some(("cancelling".into(), batch)));
         }
@@ -61,7 +63,8 @@ pub fn start(st: Arc<AppState>, store: Arc<Store>) {
     tokio::spawn(async move {
         loop {
             let room = most.saturating_sub(running.lock().unwrap().len());
-            if room > 0 {
+            // Once the drain began this replica takes nothing: what it held is being released for the others.
+            if room > 0 && !store.hand_over.has_begun() {
                 claim(&runner, &store, &running, room).await;
             }
             let _ = tokio::time::timeout(LOOK_EVERY, store.batch_bell.notified()).await;
@@ -85,20 +88,22 @@ async fn claim(runner: &Arc<run::Runner>, store: &Arc<Store>, running: &Arc<Mute
         if running.lock().unwrap().contains(&id) {
             continue;
         }
-        match store.db.claim_batch(&id, &runner.owner, items::now(), items::now() + LEASE_S).await {
-            Ok(true) => {
+        let taken = Instant::now(); // before the claim is asked: its lease counts from no later than this
+        match store.db.claim_batch(&id, &runner.owner, items::now(), items::now() + store.lease_s).await {
+            Ok(Some(generation)) => {
                 room -= 1;
+                tracing::info!(batch_id = %id, generation, "took the claim on a batch");
                 running.lock().unwrap().insert(id.clone());
                 let (runner, running, store) = (runner.clone(), running.clone(), store.clone());
                 tokio::spawn(async move {
-                    if let Err(e) = runner.run(&id).await {
+                    if let Err(e) = runner.run(&id, generation, taken).await {
                         tracing::error!(batch_id = %id, "a batch stopped on a store error: {e}");
                     }
                     running.lock().unwrap().remove(&id);
                     store.batch_bell.notify_one(); // its room goes to the next batch at once
                 });
             }
-            Ok(false) => {}
+            Ok(None) => {}
             Err(e) => tracing::warn!("could not claim a batch: {e}"),
         }
     }

@@ -1,8 +1,11 @@
 //! Running one batch on this replica, from wherever it stands: `validating` (check every line), `in_progress`
 //! (each line not yet done through the one request path, in a batch line's slot dealt by the lane: only idle
 //! capacity, shared round-robin with the other batches running here, given up to any client's request that needs
-//! it, and run again later), `finalizing` (the output and error files), or `cancelling`. Results are recorded as lines finish, one row per line, so a replica that dies loses only the
-//! lines in flight, and a line that runs twice (a takeover) counts once.
+//! it, and run again later), `finalizing` (the output and error files), or `cancelling`. Results are recorded as
+//! lines finish, one row per line, so a replica that dies loses only the lines in flight, and a line that runs twice
+//! (a takeover) counts once. Every write names the run's claim (owner and generation): one refused, or a renewal
+//! that finds the claim gone, means another replica took the batch over, and this run stops at once. A drain
+//! releases the claim as it begins.
 
 use super::input::InputLines;
 use super::lane::Lane;
@@ -12,6 +15,8 @@ use super::traced::LineTraces;
 use crate::error::ApiError;
 use crate::http::AppState;
 use crate::owner::Owner;
+use crate::store::hand_over::Handing;
+use crate::store::queries::batches::Claim;
 use crate::store::{Store, StoreError, items};
 use axum::body::Bytes;
 use futures_util::StreamExt;
@@ -23,8 +28,15 @@ use tokio::task::JoinSet;
 
 /// How often a running batch looks whether it is time to record, when nothing else happens.
 const LOOK_EVERY: Duration = Duration::from_millis(100);
-/// How often it records what finished, reads a cancel and renews its claim.
+/// How often it writes its counts, reads a cancel and renews its claim (results are written as lines finish).
 const RECORD_EVERY: Duration = Duration::from_secs(1);
+/// A claim is taken as surely held only while its last renewal is this much younger than the lease: the replicas'
+/// clocks may differ by about that much. Past it (this process was paused, or the store did not answer) the run
+/// starts no line before a renewal succeeds.
+const LEASE_MARGIN: Duration = Duration::from_secs(1);
+/// The log target of each line a batch starts (at debug): `RUST_LOG=info,batch_lines=debug` shows which replica
+/// ran which line under which claim.
+const LINES_LOG: &str = "batch_lines";
 /// Lines of the output files read from the store at a time.
 const PAGE: i64 = 512;
 
@@ -47,14 +59,40 @@ enum Stop {
     Expire,
     /// Its results would pass what its owner's files (or all files) may hold: it takes no more lines.
     Full(String),
+    /// Another replica took the batch over (this run's claim was refused): nothing more is written.
+    Lost,
+    /// The server drains: the claim is released, the guard kept until it is written.
+    Release(Handing),
 }
 
 /// The error a batch ends `failed` with when its output would not fit.
 const FULL: &str = "file_storage_limit_exceeded";
 
+/// The claim a run holds, and when it was last taken or renewed by this replica's clock.
+struct Lease<'a> {
+    claim: Claim<'a>,
+    renewed: Instant,
+    span: Duration,
+}
+
+impl Lease<'_> {
+    /// Whether the claim surely still holds, so a line may start under it.
+    fn sure(&self) -> bool {
+        self.renewed.elapsed() + LEASE_MARGIN < self.span
+    }
+}
+
 impl Runner {
-    pub async fn run(&self, id: &str) -> Result<(), StoreError> {
+    /// Run a batch under the claim taken as `generation` (at `taken`, by this replica's clock), until it ends, the
+    /// claim is lost, or the drain releases it.
+    pub async fn run(&self, id: &str, generation: i64, taken: Instant) -> Result<(), StoreError> {
+        let claim = Claim { owner: &self.owner, generation };
+        let span = Duration::from_secs(self.store.lease_s.max(1) as u64);
+        let mut lease = Lease { claim, renewed: taken, span };
         loop {
+            if self.store.hand_over.has_begun() {
+                return self.release(id, claim, self.store.hand_over.handing()).await;
+            }
             let Some(row) = self.store.db.get_batch(id).await? else { return Ok(()) };
             let mut batch: Value = serde_json::from_str(&row.batch).unwrap_or_default();
             let now = items::now();
@@ -62,28 +100,44 @@ impl Runner {
             let next = match row.status.as_str() {
                 "validating" => self.validate(&mut batch, &whose).await?,
                 "in_progress" if now > batch["expires_at"].as_i64().unwrap_or(i64::MAX) => "expired",
-                "in_progress" => match self.lines(id, &mut batch, &whose, row.trace_context.as_deref()).await? {
-                    Stop::Done => "finalizing",
-                    Stop::Cancel => "cancelling",
-                    Stop::Expire => "expired",
-                    Stop::Full(why) => {
-                        // What ran is kept (it fits); the batch ends `failed`, saying why, once it is written.
-                        batch["errors"] = object::errors(&[(0, FULL, why)]);
-                        "finalizing"
+                "in_progress" => {
+                    match self.lines(id, &mut batch, &whose, row.trace_context.as_deref(), &mut lease).await? {
+                        Stop::Done => "finalizing",
+                        Stop::Cancel => "cancelling",
+                        Stop::Expire => "expired",
+                        Stop::Full(why) => {
+                            // What ran is kept (it fits); the batch ends `failed`, saying why, once it is written.
+                            batch["errors"] = object::errors(&[(0, FULL, why)]);
+                            "finalizing"
+                        }
+                        Stop::Lost => return Ok(()),
+                        Stop::Release(handing) => return self.release(id, claim, handing).await,
                     }
-                },
-                "finalizing" if batch["errors"].is_object() => self.finish(id, &mut batch, &whose, "failed").await?,
-                "finalizing" => self.finish(id, &mut batch, &whose, "completed").await?,
-                "cancelling" => self.finish(id, &mut batch, &whose, "cancelled").await?,
+                }
+                "finalizing" | "cancelling" => {
+                    let end = match row.status.as_str() {
+                        "cancelling" => "cancelled",
+                        _ if batch["errors"].is_object() => "failed",
+                        _ => "completed",
+                    };
+                    match self.finish(id, &mut batch, &whose, end, &mut lease).await? {
+                        Some(ended) => ended,
+                        None => return Ok(()), // the claim was lost
+                    }
+                }
                 _ => return Ok(()),
             };
             if next == "expired" {
-                self.finish(id, &mut batch, &whose, "expired").await?;
+                self.finish(id, &mut batch, &whose, "expired", &mut lease).await?;
                 return Ok(());
             }
             set_status(&mut batch, next, items::now());
-            // Only while this replica holds the claim, and never over a cancel asked meanwhile (then: again).
-            if !self.store.db.set_batch(id, &row.status, next, &batch.to_string(), Some(&self.owner)).await? {
+            // Only while this run holds the claim, and never over a cancel asked meanwhile (then: again).
+            if !self.store.db.set_batch(id, &row.status, next, &batch.to_string(), Some(claim)).await? {
+                if !self.store.db.holds_batch(id, claim).await? {
+                    self.lost(id, claim, 0, 0);
+                    return Ok(());
+                }
                 let current = self.store.db.get_batch(id).await?.map(|b| b.status);
                 if current.as_deref() == Some("cancelling") {
                     continue;
@@ -94,6 +148,34 @@ impl Runner {
                 return Ok(());
             }
         }
+    }
+
+    /// Let the claim go as the drain begins, so another replica takes the batch at its next look; `handing` keeps
+    /// the drain waiting until it is written.
+    async fn release(&self, id: &str, claim: Claim<'_>, handing: Handing) -> Result<(), StoreError> {
+        let released = self.store.db.release_batch(id, claim).await?;
+        tracing::info!(batch_id = %id, generation = claim.generation, released, "released a batch's claim: the server drains");
+        drop(handing);
+        Ok(())
+    }
+
+    /// Say that this run lost its claim (another replica took the batch over) and stops: `refused` finished
+    /// results not written, `aborted` lines in flight stopped.
+    fn lost(&self, id: &str, claim: Claim<'_>, refused: usize, aborted: usize) {
+        tracing::warn!(
+            batch_id = %id, generation = claim.generation, refused, aborted,
+            "lost the claim on a batch (another replica took it over): stopped, writing nothing more"
+        );
+    }
+
+    /// Renew the claim; false if it was lost.
+    async fn renew(&self, id: &str, lease: &mut Lease<'_>) -> Result<bool, StoreError> {
+        let asked = Instant::now(); // the lease counts from no later than the renewal's asking
+        let renewed = self.store.db.renew_batch(id, lease.claim, items::now() + self.store.lease_s).await?;
+        if renewed {
+            lease.renewed = asked;
+        }
+        Ok(renewed)
     }
 
     /// Check every line: `in_progress` with its count, or `failed` with the lines at fault.
@@ -166,14 +248,16 @@ impl Runner {
 
     /// Run every line not done yet, in the slots the lane deals it, until all are done, the batch is cancelled, it
     /// expires, or its results would not fit in the files (a line starts only while what the results hold, and
-    /// the largest result so far for each line running and this one, fits). `trace_context`: the span of the
-    /// request that created it, which the lines' spans link to.
+    /// the largest result so far for each line running and this one, fits); or until its claim is lost or the
+    /// drain begins. Each result is written as its line finishes. `trace_context`: the span of the request that
+    /// created it, which the lines' spans link to.
     async fn lines(
         &self,
         id: &str,
         batch: &mut Value,
         whose: &Owner,
         trace_context: Option<&str>,
+        lease: &mut Lease<'_>,
     ) -> Result<Stop, StoreError> {
         let endpoint = batch["endpoint"].as_str().unwrap_or_default().to_string();
         let traces = LineTraces::new(&self.st, id, trace_context);
@@ -191,11 +275,21 @@ impl Runner {
         let mut line_no = -1i64;
         let mut retry: VecDeque<Line> = VecDeque::new();
         let mut running: JoinSet<Ran> = JoinSet::new();
-        let mut results: Vec<(i64, bool, String)> = Vec::new();
+        let mut finished: Vec<(i64, bool, String)> = Vec::new();
         let mut exhausted = false;
         let mut recorded = Instant::now();
+        let mut phase = self.store.hand_over.phase();
         let mut seat = self.lane.join();
+        let generation = lease.claim.generation;
         let stop = loop {
+            if self.store.hand_over.has_begun() {
+                break Stop::Release(self.store.hand_over.handing());
+            }
+            // Paused, or the store slow to answer, past what the lease surely covers: no line starts before the
+            // claim is known to hold (another replica may have taken the batch meanwhile).
+            if !lease.sure() && !self.renew(id, lease).await? {
+                break Stop::Lost;
+            }
             // Until a result's size is known, one line at a time: a slot's worth of lines of unknown size could pass
             // the room together.
             let sizing = room.is_some() && largest == 0 && !running.is_empty();
@@ -212,14 +306,15 @@ impl Runner {
             }
             tokio::select! {
                 Some((slot, stopped)) = seat.slot() => {
-                    let pending: i64 = results.iter().map(|(_, _, r)| r.len() as i64 + 1).sum();
+                    if !lease.sure() {
+                        continue; // the slot goes back with its drop; the claim is renewed first
+                    }
                     if let Some(room) = room
-                        && held + pending + (running.len() as i64 + 1) * largest > room
+                        && held + (running.len() as i64 + 1) * largest > room
                     {
                         full = Some(format!(
-                            "The batch's results hold {} bytes and would pass the {room} bytes left for its files \
-                             (--files-max-total-bytes, --files-max-bytes-per-owner): it took no more lines.",
-                            held + pending
+                            "The batch's results hold {held} bytes and would pass the {room} bytes left for its files \
+                             (--files-max-total-bytes, --files-max-bytes-per-owner): it took no more lines."
                         ));
                         continue; // the slot goes back with its drop
                     }
@@ -231,6 +326,7 @@ impl Runner {
                         // The slot goes back with its drop, to the next batch in turn.
                         None => exhausted = true,
                         Some((no, custom_id, body)) => {
+                            tracing::debug!(target: LINES_LOG, batch_id = %id, line = no, generation, "batch line started");
                             let (st, traces, whose) = (self.st.clone(), traces.clone(), whose.clone());
                             running.spawn(async move {
                                 let outcome =
@@ -240,19 +336,37 @@ impl Runner {
                         }
                     }
                 }
-                Some(Ok((line, outcome))) = running.join_next() => match outcome {
-                    Some((ok, result)) => {
-                        largest = largest.max(result.len() as i64 + 1);
-                        results.push((line.0, ok, result));
+                Some(Ok(ran)) = running.join_next() => {
+                    // This line's result, and those of the lines that finished with it, written together at once.
+                    let mut ready = vec![ran];
+                    while let Some(Ok(ran)) = running.try_join_next() {
+                        ready.push(ran);
                     }
-                    None => retry.push_back(line), // a client's request took its slot
-                },
+                    for (line, outcome) in ready {
+                        match outcome {
+                            Some((ok, result)) => {
+                                largest = largest.max(result.len() as i64 + 1);
+                                finished.push((line.0, ok, result));
+                            }
+                            None => retry.push_back(line), // a client's request took its slot
+                        }
+                    }
+                    if !finished.is_empty() {
+                        if !self.store.db.put_results(id, lease.claim, &finished).await? {
+                            break Stop::Lost;
+                        }
+                        held += finished.iter().map(|(_, _, r)| r.len() as i64 + 1).sum::<i64>();
+                        finished.clear();
+                    }
+                }
+                Ok(()) = phase.changed() => {} // the drain: seen at the loop's top
                 () = tokio::time::sleep(LOOK_EVERY) => {}
             }
             if recorded.elapsed() >= RECORD_EVERY {
                 recorded = Instant::now();
-                held += results.iter().map(|(_, _, r)| r.len() as i64 + 1).sum::<i64>();
-                self.record(id, batch, total, &mut results).await?;
+                if !self.record(id, batch, total, lease.claim).await? || !self.renew(id, lease).await? {
+                    break Stop::Lost;
+                }
                 room = self.room(whose).await?;
                 let status = self.store.db.get_batch(id).await?.map(|b| b.status);
                 if status.as_deref() == Some("cancelling") {
@@ -261,44 +375,50 @@ impl Runner {
                 if items::now() > expires_at {
                     break Stop::Expire;
                 }
-                self.store.db.claim_batch(id, &self.owner, items::now(), items::now() + super::LEASE_S).await?;
             }
         };
         drop(seat); // out of the lane's turn, and any slot dealt to it and not taken goes back
-        running.abort_all(); // a cancelled or expired batch's lines in flight
-        self.record(id, batch, total, &mut results).await?;
+        let aborted = running.len();
+        running.abort_all(); // a cancelled, expired, lost or released batch's lines in flight
+        if matches!(stop, Stop::Lost) {
+            self.lost(id, lease.claim, finished.len(), aborted);
+            return Ok(Stop::Lost);
+        }
+        if !self.record(id, batch, total, lease.claim).await? {
+            self.lost(id, lease.claim, 0, aborted);
+            return Ok(Stop::Lost);
+        }
         Ok(stop)
     }
 
-    /// Write the results gathered since the last time, and the counts they make.
-    async fn record(
-        &self,
-        id: &str,
-        batch: &mut Value,
-        total: i64,
-        results: &mut Vec<(i64, bool, String)>,
-    ) -> Result<(), StoreError> {
-        if !results.is_empty() {
-            self.store.db.put_results(id, results).await?;
-            results.clear();
-        }
+    /// Write the counts the recorded results make, under the claim: false if it was lost (a status moved meanwhile,
+    /// a cancel, is not a loss: the caller reads it).
+    async fn record(&self, id: &str, batch: &mut Value, total: i64, claim: Claim<'_>) -> Result<bool, StoreError> {
         let (done, failed) = self.store.db.done_lines(id).await?;
         set_counts(batch, total, done.len() as i64 - failed, failed);
         let status = batch["status"].as_str().unwrap_or("in_progress").to_string();
-        self.store.db.set_batch(id, &status, &status, &batch.to_string(), Some(&self.owner)).await?;
-        Ok(())
+        if self.store.db.set_batch(id, &status, &status, &batch.to_string(), Some(claim)).await? {
+            return Ok(true);
+        }
+        self.store.db.holds_batch(id, claim).await
     }
 
     /// Write the output and error files from the recorded results, then end as `status`.
     /// A results file that does not fit (the caps, or a full disk) ends the batch `failed`, saying so, with nothing
-    /// half-written kept.
+    /// half-written kept. None if the claim was lost (another replica writes them).
     async fn finish(
         &self,
         id: &str,
         batch: &mut Value,
         whose: &Owner,
         mut status: &'static str,
-    ) -> Result<&'static str, StoreError> {
+        lease: &mut Lease<'_>,
+    ) -> Result<Option<&'static str>, StoreError> {
+        // Files are not fenced by the claim: renewed first, so a run that lost it writes none.
+        if !self.renew(id, lease).await? {
+            self.lost(id, lease.claim, 0, 0);
+            return Ok(None);
+        }
         let (done, failed) = self.store.db.done_lines(id).await?;
         let total = batch["request_counts"]["total"].as_i64().unwrap_or(0);
         set_counts(batch, total, done.len() as i64 - failed, failed);
@@ -323,9 +443,9 @@ impl Runner {
         if status != "completed" {
             let was = batch["status"].as_str().unwrap_or_default().to_string();
             set_status(batch, status, items::now());
-            self.store.db.set_batch(id, &was, status, &batch.to_string(), Some(&self.owner)).await?;
+            self.store.db.set_batch(id, &was, status, &batch.to_string(), Some(lease.claim)).await?;
         }
-        Ok(status)
+        Ok(Some(status))
     }
 
     /// One file of results (the succeeded or the failed lines) in line order, expiring `expires_after` seconds from

@@ -3,6 +3,14 @@
 use crate::store::db::{Db, on_pool};
 use crate::store::{StoreError, StoredBatch};
 
+/// A runner's claim on a batch, its fencing token: the owner (the replica's runner) and the generation it took the
+/// claim under. Every write the holder makes names both, so one that lost its claim has its writes refused.
+#[derive(Clone, Copy, Debug)]
+pub struct Claim<'a> {
+    pub owner: &'a str,
+    pub generation: i64,
+}
+
 impl Db {
     pub async fn put_batch(&self, b: &StoredBatch) -> Result<(), StoreError> {
         let q = "INSERT INTO batches (id, created_at, status, batch, trace_context, owned_by) \
@@ -15,19 +23,33 @@ impl Db {
     }
 
     /// Replace the Batch object (and its status) if its status is still `was` (a cancel asked meanwhile is never
-    /// written over); with `owner`, only while this replica holds the claim. Whether it was replaced.
+    /// written over); with a `claim`, only while that claim (owner and generation) still holds, in the same
+    /// statement. Whether it was replaced.
     pub async fn set_batch(
         &self,
         id: &str,
         was: &str,
         status: &str,
         batch: &str,
-        owner: Option<&str>,
+        claim: Option<Claim<'_>>,
     ) -> Result<bool, StoreError> {
-        let q = "UPDATE batches SET status = $2, batch = $3 WHERE id = $1 AND status = $4 AND ($5 = '' OR owner = $5)";
-        let owner = owner.unwrap_or_default();
+        let q = "UPDATE batches SET status = $2, batch = $3 WHERE id = $1 AND status = $4 \
+                 AND ($5 = '' OR (owner = $5 AND claim_gen = $6))";
+        let (owner, generation) = claim.map_or(("", 0), |c| (c.owner, c.generation));
         let n = on_pool!(self, |pool| {
-            let q = sqlx::query(q).bind(id).bind(status).bind(batch).bind(was).bind(owner);
+            let q = sqlx::query(q).bind(id).bind(status).bind(batch).bind(was).bind(owner).bind(generation);
+            q.execute(pool).await?.rows_affected()
+        });
+        Ok(n > 0)
+    }
+
+    /// Move a batch to `cancelling` (any replica, holding no claim: its runner reads the status), only if neither
+    /// its status nor its object changed since they were read (`was`, `was_batch`): a runner's counts written
+    /// meanwhile are never put back. Whether it was moved.
+    pub async fn cancel_batch(&self, id: &str, was: &str, was_batch: &str, batch: &str) -> Result<bool, StoreError> {
+        let q = "UPDATE batches SET status = 'cancelling', batch = $2 WHERE id = $1 AND status = $3 AND batch = $4";
+        let n = on_pool!(self, |pool| {
+            let q = sqlx::query(q).bind(id).bind(batch).bind(was).bind(was_batch);
             q.execute(pool).await?.rows_affected()
         });
         Ok(n > 0)
@@ -69,14 +91,47 @@ impl Db {
             .await?)))
     }
 
-    /// Claim (or renew the claim on) a batch that is not finished and that no live replica holds: true if this
-    /// replica (`owner`) now runs it, until `until`.
-    pub async fn claim_batch(&self, id: &str, owner: &str, now: i64, until: i64) -> Result<bool, StoreError> {
-        let q = "UPDATE batches SET owner = $2, lease_until = $4 WHERE id = $1 \
+    /// Take the claim on a batch that is not finished and that no live replica holds (nobody, its lease ran out,
+    /// it was released, or this runner's own left over from a run that ended): this replica (`owner`) runs it until
+    /// `until`, under a new generation, which it returns (None: not taken). Every write its runner makes names that
+    /// generation, so the holder it was taken from has its writes refused.
+    pub async fn claim_batch(&self, id: &str, owner: &str, now: i64, until: i64) -> Result<Option<i64>, StoreError> {
+        let q = "UPDATE batches SET owner = $2, lease_until = $4, claim_gen = claim_gen + 1 WHERE id = $1 \
                  AND status IN ('validating', 'in_progress', 'finalizing', 'cancelling') \
-                 AND (owner IS NULL OR owner = $2 OR lease_until < $3)";
+                 AND (owner IS NULL OR owner = $2 OR lease_until < $3) RETURNING claim_gen";
+        Ok(on_pool!(self, |pool| {
+            let q = sqlx::query_scalar(q).bind(id).bind(owner).bind(now).bind(until);
+            q.fetch_optional(pool).await?
+        }))
+    }
+
+    /// Renew a claim until `until`, only if it still holds (same owner, same generation): false means it was lost
+    /// (taken over after its lease ran out), and its holder must stop.
+    pub async fn renew_batch(&self, id: &str, claim: Claim<'_>, until: i64) -> Result<bool, StoreError> {
+        let q = "UPDATE batches SET lease_until = $4 WHERE id = $1 AND owner = $2 AND claim_gen = $3";
         let n = on_pool!(self, |pool| {
-            sqlx::query(q).bind(id).bind(owner).bind(now).bind(until).execute(pool).await?.rows_affected()
+            let q = sqlx::query(q).bind(id).bind(claim.owner).bind(claim.generation).bind(until);
+            q.execute(pool).await?.rows_affected()
+        });
+        Ok(n > 0)
+    }
+
+    /// Let a claim go (a drain): the next replica to look takes the batch at once, without waiting for a lease.
+    /// Only the claim's holder can; whether it still held it.
+    pub async fn release_batch(&self, id: &str, claim: Claim<'_>) -> Result<bool, StoreError> {
+        let q = "UPDATE batches SET owner = NULL, lease_until = 0 WHERE id = $1 AND owner = $2 AND claim_gen = $3";
+        let n = on_pool!(self, |pool| {
+            let q = sqlx::query(q).bind(id).bind(claim.owner).bind(claim.generation);
+            q.execute(pool).await?.rows_affected()
+        });
+        Ok(n > 0)
+    }
+
+    /// Whether a claim still holds.
+    pub async fn holds_batch(&self, id: &str, claim: Claim<'_>) -> Result<bool, StoreError> {
+        let q = "SELECT COUNT(*) FROM batches WHERE id = $1 AND owner = $2 AND claim_gen = $3";
+        let n: i64 = on_pool!(self, |pool| {
+            sqlx::query_scalar(q).bind(id).bind(claim.owner).bind(claim.generation).fetch_one(pool).await?
         });
         Ok(n > 0)
     }
@@ -100,20 +155,36 @@ impl Db {
         Ok(on_pool!(self, |pool| sqlx::query_scalar(q).bind(owner).bind(now).bind(limit).fetch_all(pool).await?))
     }
 
-    /// Record lines' results; a line already recorded keeps its first result. How many were new.
-    pub async fn put_results(&self, id: &str, results: &[(i64, bool, String)]) -> Result<u64, StoreError> {
-        let q = "INSERT INTO batch_results (batch_id, line, ok, result) VALUES ($1, $2, $3, $4) \
+    /// Record lines' results, only while `claim` holds: each insert names the claim in its own statement, and the
+    /// transaction begins by touching the claim's row (in PostgreSQL that locks it, so a takeover waits for the
+    /// commit and then reads these results as done). A line already recorded keeps its first result. Whether they
+    /// were accepted (false: the claim was lost, and nothing was written).
+    pub async fn put_results(
+        &self,
+        id: &str,
+        claim: Claim<'_>,
+        results: &[(i64, bool, String)],
+    ) -> Result<bool, StoreError> {
+        let hold = "UPDATE batches SET lease_until = lease_until WHERE id = $1 AND owner = $2 AND claim_gen = $3";
+        let q = "INSERT INTO batch_results (batch_id, line, ok, result) SELECT $1, $2, $3, $4 \
+                 WHERE EXISTS (SELECT 1 FROM batches WHERE id = $1 AND owner = $5 AND claim_gen = $6) \
                  ON CONFLICT (batch_id, line) DO NOTHING";
-        let n = on_pool!(self, |pool| {
+        let (owner, generation) = (claim.owner, claim.generation);
+        Ok(on_pool!(self, |pool| {
             let mut tx = pool.begin().await?;
-            let mut n = 0;
-            for (line, ok, result) in results {
-                n += sqlx::query(q).bind(id).bind(line).bind(ok).bind(result).execute(&mut *tx).await?.rows_affected();
+            let held = sqlx::query(hold).bind(id).bind(owner).bind(generation).execute(&mut *tx).await?;
+            if held.rows_affected() == 0 {
+                tx.rollback().await?;
+                false
+            } else {
+                for (line, ok, result) in results {
+                    let q = sqlx::query(q).bind(id).bind(line).bind(ok).bind(result).bind(owner).bind(generation);
+                    q.execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
+                true
             }
-            tx.commit().await?;
-            n
-        });
-        Ok(n)
+        }))
     }
 
     /// The lines with a result, and how many of them failed.
@@ -152,5 +223,51 @@ impl Db {
             n.rows_affected()
         });
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_claim_taken_over_has_every_write_of_its_old_holder_refused() {
+        let db = Db::open("memory").await.unwrap();
+        let row = |status: &str| StoredBatch {
+            id: "batch_1".into(),
+            created_at: 1,
+            status: status.into(),
+            batch: "{}".into(),
+            trace_context: None,
+            owned_by: String::new(),
+        };
+        db.put_batch(&row("in_progress")).await.unwrap();
+        let first = db.claim_batch("batch_1", "a", 100, 110).await.unwrap().unwrap();
+        let a = Claim { owner: "a", generation: first };
+        assert_eq!(db.claim_batch("batch_1", "b", 105, 115).await.unwrap(), None, "a live claim is not taken");
+        assert!(db.renew_batch("batch_1", a, 120).await.unwrap());
+        assert!(db.put_results("batch_1", a, &[(0, true, "r0".into())]).await.unwrap());
+
+        // a's lease runs out (it was paused): b takes the batch over, under the next generation.
+        let second = db.claim_batch("batch_1", "b", 121, 131).await.unwrap().unwrap();
+        assert_eq!(second, first + 1);
+        let b = Claim { owner: "b", generation: second };
+        assert!(!db.renew_batch("batch_1", a, 140).await.unwrap(), "a's renewal finds its claim lost");
+        assert!(!db.put_results("batch_1", a, &[(1, true, "stale".into())]).await.unwrap());
+        assert!(!db.set_batch("batch_1", "in_progress", "in_progress", "{\"stale\":1}", Some(a)).await.unwrap());
+        assert!(!db.release_batch("batch_1", a).await.unwrap());
+        assert!(!db.holds_batch("batch_1", a).await.unwrap() && db.holds_batch("batch_1", b).await.unwrap());
+        assert_eq!(db.done_lines("batch_1").await.unwrap(), (vec![0], 0), "nothing of a's was written");
+
+        // The holder's results: a line already recorded keeps its first.
+        assert!(db.put_results("batch_1", b, &[(0, false, "again".into()), (1, true, "r1".into())]).await.unwrap());
+        assert_eq!(db.results("batch_1", true, 0, 10).await.unwrap(), vec![(0, "r0".into()), (1, "r1".into())]);
+        assert!(db.release_batch("batch_1", b).await.unwrap());
+        assert_eq!(db.claimable_batches("c", 122, 10).await.unwrap(), vec!["batch_1".to_string()], "released: at once");
+        assert_eq!(db.claim_batch("batch_1", "c", 122, 132).await.unwrap(), Some(second + 1));
+
+        // A cancel names no claim, and goes only over the object it read.
+        assert!(!db.cancel_batch("batch_1", "in_progress", "{\"old\":1}", "{}").await.unwrap());
+        assert!(db.cancel_batch("batch_1", "in_progress", "{}", "{\"c\":1}").await.unwrap());
     }
 }
