@@ -278,7 +278,8 @@ def test_sqlite_on_a_disk_that_fills_and_empties(make_server: Callable[..., Serv
     gone, items_gone = missing(srv.url, load)
     status, ids = batch.finish(120)
     print(
-        f"the batch beside them: {at_fill} as the disk filled; {status}, {len(ids)} results, {len(set(ids))} custom_ids, backwards: {batch.backwards}"
+        f"the batch beside them: {at_fill} as the disk filled; {status}, {len(ids)} results, "
+        f"{len(set(ids))} custom_ids, backwards: {batch.backwards}"
     )
     print(
         f"sqlite full disk: {len(load.tally.stored)} responses and {len(load.tally.appended)} items acknowledged "
