@@ -33,9 +33,8 @@ pub enum ApiError {
          let them expire, or send 'store: false'."
     )]
     StoreFull { held: i64, cap: i64, whose: &'static str, they: &'static str },
-    /// The state store could not commit now (its database unreachable or busy, its disk full): nothing was kept,
-    /// and the client was not told otherwise. A 503 with Retry-After: the store recovers by itself, and a retry
-    /// (on any replica: they share it) then succeeds.
+    /// The state store could not commit now (its database unreachable or busy, its disk full): nothing was kept.
+    /// A 503 with Retry-After: the store recovers by itself, and a retry (on any replica) then succeeds.
     #[error("The state store cannot keep records right now ({0}): nothing was kept. Retry shortly.")]
     StoreUnavailable(&'static str),
     /// A head over the limits: what it had, and the limits (`http::head_limits`).
@@ -113,8 +112,7 @@ pub enum ApiError {
     Internal,
 }
 
-/// Seconds a client is asked to wait before retrying a write the store could not commit: about what a busy
-/// SQLite or a PostgreSQL failover takes.
+/// Seconds a client waits to retry a write the store could not commit (a busy SQLite, a PostgreSQL failover).
 pub const STORE_RETRY_AFTER: &str = "2";
 
 /// Longest client string echoed in an error message or a log line (a model name, a path).

@@ -9,12 +9,14 @@
 //!
 //! - `input`: the input file's lines, each read only up to `--max-batch-line-bytes`;
 //! - `object`: the Batch object, the input lines' checks, the output lines;
+//! - `finish`: a batch's end: its results files and final status;
 //! - `lane`: the batch lane's slots, dealt round-robin to the batches running here;
 //! - `line`: one input line: the next not done yet, and its run in a batch line's slot;
 //! - `run`: running one batch: its lines through the one request path in idle slots only (`Admission::
 //!   try_admit_batch`), given up to any client's request that needs one;
 //! - `traced`: a line's span, linked to the request that created the batch.
 
+mod finish;
 pub mod input;
 mod lane;
 mod line;

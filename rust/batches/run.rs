@@ -10,17 +10,14 @@
 use super::input::InputLines;
 use super::lane::Lane;
 use super::line::{next_line, run_line};
-use super::object::{self, OUTPUT_EXPIRES_AFTER, door, parse_line, set_counts, set_status};
+use super::object::{self, door, parse_line, set_counts, set_status};
 use super::traced::LineTraces;
-use crate::error::ApiError;
 use crate::http::AppState;
 use crate::owner::Owner;
 use crate::store::hand_over::Handing;
 use crate::store::queries::batches::Claim;
 use crate::store::{Store, StoreError, items};
-use axum::body::Bytes;
-use futures_util::StreamExt;
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,8 +34,6 @@ const LEASE_MARGIN: Duration = Duration::from_secs(1);
 /// The log target of each line a batch starts (at debug): `RUST_LOG=info,batch_lines=debug` shows which replica
 /// ran which line under which claim.
 const LINES_LOG: &str = "batch_lines";
-/// Lines of the output files read from the store at a time.
-const PAGE: i64 = 512;
 
 pub struct Runner {
     pub st: Arc<AppState>,
@@ -66,11 +61,11 @@ enum Stop {
 }
 
 /// The error a batch ends `failed` with when its output would not fit.
-const FULL: &str = "file_storage_limit_exceeded";
+pub(super) const FULL: &str = "file_storage_limit_exceeded";
 
 /// The claim a run holds, and when it was last taken or renewed by this replica's clock.
-struct Lease<'a> {
-    claim: Claim<'a>,
+pub(super) struct Lease<'a> {
+    pub(super) claim: Claim<'a>,
     renewed: Instant,
     span: Duration,
 }
@@ -161,7 +156,7 @@ impl Runner {
 
     /// Say that this run lost its claim (another replica took the batch over) and stops: `refused` finished
     /// results not written, `aborted` lines in flight stopped.
-    fn lost(&self, id: &str, claim: Claim<'_>, refused: usize, aborted: usize) {
+    pub(super) fn lost(&self, id: &str, claim: Claim<'_>, refused: usize, aborted: usize) {
         tracing::warn!(
             batch_id = %id, generation = claim.generation, refused, aborted,
             "lost the claim on a batch (another replica took it over): stopped, writing nothing more"
@@ -169,7 +164,7 @@ impl Runner {
     }
 
     /// Renew the claim; false if it was lost.
-    async fn renew(&self, id: &str, lease: &mut Lease<'_>) -> Result<bool, StoreError> {
+    pub(super) async fn renew(&self, id: &str, lease: &mut Lease<'_>) -> Result<bool, StoreError> {
         let asked = Instant::now(); // the lease counts from no later than the renewal's asking
         let renewed = self.store.db.renew_batch(id, lease.claim, items::now() + self.store.lease_s).await?;
         if renewed {
@@ -401,83 +396,5 @@ impl Runner {
             return Ok(true);
         }
         self.store.db.holds_batch(id, claim).await
-    }
-
-    /// Write the output and error files from the recorded results, then end as `status`.
-    /// A results file that does not fit (the caps, or a full disk) ends the batch `failed`, saying so, with nothing
-    /// half-written kept. None if the claim was lost (another replica writes them).
-    async fn finish(
-        &self,
-        id: &str,
-        batch: &mut Value,
-        whose: &Owner,
-        mut status: &'static str,
-        lease: &mut Lease<'_>,
-    ) -> Result<Option<&'static str>, StoreError> {
-        // Files are not fenced by the claim: renewed first, so a run that lost it writes none.
-        if !self.renew(id, lease).await? {
-            self.lost(id, lease.claim, 0, 0);
-            return Ok(None);
-        }
-        let (done, failed) = self.store.db.done_lines(id).await?;
-        let total = batch["request_counts"]["total"].as_i64().unwrap_or(0);
-        set_counts(batch, total, done.len() as i64 - failed, failed);
-        for (ok, key) in [(true, "output_file_id"), (false, "error_file_id")] {
-            if batch.get(key).is_some_and(|v| !v.is_null())
-                || (ok && done.len() as i64 == failed)
-                || (!ok && failed == 0)
-            {
-                continue;
-            }
-            let expires_after = batch[OUTPUT_EXPIRES_AFTER].as_i64();
-            match self.results_file(id, ok, whose, expires_after).await {
-                Ok(file) => batch[key] = json!(file),
-                Err(e @ (ApiError::FilesFull { .. } | ApiError::StoreUnavailable(_))) => {
-                    tracing::warn!(batch_id = %id, "a batch's results file did not fit: {e}");
-                    batch["errors"] = object::errors(&[(0, FULL, format!("Its results file was not kept: {e}"))]);
-                    status = "failed";
-                }
-                Err(e) => tracing::error!(batch_id = %id, "could not write a batch's results file: {e}"),
-            }
-        }
-        if status != "completed" {
-            let was = batch["status"].as_str().unwrap_or_default().to_string();
-            set_status(batch, status, items::now());
-            self.store.db.set_batch(id, &was, status, &batch.to_string(), Some(lease.claim)).await?;
-        }
-        Ok(Some(status))
-    }
-
-    /// One file of results (the succeeded or the failed lines) in line order, expiring `expires_after` seconds from
-    /// now if the batch asked (`output_expires_after`); its id.
-    async fn results_file(
-        &self,
-        id: &str,
-        ok: bool,
-        whose: &Owner,
-        expires_after: Option<i64>,
-    ) -> Result<String, ApiError> {
-        let db = self.store.db.clone();
-        let (id, from) = (id.to_string(), 0i64);
-        let pages = futures_util::stream::unfold(Some(from), move |from| {
-            let (db, id) = (db.clone(), id.clone());
-            async move {
-                let from = from?;
-                let page = db.results(&id, ok, from, PAGE).await;
-                match page {
-                    Ok(rows) if rows.is_empty() => None,
-                    Ok(rows) => {
-                        let next = rows.last().map(|(line, _)| line + 1);
-                        let text: String = rows.iter().map(|(_, r)| format!("{r}\n")).collect();
-                        Some((Ok::<_, StoreError>(Bytes::from(text)), next))
-                    }
-                    Err(e) => Some((Err(e), None)),
-                }
-            }
-        });
-        let up = self.store.receive(pages.boxed(), whose).await?;
-        let name = if ok { "batch_output.jsonl" } else { "batch_errors.jsonl" };
-        let file = self.store.keep_file(up, name, "batch_output", expires_after).await?;
-        Ok(file["id"].as_str().unwrap_or_default().to_string())
     }
 }

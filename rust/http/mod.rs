@@ -3,6 +3,7 @@
 mod auth;
 mod background;
 pub mod background_lease;
+mod background_queued;
 mod batches;
 mod body;
 mod conversations;

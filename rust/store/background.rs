@@ -15,6 +15,8 @@
 //! under (`Claim`), named by every write it makes there. Its `Stage` says who may end it: the holder's own final
 //! write (`begin_end`) and a stop (a cancel, a lost claim, a drain's hand-over) exclude each other.
 
+pub use super::background_claims::{CHAIN_WAIT, Claim, Renewed, TakenOver, is_running};
+use super::background_events::{Events, sequence_number};
 use crate::error::ApiError;
 use crate::owner::Owner;
 use bytes::Bytes;
@@ -32,35 +34,6 @@ pub const KEEP_AFTER: Duration = Duration::from_secs(600);
 const WINDOW_MIN: usize = 64 << 10;
 /// Room kept for the bytes of an event not yet whole.
 const PARTIAL_ROOM: usize = 16 << 10;
-/// What a kept event costs beside its text, counted with it: its slot in the queue and its allocation's own.
-const EVENT_COST: usize = 64;
-
-/// Which claim a write names: its holder's (owner, generation), or any claim whose lease ran out before `now`
-/// (its replica is dead, or released it).
-#[derive(Clone, Copy, Debug)]
-pub enum Claim<'a> {
-    Held { owner: &'a str, generation: i64 },
-    Lapsed { now: i64 },
-}
-
-/// One claim renewed: its id and generation, whether a cancel was asked of it, and whether its Response is gone
-/// (deleted: the run stops).
-#[derive(Debug, sqlx::FromRow)]
-pub struct Renewed {
-    pub id: String,
-    pub claim_gen: i64,
-    pub cancel_asked: bool,
-    pub deleted: bool,
-}
-
-/// A run taken over: its id, request, generation now, and whether a cancel was asked of the replica before.
-#[derive(Debug, sqlx::FromRow)]
-pub struct TakenOver {
-    pub id: String,
-    pub body: String,
-    pub claim_gen: i64,
-    pub cancel_asked: bool,
-}
 
 /// Where a run stands (`Run::stage`): each moves only forward, and ending and stopping exclude each other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,19 +131,6 @@ pub struct Run {
     stage: AtomicU8,
     /// Whether it was put with the ended runs (`Runs::ended`).
     ended: AtomicBool,
-}
-
-/// Whole SSE events in order, each with its `sequence_number`: the latest `window` bytes of them (each counted with
-/// `EVENT_COST`).
-#[derive(Default)]
-struct Events {
-    kept: VecDeque<(u64, Bytes)>,
-    /// How many went before the first kept.
-    dropped: usize,
-    bytes: usize,
-    window: usize,
-    /// The latest whole-Response event (`response.created` or `.in_progress`), kept whatever the window drops.
-    latest: Option<Bytes>,
 }
 
 impl Runs {
@@ -446,168 +406,6 @@ impl Run {
     }
 }
 
-impl Events {
-    fn push(&mut self, seq: u64, event: Bytes) {
-        if event.starts_with(b"event: response.in_progress\n") || event.starts_with(b"event: response.created\n") {
-            self.latest = Some(event.clone());
-        }
-        self.bytes += event.len() + EVENT_COST;
-        self.kept.push_back((seq, event));
-        while self.bytes > self.window && self.kept.len() > 1 {
-            let (_, gone) = self.kept.pop_front().expect("more than one");
-            self.bytes -= gone.len() + EVENT_COST;
-            self.dropped += 1;
-        }
-    }
-}
-
-/// An event's `"sequence_number":N`.
-fn sequence_number(event: &[u8]) -> Option<u64> {
-    const KEY: &[u8] = br#""sequence_number":"#;
-    let at = memchr::memmem::rfind(event, KEY)? + KEY.len();
-    let digits = event[at..].iter().take_while(|b| b.is_ascii_digit()).count();
-    std::str::from_utf8(&event[at..at + digits]).ok()?.parse().ok()
-}
-
-/// Whether a stored Response has yet to end (its own `status`, not a `status` its metadata may hold).
-pub fn is_running(response: &str) -> bool {
-    let status = serde_json::from_str::<serde_json::Value>(response).ok().and_then(|r| r.get("status").cloned());
-    matches!(status.as_ref().and_then(serde_json::Value::as_str), Some("queued" | "in_progress"))
-}
-
-/// Longest a request that continues a background response still running waits for it to end.
-pub const CHAIN_WAIT: Duration = Duration::from_secs(60);
-
-impl super::Store {
-    /// Run `task` on the store's runtime (from a thread that has none: the rank's, as a request finishes).
-    pub fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
-        self.runtime.spawn(task);
-    }
-
-    /// Wait (at most `within`: `CHAIN_WAIT`) until the background response `id`, read as still running, has ended,
-    /// for a request that continues it: its output is then the chain's. A 409 `response_in_progress` past the wait.
-    pub async fn until_ended(&self, id: &str, within: Duration) -> Result<(), ApiError> {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            if let Some(run) = self.runs.get(id).filter(|r| !r.finished()) {
-                // Running here: its end is seen at once (its final state is written before its stream ends).
-                run.wait_finished(Duration::from_secs(1)).await;
-            } else {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            match self.db.get_response(id).await.map_err(super::failed)? {
-                Some(row) if is_running(&row.response) => {}
-                _ => return Ok(()), // ended (or deleted: the chain's own read says so)
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(ApiError::ResponseInProgress(id.to_string()));
-            }
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use futures_util::StreamExt;
-
-    #[tokio::test]
-    async fn events_are_kept_whole_and_replayed_after_a_sequence_number() {
-        let runs = Runs::default();
-        let run = runs.start("resp_1", None, 0).unwrap();
-        run.push(b"event: a\ndata: {\"sequence_number\":0}\n\n: keep-alive\n\nevent: b\ndata: {\"seq");
-        run.push(b"uence_number\":1}\n\n");
-        let late = tokio::spawn(run.clone().follow(Some(0)).collect::<Vec<_>>());
-        run.push(b"event: c\ndata: {\"sequence_number\":2}\n\n");
-        run.finish();
-        let got: Vec<Bytes> = late.await.unwrap().into_iter().map(Result::unwrap).collect();
-        assert_eq!(got.len(), 2);
-        assert!(got[0].starts_with(b"event: b") && got[1].starts_with(b"event: c"));
-        assert_eq!(run.clone().follow(None).count().await, 3);
-        assert!(!run.stop(), "a finished run is not stopped");
-    }
-
-    #[test]
-    fn runs_are_capped_per_owner_and_in_all_and_an_ended_one_frees_its_place_at_once() {
-        let runs = Runs::new(Limits { max_runs: 3, per_owner: 2, replay_bytes: 1 << 20 });
-        let (a, b) = (Owner::for_key("a"), Owner::for_key("b"));
-        let a1 = runs.start("r1", Some(&a), 0).unwrap();
-        runs.start("r2", Some(&a), 0).unwrap();
-        assert!(matches!(runs.start("r3", Some(&a), 0), Err(ApiError::BackgroundOwnerFull(2))));
-        runs.start("r4", Some(&b), 0).unwrap();
-        assert!(matches!(runs.start("r5", Some(&b), 0), Err(ApiError::BackgroundFull(3))));
-        runs.ended(&a1);
-        assert!(runs.get("r1").is_some(), "kept for replay");
-        runs.start("r6", Some(&a), 0).unwrap();
-        assert_eq!(runs.held().0, 3);
-    }
-
-    #[test]
-    fn a_stop_and_its_holders_end_exclude_each_other() {
-        let runs = Runs::default();
-        let ending = runs.start("r1", None, 0).unwrap();
-        assert!(ending.generating() && ending.begin_end());
-        assert!(!ending.stop() && !ending.give_up(), "its holder writes its end: nobody stops it");
-        let stopped = runs.start("r2", None, 3).unwrap();
-        assert!(stopped.stop() && stopped.is_stopped());
-        assert!(!stopped.generating() && !stopped.begin_end(), "stopped: its holder writes nothing more");
-        assert!(matches!(stopped.claim("me"), Claim::Held { owner: "me", generation: 3 }));
-        assert!(runs.claimed().is_empty(), "no claim in the store yet");
-        stopped.set_claimed();
-        assert_eq!(runs.claimed().len(), 1);
-        runs.ended(&stopped);
-        assert!(runs.claimed().is_empty(), "ended");
-    }
-
-    #[tokio::test]
-    async fn a_chain_waits_for_a_running_response_then_is_a_409_past_the_wait() {
-        use crate::store::{Db, Store, StoredResponse, retention::Retention};
-        let db = Db::open("memory").await.unwrap();
-        let mut row = StoredResponse {
-            id: "resp_1".into(),
-            created_at: 1,
-            model: "m".into(),
-            previous_response_id: None,
-            context: String::new(),
-            input_items: "[]".into(),
-            response: r#"{"status":"in_progress","metadata":{"status":"completed"}}"#.into(),
-            owned_by: String::new(),
-        };
-        db.put_responses(None, &[&row]).await.unwrap();
-        let retention = Retention::new(None, Default::default());
-        let store = Store::new(db, None, retention, Limits::default(), 15, tokio::runtime::Handle::current());
-        let err = store.until_ended("resp_1", Duration::from_millis(300)).await.unwrap_err();
-        assert_eq!(err.status(), axum::http::StatusCode::CONFLICT);
-        let envelope: serde_json::Value = serde_json::from_str(&err.envelope()).unwrap();
-        assert_eq!(envelope["error"]["code"], "response_in_progress");
-        assert_eq!(envelope["error"]["param"], "previous_response_id");
-        row.response = r#"{"status":"completed"}"#.into();
-        let db = store.db.clone();
-        let ends = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            db.put_responses(None, &[&row]).await.unwrap();
-        });
-        store.until_ended("resp_1", Duration::from_secs(5)).await.unwrap();
-        ends.await.unwrap();
-    }
-
-    #[test]
-    fn a_run_keeps_its_window_and_ended_runs_their_budget() {
-        let runs = Runs::new(Limits { max_runs: 1, per_owner: 1, replay_bytes: WINDOW_MIN });
-        let run = runs.start("r1", None, 0).unwrap();
-        let event =
-            |i: usize| format!("event: x\ndata: {{\"sequence_number\":{i},\"pad\":\"{}\"}}\n\n", "p".repeat(1000));
-        for i in 0..200 {
-            run.push(event(i).as_bytes());
-        }
-        let kept_from = run.kept_from().expect("the oldest went");
-        assert!(kept_from > 100 && kept_from < 199, "{kept_from}");
-        assert!(run.events.lock().unwrap().bytes <= WINDOW_MIN);
-        runs.ended(&run);
-        let second = runs.start("r2", None, 0).unwrap();
-        second.push(event(0).as_bytes());
-        runs.ended(&second);
-        assert!(runs.get("r1").is_none(), "the oldest ended run goes past the budget");
-        assert!(runs.get("r2").is_some());
-    }
-}
+#[path = "background_tests.rs"]
+mod tests;

@@ -16,6 +16,8 @@
 //! - `hand_over`: the drain's release of the claims this replica holds.
 
 pub mod background;
+mod background_claims;
+mod background_events;
 pub mod conversations;
 pub mod db;
 pub mod files;
@@ -121,6 +123,9 @@ impl StoreError {
     /// disk full (SQLite's SQLITE_FULL, PostgreSQL's 53100, ENOSPC), the connection lost or not to be had in time,
     /// the database locked or shutting down. None for a failure a retry would not mend.
     pub fn unavailable(&self) -> Option<&'static str> {
+        if let StoreError::Unavailable(why) = self {
+            return Some(why);
+        }
         let StoreError::Db(e) = self else { return None };
         match e {
             sqlx::Error::Io(io) if io.raw_os_error() == Some(28) => Some(DISK_FULL),
@@ -223,6 +228,10 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("state store: {0}")]
     Config(String),
+    /// A write the store could not commit now (`StoreError::unavailable` of the error underneath, met through a
+    /// path that reports it as an `ApiError`).
+    #[error("state store: {0}")]
+    Unavailable(&'static str),
 }
 
 /// A connection string without its password, for logs.
