@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import MODEL, Server, start_server, terminate, wait_for
+from conftest import MODEL, Server, free_ports, start_server, terminate, wait_for
 
 SMG = shutil.which("smg", path=str(Path(sys.executable).parent)) or shutil.which("smg")
 pytestmark = pytest.mark.skipif(
@@ -36,12 +35,6 @@ pytestmark = pytest.mark.skipif(
 KEY = "gateway-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "thinking": {"type": "disabled"}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_replica(port: int, *args: str) -> Server:
@@ -66,17 +59,23 @@ class Gateway:
         return {str(w["url"]) for w in self.workers() if w.get("is_healthy")}
 
 
+def up(gw: Gateway) -> bool:
+    """False until the gateway answers; fails at once, with its log, if it has exited."""
+    if gw.proc.poll() is not None:
+        pytest.fail(f"smg exited with {gw.proc.returncode}: {gw.log.read_text(errors='replace')[-3000:]}")
+    return True
+
+
 @contextlib.contextmanager
 def smg(tmp_path: Path, *flags: str, replica_args: tuple[str, ...] = ()) -> Iterator[Gateway]:
     """Two replicas and `smg launch` in front of them (round robin unless `flags` pick another policy)."""
-    ports = [free_port(), free_port()]
+    *ports, port, metrics = free_ports(4)
     replicas = {f"http://127.0.0.1:{p}": start_replica(p, *replica_args) for p in ports}
-    port = free_port()
     log = tmp_path / "smg.log"
     cmd = [
         str(SMG), "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *replicas,
         "--policy", "round_robin", "--api-key", KEY,
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics),
         "--health-check-interval-secs", "2", "--health-success-threshold", "1", "--health-failure-threshold", "1",
         "--cb-timeout-duration-secs", "5", "--log-level", "info", *flags,
     ]  # fmt: skip
@@ -84,7 +83,7 @@ def smg(tmp_path: Path, *flags: str, replica_args: tuple[str, ...] = ()) -> Iter
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     gw = Gateway(proc, f"http://127.0.0.1:{port}", log, replicas)
     try:
-        wait_for("the gateway to list both replicas as healthy", lambda: gw.healthy() == set(replicas))
+        wait_for("the gateway to list both replicas as healthy", lambda: up(gw) and gw.healthy() == set(replicas), 60)
         yield gw
     finally:
         terminate(proc)

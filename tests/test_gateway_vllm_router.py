@@ -15,9 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import MODEL, Server, start_server, terminate, wait_for
-
-from test_gateway_smg import free_port
+from conftest import MODEL, Server, free_ports, start_server, terminate, wait_for
 
 ROUTER = shutil.which("vllm-router", path=str(Path(sys.executable).parent)) or shutil.which("vllm-router")
 pytestmark = pytest.mark.skipif(
@@ -37,11 +35,11 @@ class Router:
 @pytest.fixture
 def router(tmp_path: Path) -> Iterator[Router]:
     replicas = [start_server("--served-model-name", MODEL, "--sim-decode-step-ms", "5") for _ in range(2)]
-    port = free_port()
+    port, metrics = free_ports(2)
     cmd = [
         str(ROUTER), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *[r.url for r in replicas],
         "--policy", "power_of_two", "--worker-startup-check-interval", "1",  # also the load-poll interval
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics),
     ]  # fmt: skip
     with (tmp_path / "vllm-router.log").open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
