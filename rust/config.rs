@@ -205,8 +205,8 @@ impl ServerConfig {
     }
 
     /// What a JSON body may make once parsed (`--max-json-elements`, `--max-json-depth`).
-    pub fn json_bounds(&self) -> crate::http::json_bounds::JsonBounds {
-        crate::http::json_bounds::JsonBounds { elements: self.max_json_elements, depth: self.max_json_depth }
+    pub fn json_bounds(&self) -> crate::json_bounds::JsonBounds {
+        crate::json_bounds::JsonBounds { elements: self.max_json_elements, depth: self.max_json_depth }
     }
 
     pub fn client_timeout(&self) -> Duration {

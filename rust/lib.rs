@@ -1,10 +1,10 @@
 //! DeepInfer-server's native core: the HTTP front end and the shared-memory rings.
 //!
-//! Request path: http → admission → codec → dispatch → ring → rank → ring → rank_io → stream → SSE; `trace`
-//! turns what a request noted on the way into OpenTelemetry spans when it ends.
+//! Request path: http → door → path (admission → codec → dispatch) → ring → rank → ring → rank_io → stream →
+//! SSE; `workers` (batches, background responses) ask `path` for answers without HTTP; `trace` turns what a
+//! request noted on the way into OpenTelemetry spans when it ends.
 
 pub mod admission;
-pub mod batches;
 pub mod client_io;
 pub mod codec;
 pub mod config;
@@ -15,11 +15,13 @@ pub mod error;
 pub mod fatal;
 pub mod http;
 pub mod ids;
+pub mod json_bounds;
 pub mod listener;
 pub mod media;
 pub mod mend;
 pub mod metrics;
 pub mod owner;
+pub mod path;
 pub mod rank_io;
 pub mod ring;
 pub mod server;
@@ -29,6 +31,7 @@ pub mod supervisor;
 pub mod trace;
 pub mod ttft;
 pub mod watchdog;
+pub mod workers;
 
 use pyo3::prelude::*;
 

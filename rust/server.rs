@@ -173,10 +173,10 @@ async fn run(state: Arc<AppState>, pids: Vec<i32>, tls: Option<Arc<Tls>>) -> std
         .map(|r| rank_io::spawn(dispatcher.clone(), state.codec.clone(), r, state.config.stream_interval()))
         .collect();
     // Batches run in idle slots from now on: this replica's, and any a dead one left (`crate::batches`); so do
-    // background responses a dead replica left (`http::background_lease`).
+    // background responses a dead replica left (`workers::background`).
     if let Some(store) = &state.store {
-        crate::batches::start(state.clone(), store.clone());
-        crate::http::background_lease::start(state.clone(), store.clone());
+        crate::workers::batches::start(state.clone(), store.clone());
+        crate::workers::background::keep_claims(state.clone(), store.clone());
     }
     let (failed_tx, mut failed_rx) = mpsc::unbounded_channel();
     if let Some(timeout) = state.config.watchdog_timeout() {

@@ -1,5 +1,5 @@
 //! The doors: the wire protocols a generation request can come in by. One request path serves them all
-//! (`http/generate.rs`, admission, dispatch); what differs between them lives here, one module per door:
+//! (`crate::path`: admission, codec, dispatch); what differs between them lives here, one module per door:
 //! - its route and the prefix of its response ids;
 //! - its request checks, done before any Python runs (the codec converts and validates the rest);
 //! - where its body carries images, and how a served name that pins the thinking mode says so;

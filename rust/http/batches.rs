@@ -6,14 +6,14 @@ use super::AppState;
 use super::body::RawBody;
 use super::stored::{answer, bad_query, list_page};
 use super::traced::{TraceParent, answered, stored_context};
-use crate::batches::input::{Refused, scan};
-use crate::batches::object::{self, ENDPOINTS, new_batch, shown};
 use crate::doors::Door;
 use crate::error::ApiError;
 use crate::owner::Owner;
 use crate::store::conversations::checked_metadata;
 use crate::store::files::EXPIRES_AFTER_S;
 use crate::store::{Store, StoredBatch, failed, items};
+use crate::workers::batches::input::{Refused, scan};
+use crate::workers::batches::object::{self, ENDPOINTS, new_batch, shown};
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
@@ -148,7 +148,7 @@ pub async fn list(
 pub async fn cancel(State(st): State<Arc<AppState>>, Path(id): Path<String>, owner: Owner) -> Response {
     answer(async {
         find(store(&st)?, &id, &owner).await?;
-        let cancelled = crate::batches::cancel(store(&st)?, &id).await.map_err(failed)?;
+        let cancelled = crate::workers::batches::cancel(store(&st)?, &id).await.map_err(failed)?;
         let (_, batch) = cancelled.ok_or_else(|| ApiError::NotFound { what: "Batch", id: id.clone(), param: None })?;
         Ok(Json(shown(&batch)).into_response())
     })

@@ -10,8 +10,8 @@
 //! refuses a page's bodiless writes by their `Origin`).
 
 use super::AppState;
-use super::json_bounds::{self, JsonBounds};
 use crate::error::ApiError;
+use crate::json_bounds::{self, JsonBounds};
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{FromRequest, Request};
 use axum::http::header;

@@ -8,12 +8,12 @@
 use super::AppState;
 use super::form;
 use super::stored::{answer, bad_query, list_page};
-use crate::batches::input::{Refused, scan};
 use crate::client_io::LongerDeadline;
 use crate::error::ApiError;
 use crate::owner::Owner;
 use crate::store::Store;
 use crate::store::files::{EXPIRES_AFTER_S, PURPOSES, Upload, file_object};
+use crate::workers::batches::input::{Refused, scan};
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, Request, State};

@@ -5,11 +5,11 @@
 use super::AppState;
 use super::body::RawBody;
 use super::traced::{TraceParent, answered, stored_context};
-use crate::batches::object::{MESSAGE_LINES_MAX, MESSAGES, new_batch, set_counts};
 use crate::doors::Door;
 use crate::error::ApiError;
 use crate::owner::Owner;
 use crate::store::{Store, StoredBatch, failed, items};
+use crate::workers::batches::object::{MESSAGE_LINES_MAX, MESSAGES, new_batch, set_counts};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
@@ -143,7 +143,7 @@ pub async fn cancel(State(st): State<Arc<AppState>>, Path(id): Path<String>, own
     answer(async {
         let store = store(&st)?;
         find(store, &id, &owner).await?; // a message batch's id
-        let cancelled = crate::batches::cancel(store, &id).await.map_err(failed)?;
+        let cancelled = crate::workers::batches::cancel(store, &id).await.map_err(failed)?;
         let (status, batch) = cancelled.ok_or(ApiError::Internal)?;
         Ok(Json(message_batch(&status, &batch)).into_response())
     })

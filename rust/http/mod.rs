@@ -1,9 +1,6 @@
 //! HTTP routes. `app(state)` builds the router; binding and serving live in `server.rs`.
 
 mod auth;
-mod background;
-pub mod background_lease;
-mod background_queued;
 mod batches;
 mod body;
 mod conversations;
@@ -15,67 +12,22 @@ mod form;
 mod generate;
 pub mod head_limits;
 mod info;
-pub mod json_bounds;
 mod message_batches;
 pub mod request_id;
-mod sse;
 mod stored;
 mod tokens;
 mod traced;
 mod worker;
 
-pub(crate) use generate::serve;
-
-use crate::admission::Admission;
-use crate::codec::Codec;
-use crate::config::ServerConfig;
-use crate::dispatch::Dispatcher;
 use crate::doors::Door;
 use crate::error::ApiError;
+pub use crate::path::AppState;
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request};
 use axum::middleware;
 use axum::response::Response;
 use axum::routing::{get, post};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-/// Shared by every handler.
-pub struct AppState {
-    pub config: ServerConfig,
-    pub admission: Admission,
-    pub codec: Arc<Codec>,
-    pub dispatcher: Arc<Dispatcher>,
-    /// Fetches image URLs behind the address guard.
-    pub media: crate::media::Fetcher,
-    /// Stored responses and conversations; None when the state store is off (`--state-store off`,
-    /// `--disable-response-store`).
-    pub store: Option<Arc<crate::store::Store>>,
-    /// OpenTelemetry traces; None when off (no OTLP endpoint).
-    pub traces: Option<Arc<crate::trace::Traces>>,
-    /// Set on SIGTERM: stop admitting, report 503 on /health, let in-flight requests finish.
-    pub draining: AtomicBool,
-    pub started_unix: u64,
-}
-
-impl AppState {
-    /// Why the service cannot take requests right now, if it cannot.
-    pub fn unavailable(&self) -> Option<ApiError> {
-        if crate::fatal::is_fatal() {
-            return Some(ApiError::Unavailable("The server hit an internal error and is restarting.".into()));
-        }
-        if self.draining.load(Ordering::Acquire) {
-            return Some(ApiError::Unavailable("The server is shutting down.".into()));
-        }
-        if let Some(r) = self.dispatcher.ranks.iter().find(|r| !r.is_alive()) {
-            return Some(ApiError::Unavailable(format!("Engine rank {} is not running.", r.index)));
-        }
-        if self.dispatcher.ranks.is_empty() {
-            return Some(ApiError::Unavailable("No engine rank is running.".into()));
-        }
-        None
-    }
-}
 
 pub fn app(state: Arc<AppState>) -> Router {
     // Behind --api-key: everything under /v1 (as vLLM guards it), and the worker metadata that names the model's
@@ -169,11 +121,16 @@ async fn method_not_allowed(req: Request) -> Response {
 mod tests {
     //! In-process router tests (tower `oneshot`), with no engine rank: everything decided before dispatch.
     use super::*;
+    use crate::admission::Admission;
+    use crate::codec::Codec;
+    use crate::config::ServerConfig;
+    use crate::dispatch::Dispatcher;
     use crate::metrics::Metrics;
     use axum::body::Body;
     use axum::http::{Request, StatusCode};
     use http_body_util::BodyExt;
     use pyo3::prelude::*;
+    use std::sync::atomic::AtomicBool;
     use tower::ServiceExt;
 
     pub(crate) fn state(api_key: Option<&str>) -> Arc<AppState> {

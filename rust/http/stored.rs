@@ -79,9 +79,9 @@ pub async fn cancel_response(State(st): State<Arc<AppState>>, Path(id): Path<Str
     answer(async {
         let r = find(&st, &id, &owner).await?;
         if let Some(store) = &st.store
-            && let Some(answer) = super::background::cancel(store, &id).await?
+            && let Some(answer) = crate::workers::background::cancel(store, &id).await?
         {
-            return Ok(answer);
+            return Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], answer).into_response());
         }
         if r.response.contains(r#""background":true"#) {
             let msg = "This background response is no longer running: it has ended.";

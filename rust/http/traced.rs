@@ -4,7 +4,7 @@
 use super::AppState;
 use super::request_id::RequestId;
 use crate::error::ApiError;
-use crate::trace::{Outcome, RequestTrace, ResponseGuard};
+use crate::trace::{Outcome, ResponseGuard};
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::response::Response;
@@ -37,8 +37,7 @@ impl TraceParent {
     }
 }
 
-/// A request's trace and the guard that ends it with its response, when traces are on.
-pub type Traced = Option<(Arc<RequestTrace>, ResponseGuard)>;
+pub use crate::trace::Traced;
 
 /// The response of a request that never reaches a rank (a span without stages), and the end of its trace: the
 /// status and error code it answers with. `respond` writes an error in its door's envelope.

@@ -45,6 +45,9 @@ pub use export::Counters;
 pub use record::{Outcome, RequestTrace, ResponseGuard};
 pub use stop::StopCause;
 
+/// A request's trace and the guard that ends it with its response, when traces are on.
+pub type Traced = Option<(std::sync::Arc<RequestTrace>, ResponseGuard)>;
+
 use opentelemetry::trace::{Link, SpanContext, SpanKind, TraceContextExt, TraceState};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::Resource;

@@ -3,7 +3,7 @@
 //! the same), with the batch's id and the line's `custom_id` (`crate::trace`).
 
 use crate::doors::Door;
-use crate::http::AppState;
+use crate::path::AppState;
 use crate::trace::RequestTrace;
 use opentelemetry::KeyValue;
 use opentelemetry::trace::SpanContext;

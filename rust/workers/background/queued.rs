@@ -1,4 +1,4 @@
-//! The Response of a background request just queued (`super::background`): what the request asked for, echoed as
+//! The Response of a background request just queued (`super::run`): what the request asked for, echoed as
 //! OpenAI's schema declares it, with no output and no usage yet.
 
 use crate::store::items;

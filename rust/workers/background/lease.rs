@@ -14,15 +14,13 @@
 //!   shortly before its end; their claims are released, and another replica takes them at its next look. A
 //!   draining replica takes over no run.
 
-use super::AppState;
-use super::background::{cancel_here, hand_over, run_in_background, stop};
+use super::run::{cancel_here, hand_over, run_in_background, stop};
 use crate::doors::Door;
 use crate::error::ApiError;
+use crate::path::AppState;
 use crate::store::background::{Claim, Stage, is_running};
 use crate::store::hand_over::Phase;
 use crate::store::{Store, failed, items};
-use axum::Json;
-use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{Value, json};
 use std::collections::HashSet;
@@ -156,7 +154,7 @@ async fn resume(st: &Arc<AppState>, store: &Arc<Store>, id: String, body: String
 /// Cancel a background response that does not run here: asked of the replica that runs it (answered once that
 /// replica has recorded it, or as it stands after a while), or done here if its claim lapsed (its replica is
 /// dead, or a drain released it). None: it runs nowhere.
-pub async fn cancel_elsewhere(store: &Store, id: &str) -> Result<Option<Response>, ApiError> {
+pub async fn cancel_elsewhere(store: &Store, id: &str) -> Result<Option<String>, ApiError> {
     // Twice: a lapsed run that another takes over between the two queries below is asked of that one.
     for _ in 0..2 {
         let now = items::now();
@@ -167,14 +165,13 @@ pub async fn cancel_elsewhere(store: &Store, id: &str) -> Result<Option<Response
                 let row = store.db.get_response(id).await.map_err(failed)?;
                 let Some(row) = row else { return Ok(None) };
                 if !is_running(&row.response) || Instant::now() > deadline {
-                    let json = [(axum::http::header::CONTENT_TYPE, "application/json")];
-                    return Ok(Some((json, row.response).into_response()));
+                    return Ok(Some(row.response));
                 }
             }
         }
         if let Some(cancelled) = end_cancelled(store, id, Claim::Lapsed { now }).await? {
             // Its replica is gone and nobody took it over yet: it ends here, as cancelled.
-            return Ok(Some(Json(cancelled).into_response()));
+            return Ok(Some(cancelled.to_string()));
         }
     }
     Ok(None)

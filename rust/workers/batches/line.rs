@@ -7,11 +7,11 @@ use super::traced::LineTraces;
 use crate::admission::Permit;
 use crate::doors::Door;
 use crate::error::ApiError;
-use crate::http::json_bounds::JsonBounds;
-use crate::http::{AppState, serve};
+use crate::json_bounds::JsonBounds;
 use crate::owner::Owner;
+use crate::path::{Answer, AppState, Call, Origin, serve};
 use crate::trace::{Outcome, ResponseGuard, StopCause};
-use axum::body::Bytes;
+use bytes::Bytes;
 use serde_json::{Value, json};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -61,7 +61,8 @@ pub(super) async fn run_line(
     let served = async {
         let mut req = door.parse(&raw, &st.config.served_model_names)?;
         req.owner = whose;
-        serve(st, door, req, arrival, request_id.clone(), None, Some(slot), traced).await
+        let (origin, request_id) = (Origin::BatchLine(slot), request_id.clone());
+        serve(st, Call { door, req, origin, arrival, request_id, traced }).await
     };
     tokio::pin!(served);
     // Dropped before `served` (whose drop aborts the request): a line the runner stops (its batch cancelled or
@@ -78,10 +79,8 @@ pub(super) async fn run_line(
     stop.disarm(); // it ran to its end: it ends as its request did
     let (status, bytes) = match answered {
         Err(ApiError::Unavailable(_)) => return None, // draining, or a rank down: not the line's fault
-        Ok(resp) => {
-            let status = resp.status().as_u16();
-            (status, axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap_or_default())
-        }
+        Ok(Answer::Unary(unary)) => (200, unary.delivered()),
+        Ok(Answer::Stream(_)) => (500, Bytes::from(door.envelope(&ApiError::Internal))), // its body said no stream
         Err(e) => {
             if let Some(t) = &trace {
                 t.ended(Outcome::of(e.status().as_u16(), e.code()));

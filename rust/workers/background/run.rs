@@ -1,33 +1,18 @@
-//! Background responses (Responses' `background: true`): the client gets the queued Response at once (or, with
-//! `stream: true`, its stream), and the request then runs through the one request path like any other, admission
-//! included, as a stream whose events are kept (`store::background`) for `GET /v1/responses/{id}?stream=true&
-//! starting_after=N`. The Response is in the store from the moment it is queued, so any replica answers `GET`;
-//! `POST /v1/responses/{id}/cancel` stops it on the replica that runs it, asked through any (`background_lease`,
-//! which also runs it again elsewhere if its replica dies).
-//!
-//! Its writes name its claim (`store::background::Claim`, issue 40): `in_progress` as it reaches a rank, then one
-//! final state, written by whoever ends it first (its run, a cancel, a DELETE); a run whose claim was lost writes
-//! nothing. A drain hands it over instead of failing it (`hand_over`).
-//!
-//! Traced, the `POST` has its own short span, and the run a trace of its own linked to it (`crate::trace`).
+//! A background response's run: queued and answered at once, then run through the request path as a stream whose
+//! events it keeps; its writes, its end, its cancel and its hand-over.
 
-use super::AppState;
-use super::background_lease::cancel_elsewhere;
-use super::background_queued::queued_response;
-use super::generate::{serve, sse_response};
-use super::traced::Traced;
+use super::lease::cancel_elsewhere;
+use super::queued::queued_response;
 use crate::doors::{Door, GenerateRequest};
 use crate::error::ApiError;
+use crate::path::{Answer, AppState, BackgroundRun, Call, Origin, Unary, serve};
 use crate::store::background::{Run, is_running};
 use crate::store::responses::{Keep, response_text};
 use crate::store::{Store, StoredResponse, failed, items};
 use crate::stream::Deliver;
-use crate::trace::body::{TracedBody, TracedStream};
-use crate::trace::{Outcome, RequestTrace, ResponseGuard, StopCause};
-use axum::Json;
-use axum::body::{Body, Bytes};
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
+use crate::trace::body::TracedStream;
+use crate::trace::{Outcome, RequestTrace, ResponseGuard, StopCause, Traced};
+use bytes::Bytes;
 use futures_util::StreamExt;
 use opentelemetry::KeyValue;
 use serde_json::{Value, json};
@@ -45,7 +30,7 @@ pub async fn start(
     arrival: Instant,
     request_id: String,
     traced: Traced,
-) -> Result<Response, ApiError> {
+) -> Result<Answer, ApiError> {
     let Some(store) = st.store.clone() else {
         let msg = "This server keeps no responses (its state store is off): background responses need it.";
         return Err(ApiError::bad_param("background", msg));
@@ -82,7 +67,7 @@ pub async fn start(
     body["stream"] = json!(true);
     let body = Bytes::from(serde_json::to_vec(&body).map_err(|_| ApiError::Internal)?);
     // In the store before the client has its id (`GET` answers from any replica), claimed with its request kept
-    // (if this replica dies, another runs it: `background_lease`), both in one commit.
+    // (if this replica dies, another runs it: `super::lease`), both in one commit.
     let until = items::now() + store.lease_s;
     let kept = std::str::from_utf8(&body).map_err(|_| ApiError::Internal)?;
     if let Err(e) = store.db.queue_run(&row, kept, &store.instance, until).await {
@@ -96,20 +81,14 @@ pub async fn start(
         tokio::spawn(run_in_background(st.clone(), store, door, body, owner, arrival, request_id, ran, run_trace));
     run.set_task(task.abort_handle());
     if req.stream {
-        let events = run.follow(None);
-        let body = match guard {
-            Some(guard) => Body::from_stream(TracedStream::new(events, guard)),
-            None => Body::from_stream(events),
-        };
-        return Ok(sse_response(body));
+        let events = run.follow(None).map(|chunk| chunk.map_err(|never| match never {}));
+        return Ok(Answer::Stream(match guard {
+            Some(guard) => Box::pin(TracedStream::new(events, guard)),
+            None => Box::pin(events),
+        }));
     }
-    Ok(match guard {
-        Some(guard) => {
-            let json = Bytes::from(serde_json::to_vec(&queued).map_err(|_| ApiError::Internal)?);
-            ([(header::CONTENT_TYPE, "application/json")], Body::new(TracedBody::new(json, guard))).into_response()
-        }
-        None => Json(queued).into_response(),
-    })
+    let json = Bytes::from(serde_json::to_vec(&queued).map_err(|_| ApiError::Internal)?);
+    Ok(Answer::Unary(Unary { json, guard }))
 }
 
 /// The `POST`'s span, ended as it answers (its guard goes with its body), and the run's trace, linked to it.
@@ -154,7 +133,9 @@ pub(super) async fn run_in_background(
         let served = match door.parse(&body, &st.config.served_model_names) {
             Ok(mut req) => {
                 req.owner = owner.clone();
-                serve(&st, door, req, arrival, request_id.clone(), Some(run.clone()), None, traced).await
+                let origin = Origin::Background(BackgroundRun { run: run.clone(), record: record_then });
+                let request_id = request_id.clone();
+                serve(&st, Call { door, req, origin, arrival, request_id, traced }).await
             }
             Err(e) => Err(e),
         };
@@ -166,8 +147,7 @@ pub(super) async fn run_in_background(
         }
     };
     match outcome {
-        Ok(resp) if run.generating() => {
-            let mut data = resp.into_body().into_data_stream();
+        Ok(Answer::Stream(mut data)) if run.generating() => {
             // Dropped before `data` (the request's body, whose drop aborts it): a cancel names itself first.
             let mut cancel = StopCause::new(trace.clone(), "cancelled");
             let mut announced = false;
@@ -229,7 +209,7 @@ async fn mark_running(store: &Store, run: &Run, latest: &[u8]) -> bool {
 /// from `last`, written under its claim if it still holds it, then `deliver`ed (the stream's readers see its end
 /// once it is stored; an error instead if the store could not take it: the claim, kept, is released once the run
 /// has ended here, and the run runs again). A run stopped meanwhile writes nothing: its stopper ended it.
-pub(super) fn record_then(store: &Arc<Store>, run: Arc<Run>, mut keep: Keep, last: Bytes, deliver: Deliver) {
+fn record_then(store: &Arc<Store>, run: Arc<Run>, mut keep: Keep, last: Bytes, deliver: Deliver) {
     let Some(response) = response_text(&last, true).map(<[u8]>::to_vec) else {
         // Its run records it as failed once its stream ends.
         tracing::warn!(response_id = %run.id, "a background response's last bytes held no Response");
@@ -292,17 +272,18 @@ pub(super) async fn hand_over(store: &Store, run: &Run) {
 /// `POST /v1/responses/{id}/cancel` for a background response: stopped if it runs here, recorded as cancelled;
 /// one that already ended is answered as it is. One stopped here that runs elsewhere now (its claim was lost, or
 /// handed over) is asked of that replica.
-pub async fn cancel(store: &Arc<Store>, id: &str) -> Result<Option<Response>, ApiError> {
+/// The answer is the Response's JSON.
+pub async fn cancel(store: &Arc<Store>, id: &str) -> Result<Option<String>, ApiError> {
     let Some(run) = store.runs.get(id) else { return cancel_elsewhere(store, id).await };
     if let Some(cancelled) = cancel_here(store, &run).await {
-        return Ok(Some(Json(cancelled).into_response()));
+        return Ok(Some(cancelled.to_string()));
     }
     run.wait_finished(crate::store::WRITE_WAIT).await; // its final state is being written
     let stored = store.load_any(id).await?.ok_or(ApiError::Internal)?;
     if run.is_stopped() && is_running(&stored.response) {
         return cancel_elsewhere(store, id).await;
     }
-    Ok(Some(([(axum::http::header::CONTENT_TYPE, "application/json")], stored.response).into_response()))
+    Ok(Some(stored.response))
 }
 
 /// Cancel a run here: the cancelled Response, or None if it had ended or was stopped already.

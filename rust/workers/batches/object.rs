@@ -2,7 +2,7 @@
 //! it runs, and the output and error lines it writes, keyed by `custom_id`.
 
 use crate::doors::Door;
-use crate::http::json_bounds::{self, JsonBounds};
+use crate::json_bounds::{self, JsonBounds};
 use serde_json::{Map, Value, json};
 
 /// What a batch may serve: the doors OpenAI's Batch API names.

@@ -24,7 +24,7 @@ pub mod object;
 mod run;
 mod traced;
 
-use crate::http::AppState;
+use crate::path::AppState;
 use crate::store::{Store, items};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

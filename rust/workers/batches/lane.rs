@@ -9,7 +9,7 @@
 //! sits on slots it has not used yet while others wait.
 
 use crate::admission::Permit;
-use crate::http::AppState;
+use crate::path::AppState;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
