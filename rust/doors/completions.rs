@@ -3,7 +3,7 @@
 //! request's shape. No images, no tools, no thinking switch.
 
 use super::fields::{self, body_and_model, integer, opt_bool, opt_u64};
-use super::{GenerateRequest, PinThinking, Spec, sse};
+use super::{GenerateRequest, PinThinking, Served, Spec, sse};
 use crate::error::ApiError;
 use crate::media::ImageRef;
 use bytes::BytesMut;
@@ -21,7 +21,7 @@ impl Spec for Completions {
     /// A raw prompt has no thinking switch.
     const PIN_THINKING: Option<PinThinking> = None;
 
-    fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
+    fn parse(raw: &[u8], served: Served<'_>) -> Result<GenerateRequest, ApiError> {
         parse(raw, served)
     }
 
@@ -39,8 +39,8 @@ impl Spec for Completions {
     }
 }
 
-fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
-    let (mut v, model) = body_and_model(raw, served)?;
+fn parse(raw: &[u8], served: Served<'_>) -> Result<GenerateRequest, ApiError> {
+    let (mut v, model) = body_and_model(raw, served.names)?;
     let obj = v.as_object_mut().ok_or(ApiError::Internal)?;
     fields::check(obj)?; // sampling and bookkeeping fields, as in chat
     let seed = fields::take_seed(obj)?;
@@ -120,10 +120,7 @@ fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
         forced_tool: None,
         priority,
         images: Vec::new(), // a raw prompt has no image parts
-        store: false,
-        previous_response_id: None,
-        conversation: None,
-        background: false,
+        keeping: None,
         owner: Default::default(),
         body: serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?,
     })
@@ -152,7 +149,7 @@ mod tests {
     }
 
     fn param(body: Value) -> String {
-        let e = Completions::parse(body.to_string().as_bytes(), &names()).unwrap_err();
+        let e = Completions::parse(body.to_string().as_bytes(), names().as_slice().into()).unwrap_err();
         let env: Value = serde_json::from_str(&e.envelope()).unwrap();
         env["error"]["param"].as_str().unwrap_or("").to_string()
     }
@@ -160,7 +157,7 @@ mod tests {
     #[test]
     fn completions_prompts_and_refusals() {
         let ok = |b: Value| {
-            let r = Completions::parse(b.to_string().as_bytes(), &names()).unwrap();
+            let r = Completions::parse(b.to_string().as_bytes(), names().as_slice().into()).unwrap();
             serde_json::from_slice::<Value>(&r.body).unwrap()
         };
         assert_eq!(ok(json!({"model": "m", "prompt": "hi"}))["prompt"], "hi");
@@ -193,7 +190,7 @@ mod tests {
     #[test]
     fn completions_score_prompts() {
         let ok = |b: Value| {
-            let r = Completions::parse(b.to_string().as_bytes(), &names()).unwrap();
+            let r = Completions::parse(b.to_string().as_bytes(), names().as_slice().into()).unwrap();
             (serde_json::from_slice::<Value>(&r.body).unwrap(), r.top_k)
         };
         // lm-eval's request: echo, logprobs, temperature 0 and one token (or none).

@@ -22,12 +22,41 @@ use crate::media::ImageRef;
 use axum::response::Response;
 use bytes::BytesMut;
 use serde_json::{Map, Value};
+use std::collections::HashMap;
+use std::sync::LazyLock;
 
-pub use request::GenerateRequest;
+pub use request::{GenerateRequest, Keeping};
 pub use tools::ForcedTool;
 
 /// How a door sets a pinned thinking mode in its body (`Spec::PIN_THINKING`).
 pub type PinThinking = fn(&mut Map<String, Value>, bool);
+
+/// The model names this server answers to, and the thinking mode a name pins (`--served-model-name
+/// NAME=thinking|no-thinking`; `deepseek-chat` and `deepseek-reasoner` do), whatever the body says.
+#[derive(Clone, Copy)]
+pub struct Served<'a> {
+    pub names: &'a [String],
+    pub pins: &'a HashMap<String, bool>,
+}
+
+static NO_PINS: LazyLock<HashMap<String, bool>> = LazyLock::new(HashMap::new);
+
+impl<'a> From<&'a [String]> for Served<'a> {
+    /// Names that pin nothing.
+    fn from(names: &'a [String]) -> Self {
+        Served { names, pins: &NO_PINS }
+    }
+}
+
+impl Served<'_> {
+    /// Set the thinking mode `model` pins in a door's checked body, if it pins one and the door has a switch.
+    pub fn pin<D: Spec>(self, body: &mut Value, model: &str) -> Result<(), ApiError> {
+        if let (Some(pin), Some(&on)) = (D::PIN_THINKING, self.pins.get(model)) {
+            pin(body.as_object_mut().ok_or(ApiError::Internal)?, on);
+        }
+        Ok(())
+    }
+}
 
 /// Everything one door changes. A door is a module with a unit type implementing this.
 pub trait Spec {
@@ -48,7 +77,8 @@ pub trait Spec {
     const PIN_THINKING: Option<PinThinking>;
 
     /// The request checks done in Rust: JSON shape, model, what the front end needs, what the server cannot do.
-    fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError>;
+    /// The thinking mode a served name pins is set here too (`Served::pin`), so a body is parsed once.
+    fn parse(raw: &[u8], served: Served<'_>) -> Result<GenerateRequest, ApiError>;
     /// Every image in the body, data URLs included, in request order. Shapes are only read: a malformed part is
     /// left for the codec to refuse with its own message.
     fn image_refs(body: &Value) -> Vec<ImageRef>;
@@ -131,17 +161,8 @@ impl Door {
         spec!(self, D => D::ID_PREFIX)
     }
 
-    pub fn parse(self, raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
+    pub fn parse(self, raw: &[u8], served: Served<'_>) -> Result<GenerateRequest, ApiError> {
         spec!(self, D => D::parse(raw, served))
-    }
-
-    /// The body with the thinking mode a served name pins (`--served-model-name`'s `deepseek-chat` and
-    /// `deepseek-reasoner` do), whatever it said. The body is parsed again for this, for pinned names only.
-    pub fn pin_thinking(self, body: &[u8], on: bool) -> Result<Vec<u8>, ApiError> {
-        let Some(pin) = spec!(self, D => D::PIN_THINKING) else { return Ok(body.to_vec()) };
-        let mut v: Value = serde_json::from_slice(body).map_err(|_| ApiError::Internal)?;
-        pin(v.as_object_mut().ok_or(ApiError::Internal)?, on);
-        serde_json::to_vec(&v).map_err(|_| ApiError::Internal)
     }
 
     pub fn envelope(self, err: &ApiError) -> String {
@@ -197,8 +218,23 @@ mod tests {
     }
 
     #[test]
-    fn a_door_without_a_thinking_switch_keeps_its_body() {
-        let body = br#"{"model":"m",  "prompt":"x"}"#;
-        assert_eq!(Door::Completions.pin_thinking(body, true).unwrap(), body);
+    fn a_pinned_name_sets_thinking_as_the_door_parses() {
+        let names = vec!["m".to_string()];
+        let (off, on) = (HashMap::from([("m".to_string(), false)]), HashMap::from([("m".to_string(), true)]));
+        let thinking = |door: Door, raw: &str, pins: &HashMap<String, bool>| {
+            let req = door.parse(raw.as_bytes(), Served { names: &names, pins }).unwrap();
+            serde_json::from_slice::<Value>(&req.body).unwrap()
+        };
+        let chat = r#"{"model":"m","messages":[{"role":"user","content":"x"}],"thinking":{"type":"enabled"}}"#;
+        assert_eq!(thinking(Door::Chat, chat, &off)["thinking"]["type"], "disabled");
+        // Messages thinks only when asked; a name that pins thinking on turns it on.
+        let messages = r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}]}"#;
+        assert_eq!(thinking(Door::Messages, messages, &Default::default())["thinking"]["type"], "disabled");
+        assert_eq!(thinking(Door::Messages, messages, &on)["thinking"]["type"], "enabled");
+        let responses = r#"{"model":"m","input":"x","reasoning":{"effort":"low"}}"#;
+        assert_eq!(thinking(Door::Responses, responses, &off)["reasoning"]["effort"], "none");
+        // A door without a thinking switch keeps its body.
+        let completions = r#"{"model":"m","prompt":"x"}"#;
+        assert_eq!(thinking(Door::Completions, completions, &on), thinking(Door::Completions, completions, &off));
     }
 }

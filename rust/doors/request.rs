@@ -1,7 +1,7 @@
 //! What the front end keeps of a generation request, whichever door it came in by.
 
 use super::fields::{opt_bool, take_priority};
-use super::{ForcedTool, Spec};
+use super::{ForcedTool, Served, Spec};
 use crate::error::ApiError;
 use crate::media::ImageRef;
 use serde_json::Value;
@@ -23,20 +23,33 @@ pub struct GenerateRequest {
     pub priority: i64,
     /// The request's images (fetched, for URLs, after admission).
     pub images: Vec<ImageRef>,
-    /// Keep the response (Responses' `store`, on by default there; no other door stores).
-    pub store: bool,
-    /// The stored response whose chain this request continues (Responses' `previous_response_id`).
-    pub previous_response_id: Option<String>,
-    /// The conversation whose items it continues, and gains its own (Responses' `conversation`).
-    pub conversation: Option<String>,
-    /// Run it in the background (Responses' `background: true`): answered at once, re-read by its id.
-    pub background: bool,
+    /// What it asks of the state store: only the Responses door asks (None from every other door).
+    pub keeping: Option<Keeping>,
     /// Whose it is (its API key's owner): what it stores is that owner's, and it continues only that owner's.
     pub owner: crate::owner::Owner,
     pub body: Vec<u8>,
 }
 
+/// What a Responses request asks of the state store: the step the request path runs for it (`crate::path`'s
+/// `keep`), and its worker for one that runs in the background (`crate::workers::background`).
+#[derive(Debug, Clone, Default)]
+pub struct Keeping {
+    /// Keep the response (`store`, on by default).
+    pub store: bool,
+    /// The stored response whose chain this request continues (`previous_response_id`).
+    pub previous_response_id: Option<String>,
+    /// The conversation whose items it continues, and gains its own (`conversation`).
+    pub conversation: Option<String>,
+    /// Run it in the background (`background: true`): answered at once, re-read by its id.
+    pub background: bool,
+}
+
 impl GenerateRequest {
+    /// Whether it runs in the background (Responses' `background: true`).
+    pub fn background(&self) -> bool {
+        self.keeping.as_ref().is_some_and(|k| k.background)
+    }
+
     /// Whether the output may be held to a grammar: a forced tool call, or a body that names a structured format
     /// or a strict tool (an over-estimate is harmless: the check then finds none). Asked only of a request that
     /// must wait for a slot, whose grammar is then checked before the wait.
@@ -55,11 +68,13 @@ pub fn images_of<D: Spec>(raw: &[u8], body: &Value) -> Vec<ImageRef> {
 /// body.
 pub fn plain<D: Spec>(
     raw: &[u8],
+    served: Served<'_>,
     mut body: Value,
     model: String,
     top_k: i32,
     forced_tool: Option<ForcedTool>,
 ) -> Result<GenerateRequest, ApiError> {
+    served.pin::<D>(&mut body, &model)?;
     let images = images_of::<D>(raw, &body);
     let obj = body.as_object_mut().ok_or(ApiError::Internal)?;
     let priority = take_priority(obj)?;
@@ -75,10 +90,7 @@ pub fn plain<D: Spec>(
         forced_tool,
         priority,
         images,
-        store: false,
-        previous_response_id: None,
-        conversation: None,
-        background: false,
+        keeping: None,
         owner: Default::default(),
         body: serde_json::to_vec(&body).map_err(|_| ApiError::Internal)?,
     })

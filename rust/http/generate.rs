@@ -71,9 +71,9 @@ async fn handle(
     request_id: String,
     traced: Traced,
 ) -> Result<Response, ApiError> {
-    let mut req = door.parse(&body, &st.config.served_model_names)?;
+    let mut req = door.parse(&body, st.config.served())?;
     req.owner = owner;
-    let answer = if req.background {
+    let answer = if req.background() {
         crate::workers::background::start(st, door, req, arrival, request_id, traced).await?
     } else {
         serve(st, Call { door, req, origin: Origin::Client, arrival, request_id, traced }).await?

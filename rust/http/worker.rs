@@ -138,7 +138,7 @@ pub async fn render_chat(
     RawBody(body): RawBody,
 ) -> Result<Response, ApiError> {
     let body = body?;
-    let req = Door::Chat.parse(&body, &st.config.served_model_names)?;
+    let req = Door::Chat.parse(&body, st.config.served())?;
     let _slot = st.admission.admit(0).await?;
     let deadline = st.config.request_timeout().map(|t| tokio::time::Instant::now() + t);
     if req.may_constrain() {

@@ -14,22 +14,23 @@ use axum::body::Bytes;
 /// A stored Responses request, or one that continues a chain or a conversation: its input continued, and what its
 /// response will be recorded with (None for a request that neither stores nor continues).
 pub(super) async fn continue_from(st: &AppState, req: &mut GenerateRequest) -> Result<Option<Keep>, ApiError> {
-    if !req.store && req.previous_response_id.is_none() && req.conversation.is_none() {
+    let Some(asked) = req.keeping.take() else { return Ok(None) };
+    if !asked.store && asked.previous_response_id.is_none() && asked.conversation.is_none() {
         return Ok(None);
     }
     let Some(store) = &st.store else {
         let msg = "This server keeps no responses or conversations (its state store is off): send the whole input.";
-        if req.previous_response_id.is_some() {
+        if asked.previous_response_id.is_some() {
             return Err(ApiError::bad_param("previous_response_id", msg));
         }
-        if req.conversation.is_some() {
+        if asked.conversation.is_some() {
             return Err(ApiError::bad_param("conversation", msg));
         }
         return Ok(None);
     };
     let body = std::mem::take(&mut req.body);
-    let (previous, conversation) = (req.previous_response_id.take(), req.conversation.take());
-    let (body, keep) = store.continue_from(body, previous, conversation, req.store, req.owner.clone()).await?;
+    let (previous, conversation) = (asked.previous_response_id, asked.conversation);
+    let (body, keep) = store.continue_from(body, previous, conversation, asked.store, req.owner.clone()).await?;
     req.body = body;
     Ok(Some(keep))
 }

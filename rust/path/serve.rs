@@ -30,9 +30,7 @@ pub async fn serve(st: &Arc<AppState>, call: Call) -> Result<Answer, ApiError> {
         Origin::BatchLine(slot) => (Some(slot), None),
         Origin::Background(run) => (None, Some(run)),
     };
-    if let Some(&on) = st.config.thinking_pins.get(&req.model) {
-        req.body = door.pin_thinking(&req.body, on)?;
-    }
+    let background = req.background();
     let keep = keep::continue_from(st, &mut req).await?;
     let parsed = Instant::now();
     if let Some(err) = st.unavailable() {
@@ -74,7 +72,7 @@ pub async fn serve(st: &Arc<AppState>, call: Call) -> Result<Answer, ApiError> {
     if let Some(t) = &trace {
         t.requested(&req.model, &response_id);
     }
-    let echo = keep::echo(keep.as_ref(), req.background);
+    let echo = keep::echo(keep.as_ref(), background);
     let on_finish = keep::on_finish(st, keep, run, &response_id, req.stream, echo.clone());
     let prepare = PrepareRequest {
         door,

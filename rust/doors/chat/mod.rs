@@ -8,7 +8,7 @@ mod checks;
 use super::fields::{self, body_and_model, integer, items, kind, opt_bool, opt_u64};
 use super::request::images_of;
 use super::tools::{self, ForcedTool, Tools, tool_choice};
-use super::{GenerateRequest, PinThinking, Spec, sse};
+use super::{GenerateRequest, PinThinking, Served, Spec, sse};
 use crate::error::ApiError;
 use crate::media::ImageRef;
 use bytes::BytesMut;
@@ -25,7 +25,7 @@ impl Spec for Chat {
     const KEEP_ALIVE: &'static [u8] = sse::KEEP_ALIVE;
     const PIN_THINKING: Option<PinThinking> = Some(pin_thinking);
 
-    fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
+    fn parse(raw: &[u8], served: Served<'_>) -> Result<GenerateRequest, ApiError> {
         parse(raw, served)
     }
 
@@ -86,8 +86,8 @@ fn pin_thinking(obj: &mut Map<String, Value>, on: bool) {
     }
 }
 
-fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
-    let (mut v, model) = body_and_model(raw, served)?;
+fn parse(raw: &[u8], served: Served<'_>) -> Result<GenerateRequest, ApiError> {
+    let (mut v, model) = body_and_model(raw, served.names)?;
     let obj = v.as_object_mut().ok_or(ApiError::Internal)?;
     fields::check(obj)?;
     if let Some(tools) = obj.get("tools").filter(|t| !t.is_null()) {
@@ -197,6 +197,7 @@ fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
         fields::check_scoring_sampling(obj, max_completion.or(max_tokens), top_k)?;
     }
 
+    served.pin::<Chat>(&mut v, &model)?;
     let images = images_of::<Chat>(raw, &v);
     let body = serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?;
     Ok(GenerateRequest {
@@ -210,10 +211,7 @@ fn parse(raw: &[u8], served: &[String]) -> Result<GenerateRequest, ApiError> {
         forced_tool,
         priority,
         images,
-        store: false,
-        previous_response_id: None,
-        conversation: None,
-        background: false,
+        keeping: None,
         owner: Default::default(),
         body,
     })
@@ -229,11 +227,11 @@ mod tests {
     }
 
     fn ok(v: Value) -> GenerateRequest {
-        Chat::parse(v.to_string().as_bytes(), &names()).unwrap()
+        Chat::parse(v.to_string().as_bytes(), names().as_slice().into()).unwrap()
     }
 
     fn err(v: Value) -> ApiError {
-        Chat::parse(v.to_string().as_bytes(), &names()).unwrap_err()
+        Chat::parse(v.to_string().as_bytes(), names().as_slice().into()).unwrap_err()
     }
 
     fn base() -> Value {
@@ -255,8 +253,8 @@ mod tests {
 
     #[test]
     fn bad_json_and_shapes_are_400() {
-        assert_eq!(Chat::parse(b"{not json", &names()).unwrap_err().status(), 400);
-        assert_eq!(Chat::parse(b"[1]", &names()).unwrap_err().status(), 400);
+        assert_eq!(Chat::parse(b"{not json", names().as_slice().into()).unwrap_err().status(), 400);
+        assert_eq!(Chat::parse(b"[1]", names().as_slice().into()).unwrap_err().status(), 400);
         assert_eq!(err(json!({"messages": []})).status(), 400);
         assert_eq!(err(json!({"model": "m"})).status(), 400);
         assert_eq!(err(json!({"model": "m", "messages": []})).status(), 400);

@@ -37,12 +37,13 @@ pub async fn start(
     };
     // Room for what it will store, and what it names must be there now: a 4xx at once, not a failed response later.
     store.room_for(&req.owner).await?;
-    if let Some(prev) = &req.previous_response_id
+    let asked = req.keeping.clone().unwrap_or_default();
+    if let Some(prev) = &asked.previous_response_id
         && store.load(prev, &req.owner).await?.is_none()
     {
         return Err(ApiError::PreviousResponseNotFound(prev.clone()));
     }
-    if let Some(conv) = &req.conversation {
+    if let Some(conv) = &asked.conversation {
         store.conversation(conv, &req.owner).await.map_err(|_| ApiError::NotFound {
             what: "Conversation",
             id: conv.clone(),
@@ -58,7 +59,7 @@ pub async fn start(
         id: response_id.clone(),
         created_at: items::now(),
         model: req.model.clone(),
-        previous_response_id: req.previous_response_id.clone(),
+        previous_response_id: asked.previous_response_id,
         context: crate::store::CHAINED.into(),
         input_items: Value::Array(items::own_items(body.get("input"))).to_string(),
         response: queued.to_string(),
@@ -130,7 +131,7 @@ pub(super) async fn run_in_background(
     let mut unfinished = StopCause::end_if_dropped(trace.clone(), "cancelled");
     let outcome = loop {
         let traced = trace.as_ref().map(|t| (t.clone(), ResponseGuard::new(t.clone())));
-        let served = match door.parse(&body, &st.config.served_model_names) {
+        let served = match door.parse(&body, st.config.served()) {
             Ok(mut req) => {
                 req.owner = owner.clone();
                 let origin = Origin::Background(BackgroundRun { run: run.clone(), record: record_then });
