@@ -205,12 +205,6 @@ impl ServerConfig {
     }
 
     /// What a JSON body may make once parsed (`--max-json-elements`, `--max-json-depth`).
-    /// The names this server answers to, and the thinking modes they pin: what a door's parse checks a body's
-    /// model against.
-    pub fn served(&self) -> crate::doors::Served<'_> {
-        crate::doors::Served { names: &self.served_model_names, pins: &self.thinking_pins }
-    }
-
     pub fn json_bounds(&self) -> crate::json_bounds::JsonBounds {
         crate::json_bounds::JsonBounds { elements: self.max_json_elements, depth: self.max_json_depth }
     }

@@ -16,7 +16,6 @@ pub mod fatal;
 pub mod http;
 pub mod ids;
 pub mod json_bounds;
-pub mod listener;
 pub mod media;
 pub mod mend;
 pub mod metrics;

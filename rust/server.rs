@@ -236,7 +236,7 @@ async fn run(state: Arc<AppState>, pids: Vec<i32>, tls: Option<Arc<Tls>>) -> std
         None => http::app(state.clone()),
     };
     let max_connections = state.config.max_connections;
-    let deadlines = crate::listener::Deadlines {
+    let deadlines = crate::edge::listener::Deadlines {
         client: state.config.client_timeout(),
         upload: Duration::from_secs_f64(state.config.upload_timeout_s.max(0.001)),
     };

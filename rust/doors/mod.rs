@@ -48,6 +48,12 @@ impl<'a> From<&'a [String]> for Served<'a> {
     }
 }
 
+impl<'a> From<&'a crate::config::ServerConfig> for Served<'a> {
+    fn from(config: &'a crate::config::ServerConfig) -> Self {
+        Served { names: &config.served_model_names, pins: &config.thinking_pins }
+    }
+}
+
 impl Served<'_> {
     /// Set the thinking mode `model` pins in a door's checked body, if it pins one and the door has a switch.
     pub fn pin<D: Spec>(self, body: &mut Value, model: &str) -> Result<(), ApiError> {

@@ -2,11 +2,11 @@
 //! whether connections speak TLS (`--ssl-*`), and under which path prefix (`--root-path`). Everything here is
 //! decided once at start-up; with none of these options the plain TCP path is the one `listener` always ran.
 
+pub mod listener;
 pub mod root_path;
 pub mod tls;
 pub mod uds;
 
-use crate::listener;
 use axum::Router;
 use pyo3::FromPyObject;
 use std::future::Future;

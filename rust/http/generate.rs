@@ -71,7 +71,7 @@ async fn handle(
     request_id: String,
     traced: Traced,
 ) -> Result<Response, ApiError> {
-    let mut req = door.parse(&body, st.config.served())?;
+    let mut req = door.parse(&body, (&st.config).into())?;
     req.owner = owner;
     let answer = if req.background() {
         crate::workers::background::start(st, door, req, arrival, request_id, traced).await?

@@ -23,7 +23,7 @@ pub async fn count_messages_tokens(State(st): State<Arc<AppState>>, parent: Trac
 /// A count of what `door`'s request with this body would prompt: the body goes through the door's own checks.
 async fn count(st: &AppState, door: Door, RawBody(body): RawBody) -> Result<Response, ApiError> {
     let body = body?;
-    let req = door.parse(&body, st.config.served())?;
+    let req = door.parse(&body, (&st.config).into())?;
     let _slot = st.admission.admit(0).await?;
     let images = fetch_images(st, &req.images).await?;
     let out = st.codec.call("count_tokens", req.body, door, images).await?;
@@ -67,7 +67,7 @@ async fn tokens_call(st: &AppState, method: &'static str, RawBody(body): RawBody
     let _slot = st.admission.admit(0).await?;
     // A chat body goes through chat's own checks and normalizations, so its count is the request's prompt_tokens.
     let (body, images) = if method == "tokenize" && v.get("messages").is_some() {
-        let req = Door::Chat.parse(&raw, st.config.served())?;
+        let req = Door::Chat.parse(&raw, (&st.config).into())?;
         (req.body, fetch_images(st, &req.images).await?)
     } else {
         fields::body_and_model(&raw, served)?;

@@ -138,7 +138,7 @@ pub async fn render_chat(
     RawBody(body): RawBody,
 ) -> Result<Response, ApiError> {
     let body = body?;
-    let req = Door::Chat.parse(&body, st.config.served())?;
+    let req = Door::Chat.parse(&body, (&st.config).into())?;
     let _slot = st.admission.admit(0).await?;
     let deadline = st.config.request_timeout().map(|t| tokio::time::Instant::now() + t);
     if req.may_constrain() {

@@ -131,7 +131,7 @@ pub(super) async fn run_in_background(
     let mut unfinished = StopCause::end_if_dropped(trace.clone(), "cancelled");
     let outcome = loop {
         let traced = trace.as_ref().map(|t| (t.clone(), ResponseGuard::new(t.clone())));
-        let served = match door.parse(&body, st.config.served()) {
+        let served = match door.parse(&body, (&st.config).into()) {
             Ok(mut req) => {
                 req.owner = owner.clone();
                 let origin = Origin::Background(BackgroundRun { run: run.clone(), record: record_then });

@@ -59,7 +59,7 @@ pub(super) async fn run_line(
     let trace = traces.and_then(|t| t.begin(st, door, custom_id, &request_id, arrival));
     let traced = trace.as_ref().map(|t| (t.clone(), ResponseGuard::new(t.clone())));
     let served = async {
-        let mut req = door.parse(&raw, st.config.served())?;
+        let mut req = door.parse(&raw, (&st.config).into())?;
         req.owner = whose;
         let (origin, request_id) = (Origin::BatchLine(slot), request_id.clone());
         serve(st, Call { door, req, origin, arrival, request_id, traced }).await
