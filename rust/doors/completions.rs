@@ -2,8 +2,8 @@
 //! optionally with a `suffix` for fill-in-the-middle. The codec encodes it as plain text; the checks here are the
 //! request's shape. No images, no tools, no thinking switch.
 
-use super::fields::{self, body_and_model, integer, opt_bool, opt_u64};
-use super::{GenerateRequest, PinThinking, Served, Spec, sse};
+use super::fields::{self, integer, model_of, opt_bool, opt_u64};
+use super::{Body, GenerateRequest, PinThinking, Served, Spec, sse};
 use crate::error::ApiError;
 use crate::media::ImageRef;
 use bytes::BytesMut;
@@ -21,8 +21,8 @@ impl Spec for Completions {
     /// A raw prompt has no thinking switch.
     const PIN_THINKING: Option<PinThinking> = None;
 
-    fn parse(raw: &[u8], served: Served<'_>) -> Result<GenerateRequest, ApiError> {
-        parse(raw, served)
+    fn parse(body: Body, served: Served<'_>) -> Result<GenerateRequest, ApiError> {
+        parse(body, served)
     }
 
     /// A raw prompt has no image parts.
@@ -39,8 +39,9 @@ impl Spec for Completions {
     }
 }
 
-fn parse(raw: &[u8], served: Served<'_>) -> Result<GenerateRequest, ApiError> {
-    let (mut v, model) = body_and_model(raw, served.names)?;
+fn parse(body: Body, served: Served<'_>) -> Result<GenerateRequest, ApiError> {
+    let mut v = body.json; // a raw prompt has no image parts
+    let model = model_of(&v, served.names)?;
     let obj = v.as_object_mut().ok_or(ApiError::Internal)?;
     fields::check(obj)?; // sampling and bookkeeping fields, as in chat
     let seed = fields::take_seed(obj)?;
@@ -149,7 +150,8 @@ mod tests {
     }
 
     fn param(body: Value) -> String {
-        let e = Completions::parse(body.to_string().as_bytes(), names().as_slice().into()).unwrap_err();
+        let e = Completions::parse(Body::read(body.to_string().as_bytes()).unwrap(), names().as_slice().into())
+            .unwrap_err();
         let env: Value = serde_json::from_str(&e.envelope()).unwrap();
         env["error"]["param"].as_str().unwrap_or("").to_string()
     }
@@ -157,7 +159,8 @@ mod tests {
     #[test]
     fn completions_prompts_and_refusals() {
         let ok = |b: Value| {
-            let r = Completions::parse(b.to_string().as_bytes(), names().as_slice().into()).unwrap();
+            let r =
+                Completions::parse(Body::read(b.to_string().as_bytes()).unwrap(), names().as_slice().into()).unwrap();
             serde_json::from_slice::<Value>(&r.body).unwrap()
         };
         assert_eq!(ok(json!({"model": "m", "prompt": "hi"}))["prompt"], "hi");
@@ -190,7 +193,8 @@ mod tests {
     #[test]
     fn completions_score_prompts() {
         let ok = |b: Value| {
-            let r = Completions::parse(b.to_string().as_bytes(), names().as_slice().into()).unwrap();
+            let r =
+                Completions::parse(Body::read(b.to_string().as_bytes()).unwrap(), names().as_slice().into()).unwrap();
             (serde_json::from_slice::<Value>(&r.body).unwrap(), r.top_k)
         };
         // lm-eval's request: echo, logprobs, temperature 0 and one token (or none).

@@ -3,10 +3,10 @@
 //! server cannot give, refused in words), Anthropic's error envelope and its named SSE events. deepseek-recipe
 //! converts and validates the rest.
 
-use super::fields::{self, body_and_model, integer, items, kind};
+use super::fields::{self, integer, items, kind, model_of};
 use super::request::plain;
 use super::tools::{self, ForcedTool, Tools, tool_choice};
-use super::{GenerateRequest, PinThinking, Served, Spec, sse};
+use super::{Body, GenerateRequest, PinThinking, Served, Spec, sse};
 use crate::error::ApiError;
 use crate::media::ImageRef;
 use bytes::BytesMut;
@@ -26,8 +26,8 @@ impl Spec for Messages {
     const KEEP_ALIVE: &'static [u8] = PING;
     const PIN_THINKING: Option<PinThinking> = Some(fields::pin_thinking);
 
-    fn parse(raw: &[u8], served: Served<'_>) -> Result<GenerateRequest, ApiError> {
-        parse(raw, served)
+    fn parse(body: Body, served: Served<'_>) -> Result<GenerateRequest, ApiError> {
+        parse(body, served)
     }
 
     /// `image` blocks of the messages' content, and those inside a `tool_result`'s content.
@@ -108,8 +108,9 @@ impl Tools for Messages {
     }
 }
 
-fn parse(raw: &[u8], served: Served<'_>) -> Result<GenerateRequest, ApiError> {
-    let (mut v, model) = body_and_model(raw, served.names)?;
+fn parse(body: Body, served: Served<'_>) -> Result<GenerateRequest, ApiError> {
+    let Body { json: mut v, may_have_images } = body;
+    let model = model_of(&v, served.names)?;
     fields::integers(v.as_object_mut().ok_or(ApiError::Internal)?, &["max_tokens", "top_k"]);
     let obj = v.as_object().ok_or(ApiError::Internal)?;
     // deepseek-recipe ignores top_k; the rank takes it. Anthropic's 0 means no top-k filtering.
@@ -134,7 +135,7 @@ fn parse(raw: &[u8], served: Served<'_>) -> Result<GenerateRequest, ApiError> {
     if matches!(obj.get("thinking"), None | Some(Value::Null)) {
         obj.insert("thinking".into(), serde_json::json!({"type": "disabled"}));
     }
-    plain::<Messages>(raw, served, v, model, top_k, forced_tool)
+    plain::<Messages>(may_have_images, served, v, model, top_k, forced_tool)
 }
 
 /// Messages tools: a client tool is one without a `type` or with `"type": "custom"` (as litellm writes them); any
@@ -207,7 +208,8 @@ mod tests {
     }
 
     fn param(body: Value) -> String {
-        let e = Messages::parse(body.to_string().as_bytes(), names().as_slice().into()).unwrap_err();
+        let e =
+            Messages::parse(Body::read(body.to_string().as_bytes()).unwrap(), names().as_slice().into()).unwrap_err();
         let env: Value = serde_json::from_str(&e.envelope()).unwrap();
         env["error"]["param"].as_str().unwrap_or("").to_string()
     }
@@ -215,12 +217,12 @@ mod tests {
     #[test]
     fn messages_checks() {
         let base = json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
-        let ok = Messages::parse(base.to_string().as_bytes(), names().as_slice().into()).unwrap();
+        let ok = Messages::parse(Body::read(base.to_string().as_bytes()).unwrap(), names().as_slice().into()).unwrap();
         assert!(!ok.stream && ok.top_k == -1);
         let mut b = base.clone();
         b["top_k"] = json!(5.0);
         b["stream"] = json!(true);
-        let r = Messages::parse(b.to_string().as_bytes(), names().as_slice().into()).unwrap();
+        let r = Messages::parse(Body::read(b.to_string().as_bytes()).unwrap(), names().as_slice().into()).unwrap();
         assert!(r.stream && r.top_k == 5);
         for (extra, field) in [
             (json!({"tool_choice": {"type": "any"}}), "tool_choice"), // no tools
@@ -236,9 +238,11 @@ mod tests {
             b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
             assert_eq!(param(b), field);
         }
-        let e =
-            Messages::parse(json!({"model": "x", "messages": []}).to_string().as_bytes(), names().as_slice().into())
-                .unwrap_err();
+        let e = Messages::parse(
+            Body::read(json!({"model": "x", "messages": []}).to_string().as_bytes()).unwrap(),
+            names().as_slice().into(),
+        )
+        .unwrap_err();
         assert_eq!(e.status(), 404);
     }
 

@@ -25,7 +25,7 @@ use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
-pub use request::{GenerateRequest, Keeping};
+pub use request::{Body, GenerateRequest, Keeping};
 pub use tools::ForcedTool;
 
 /// How a door sets a pinned thinking mode in its body (`Spec::PIN_THINKING`).
@@ -84,7 +84,7 @@ pub trait Spec {
 
     /// The request checks done in Rust: JSON shape, model, what the front end needs, what the server cannot do.
     /// The thinking mode a served name pins is set here too (`Served::pin`), so a body is parsed once.
-    fn parse(raw: &[u8], served: Served<'_>) -> Result<GenerateRequest, ApiError>;
+    fn parse(body: Body, served: Served<'_>) -> Result<GenerateRequest, ApiError>;
     /// Every image in the body, data URLs included, in request order. Shapes are only read: a malformed part is
     /// left for the codec to refuse with its own message.
     fn image_refs(body: &Value) -> Vec<ImageRef>;
@@ -167,8 +167,14 @@ impl Door {
         spec!(self, D => D::ID_PREFIX)
     }
 
+    /// A request from its body's bytes.
     pub fn parse(self, raw: &[u8], served: Served<'_>) -> Result<GenerateRequest, ApiError> {
-        spec!(self, D => D::parse(raw, served))
+        self.parse_body(Body::read(raw)?, served)
+    }
+
+    /// A request from its body, parsed already (a batch line's), with no second pass over its bytes.
+    pub fn parse_body(self, body: Body, served: Served<'_>) -> Result<GenerateRequest, ApiError> {
+        spec!(self, D => D::parse(body, served))
     }
 
     pub fn envelope(self, err: &ApiError) -> String {

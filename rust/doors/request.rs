@@ -59,15 +59,37 @@ impl GenerateRequest {
     }
 }
 
-/// The images of a body; only one that spells "image" can have any (the cheap test keeps text requests free).
-pub fn images_of<D: Spec>(raw: &[u8], body: &Value) -> Vec<ImageRef> {
-    if memchr::memmem::find(raw, b"image").is_some() { D::image_refs(body) } else { Vec::new() }
+/// A request body as a door's parse takes it: its JSON, and whether it may hold images (only a body that spells
+/// "image" can: the cheap test on its bytes keeps text requests from a walk over their JSON).
+pub struct Body {
+    pub json: Value,
+    pub may_have_images: bool,
+}
+
+impl Body {
+    /// A body from its bytes.
+    pub fn read(raw: &[u8]) -> Result<Self, ApiError> {
+        Ok(Body {
+            json: super::fields::json_body(raw)?,
+            may_have_images: memchr::memmem::find(raw, b"image").is_some(),
+        })
+    }
+
+    /// A body parsed already (a batch line's): its images are looked for in its JSON.
+    pub fn parsed(json: Value) -> Self {
+        Body { json, may_have_images: true }
+    }
+}
+
+/// The images of a body.
+pub fn images_of<D: Spec>(may_have_images: bool, body: &Value) -> Vec<ImageRef> {
+    if may_have_images { D::image_refs(body) } else { Vec::new() }
 }
 
 /// The request of a door without stream options, seed or usage switches (Messages, Responses), from its checked
 /// body.
 pub fn plain<D: Spec>(
-    raw: &[u8],
+    may_have_images: bool,
     served: Served<'_>,
     mut body: Value,
     model: String,
@@ -75,7 +97,7 @@ pub fn plain<D: Spec>(
     forced_tool: Option<ForcedTool>,
 ) -> Result<GenerateRequest, ApiError> {
     served.pin::<D>(&mut body, &model)?;
-    let images = images_of::<D>(raw, &body);
+    let images = images_of::<D>(may_have_images, &body);
     let obj = body.as_object_mut().ok_or(ApiError::Internal)?;
     let priority = take_priority(obj)?;
     Ok(GenerateRequest {

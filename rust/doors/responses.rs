@@ -2,10 +2,10 @@
 //! input items and tools deepseek-recipe converts, and what needs state the server does not keep, refused in
 //! words), and its named SSE events. deepseek-recipe converts and validates the rest.
 
-use super::fields::{self, body_and_model, items, kind, set};
+use super::fields::{self, items, kind, model_of, set};
 use super::request::plain;
 use super::tools::{self, ForcedTool, Tools, tool_choice};
-use super::{GenerateRequest, Keeping, PinThinking, Served, Spec, sse};
+use super::{Body, GenerateRequest, Keeping, PinThinking, Served, Spec, sse};
 use crate::error::ApiError;
 use crate::media::ImageRef;
 use bytes::BytesMut;
@@ -22,8 +22,8 @@ impl Spec for Responses {
     const KEEP_ALIVE: &'static [u8] = sse::KEEP_ALIVE;
     const PIN_THINKING: Option<PinThinking> = Some(pin_thinking);
 
-    fn parse(raw: &[u8], served: Served<'_>) -> Result<GenerateRequest, ApiError> {
-        parse(raw, served)
+    fn parse(body: Body, served: Served<'_>) -> Result<GenerateRequest, ApiError> {
+        parse(body, served)
     }
 
     /// `input_image` parts of message items' `content`, and of a function call's `output` given as a list of parts.
@@ -148,8 +148,9 @@ fn check_input(input: &mut Value) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn parse(raw: &[u8], served: Served<'_>) -> Result<GenerateRequest, ApiError> {
-    let (mut v, model) = body_and_model(raw, served.names)?;
+fn parse(body: Body, served: Served<'_>) -> Result<GenerateRequest, ApiError> {
+    let Body { json: mut v, may_have_images } = body;
+    let model = model_of(&v, served.names)?;
     let obj = v.as_object_mut().ok_or(ApiError::Internal)?;
     fields::integers(obj, &["max_output_tokens", "top_logprobs", "max_tool_calls"]);
     fields::check(obj)?; // the sampling and bookkeeping fields it shares with chat
@@ -247,7 +248,7 @@ fn parse(raw: &[u8], served: Served<'_>) -> Result<GenerateRequest, ApiError> {
             }
         }
     }
-    let mut req = plain::<Responses>(raw, served, v, model, top_k, forced_tool)?;
+    let mut req = plain::<Responses>(may_have_images, served, v, model, top_k, forced_tool)?;
     req.keeping = Some(Keeping { store, previous_response_id, conversation, background });
     Ok(req)
 }
@@ -261,14 +262,17 @@ mod tests {
     }
 
     fn param(body: Value) -> String {
-        let e = Responses::parse(body.to_string().as_bytes(), names().as_slice().into()).unwrap_err();
+        let e =
+            Responses::parse(Body::read(body.to_string().as_bytes()).unwrap(), names().as_slice().into()).unwrap_err();
         let env: Value = serde_json::from_str(&e.envelope()).unwrap();
         env["error"]["param"].as_str().unwrap_or("").to_string()
     }
 
     #[test]
     fn responses_are_stored_unless_the_request_says_not() {
-        let parse = |v: Value| Responses::parse(v.to_string().as_bytes(), names().as_slice().into()).unwrap();
+        let parse = |v: Value| {
+            Responses::parse(Body::read(v.to_string().as_bytes()).unwrap(), names().as_slice().into()).unwrap()
+        };
         let keeping = |v: Value| parse(v).keeping.unwrap();
         let k = keeping(json!({"model": "m", "input": "hi"}));
         assert!(k.store && k.previous_response_id.is_none());
@@ -280,7 +284,7 @@ mod tests {
     #[test]
     fn responses_refuse_what_no_server_state_can_do() {
         let base = json!({"model": "m", "input": "hi"});
-        assert!(Responses::parse(base.to_string().as_bytes(), names().as_slice().into()).is_ok());
+        assert!(Responses::parse(Body::read(base.to_string().as_bytes()).unwrap(), names().as_slice().into()).is_ok());
         for (extra, field) in [
             (json!({"previous_response_id": 7}), "previous_response_id"),
             (json!({"conversation": 7}), "conversation"),
@@ -318,7 +322,7 @@ mod tests {
         b["store"] = json!(false);
         b["top_p"] = json!(0);
         b["max_output_tokens"] = json!(5.0);
-        let r = Responses::parse(b.to_string().as_bytes(), names().as_slice().into()).unwrap();
+        let r = Responses::parse(Body::read(b.to_string().as_bytes()).unwrap(), names().as_slice().into()).unwrap();
         let body: Value = serde_json::from_slice(&r.body).unwrap();
         assert_eq!((r.top_k, body.get("top_p"), &body["max_output_tokens"]), (1, None, &json!(5)));
     }

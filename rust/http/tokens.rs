@@ -70,7 +70,7 @@ async fn tokens_call(st: &AppState, method: &'static str, RawBody(body): RawBody
         let req = Door::Chat.parse(&raw, (&st.config).into())?;
         (req.body, fetch_images(st, &req.images).await?)
     } else {
-        fields::body_and_model(&raw, served)?;
+        fields::model_of(&v, served)?;
         (raw, None)
     };
     let out = st.codec.call(method, body, Door::Chat, images).await?;

@@ -5,10 +5,10 @@
 
 mod checks;
 
-use super::fields::{self, body_and_model, integer, items, kind, opt_bool, opt_u64};
+use super::fields::{self, integer, items, kind, model_of, opt_bool, opt_u64};
 use super::request::images_of;
 use super::tools::{self, ForcedTool, Tools, tool_choice};
-use super::{GenerateRequest, PinThinking, Served, Spec, sse};
+use super::{Body, GenerateRequest, PinThinking, Served, Spec, sse};
 use crate::error::ApiError;
 use crate::media::ImageRef;
 use bytes::BytesMut;
@@ -25,8 +25,8 @@ impl Spec for Chat {
     const KEEP_ALIVE: &'static [u8] = sse::KEEP_ALIVE;
     const PIN_THINKING: Option<PinThinking> = Some(pin_thinking);
 
-    fn parse(raw: &[u8], served: Served<'_>) -> Result<GenerateRequest, ApiError> {
-        parse(raw, served)
+    fn parse(body: Body, served: Served<'_>) -> Result<GenerateRequest, ApiError> {
+        parse(body, served)
     }
 
     /// `image_url` parts of the messages' content.
@@ -86,8 +86,9 @@ fn pin_thinking(obj: &mut Map<String, Value>, on: bool) {
     }
 }
 
-fn parse(raw: &[u8], served: Served<'_>) -> Result<GenerateRequest, ApiError> {
-    let (mut v, model) = body_and_model(raw, served.names)?;
+fn parse(body: Body, served: Served<'_>) -> Result<GenerateRequest, ApiError> {
+    let Body { json: mut v, may_have_images } = body;
+    let model = model_of(&v, served.names)?;
     let obj = v.as_object_mut().ok_or(ApiError::Internal)?;
     fields::check(obj)?;
     if let Some(tools) = obj.get("tools").filter(|t| !t.is_null()) {
@@ -198,7 +199,7 @@ fn parse(raw: &[u8], served: Served<'_>) -> Result<GenerateRequest, ApiError> {
     }
 
     served.pin::<Chat>(&mut v, &model)?;
-    let images = images_of::<Chat>(raw, &v);
+    let images = images_of::<Chat>(may_have_images, &v);
     let body = serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?;
     Ok(GenerateRequest {
         model,
@@ -227,11 +228,11 @@ mod tests {
     }
 
     fn ok(v: Value) -> GenerateRequest {
-        Chat::parse(v.to_string().as_bytes(), names().as_slice().into()).unwrap()
+        Chat::parse(Body::read(v.to_string().as_bytes()).unwrap(), names().as_slice().into()).unwrap()
     }
 
     fn err(v: Value) -> ApiError {
-        Chat::parse(v.to_string().as_bytes(), names().as_slice().into()).unwrap_err()
+        Chat::parse(Body::read(v.to_string().as_bytes()).unwrap(), names().as_slice().into()).unwrap_err()
     }
 
     fn base() -> Value {
@@ -253,8 +254,8 @@ mod tests {
 
     #[test]
     fn bad_json_and_shapes_are_400() {
-        assert_eq!(Chat::parse(b"{not json", names().as_slice().into()).unwrap_err().status(), 400);
-        assert_eq!(Chat::parse(b"[1]", names().as_slice().into()).unwrap_err().status(), 400);
+        assert_eq!(crate::doors::Door::Chat.parse(b"{not json", names().as_slice().into()).unwrap_err().status(), 400);
+        assert_eq!(crate::doors::Door::Chat.parse(b"[1]", names().as_slice().into()).unwrap_err().status(), 400);
         assert_eq!(err(json!({"messages": []})).status(), 400);
         assert_eq!(err(json!({"model": "m"})).status(), 400);
         assert_eq!(err(json!({"model": "m", "messages": []})).status(), 400);

@@ -1,4 +1,4 @@
-//! Field helpers every door shares: the body and its model, integers as JSON Schema counts them, booleans, token
+//! Field helpers every door shares: the body's JSON and its model, integers as JSON Schema counts them, booleans, token
 //! limits, seeds, priorities, logprob counts and the sampling a prompt-scoring request may set; the table of the
 //! OpenAI doors' sampling and bookkeeping fields is `table`. Each refusal names its field (`param`). Integer fields
 //! take integral floats (`1.0`, `1e3`), which JSON Schema counts as integers, and are rewritten as integers for
@@ -11,10 +11,13 @@ use serde_json::{Map, Value};
 
 pub use table::{MAX_STOP, check};
 
-/// The body as a JSON object, and its `model`, which must be a served name: what every door checks first.
-pub fn body_and_model(raw: &[u8], served: &[String]) -> Result<(Value, String), ApiError> {
-    let v: Value = serde_json::from_slice(raw)
-        .map_err(|e| ApiError::bad_request(format!("The request body is not valid JSON: {e}")))?;
+/// The body as JSON: what a door's parse starts from (a batch line comes parsed already).
+pub fn json_body(raw: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(raw).map_err(|e| ApiError::bad_request(format!("The request body is not valid JSON: {e}")))
+}
+
+/// A body's `model`, which must be a served name, once the body is a JSON object: what every door checks first.
+pub fn model_of(v: &Value, served: &[String]) -> Result<String, ApiError> {
     let obj = v.as_object().ok_or_else(|| ApiError::bad_request("The request body must be a JSON object."))?;
     let model = match obj.get("model") {
         Some(Value::String(m)) => m.clone(),
@@ -26,7 +29,7 @@ pub fn body_and_model(raw: &[u8], served: &[String]) -> Result<(Value, String), 
     if !served.contains(&model) {
         return Err(ApiError::ModelNotFound(model));
     }
-    Ok((v, model))
+    Ok(model)
 }
 
 /// Upper bound deepseek-recipe accepts for max_tokens.

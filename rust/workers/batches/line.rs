@@ -5,7 +5,7 @@ use super::input::InputLines;
 use super::object::{parse_line, result_line};
 use super::traced::LineTraces;
 use crate::admission::Permit;
-use crate::doors::Door;
+use crate::doors::{Body, Door};
 use crate::error::ApiError;
 use crate::json_bounds::JsonBounds;
 use crate::owner::Owner;
@@ -54,12 +54,12 @@ pub(super) async fn run_line(
 ) -> Option<(bool, String)> {
     body["stream"] = json!(false);
     let request_id = crate::ids::random_id("batch_req");
-    let raw = serde_json::to_vec(&body).unwrap_or_default();
     let arrival = Instant::now();
     let trace = traces.and_then(|t| t.begin(st, door, custom_id, &request_id, arrival));
     let traced = trace.as_ref().map(|t| (t.clone(), ResponseGuard::new(t.clone())));
     let served = async {
-        let mut req = door.parse(&raw, (&st.config).into())?;
+        // The line was parsed as it was read: its body goes to the door as JSON, never back through bytes.
+        let mut req = door.parse_body(Body::parsed(body), (&st.config).into())?;
         req.owner = whose;
         let (origin, request_id) = (Origin::BatchLine(slot), request_id.clone());
         serve(st, Call { door, req, origin, arrival, request_id, traced }).await
