@@ -8,7 +8,10 @@ decode step, 50 ms per 1k prompt tokens; 16 slots, no wait queue, state in memor
   batch alone         a batch of 400 such lines: lines/s from in_progress to completed
   closed loop         the same 400 requests from 16 concurrent clients: requests/s
 
-    python bench/batch_lane.py [--rounds 2] [--seconds 20]
+    python bench/batch_lane.py [--rounds 2] [--seconds 20] [--base OTHER_TREE/python]
+
+`--base` starts a second server from another build's `python/` directory and alternates the two round by round
+(their order flips each round), for a before/after in one run; each build gets its own medians.
 
 Prints each round and the medians: interactive TTFT p50/p95 alone and beside the batch (their ratio; the target is
 at most 1.1), 429s seen by the interactive clients (must be 0), and batch / closed-loop throughput (at least 0.9).
@@ -133,65 +136,77 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))] if xs else float("nan")
 
 
+def one_round(c: httpx.Client, url: str, seconds: float, rnd: int) -> dict[str, float]:
+    alone, refused_alone = interactive(url, seconds)
+    bid = submit(c, url, 3000, 10**6 * (rnd + 1))
+    wait_for(c, url, bid, ("in_progress",))
+    time.sleep(2)  # the batch holds the slots by now
+    beside, refused_beside = interactive(url, seconds)
+    c.post(f"{url}/v1/batches/{bid}/cancel")
+    wait_for(c, url, bid, ("cancelled", "completed"))
+    time.sleep(6)  # alone: no client seen for longer than the lane's memory of them (5 s)
+    bid = submit(c, url, 400, 10**7 * (rnd + 1))
+    wait_for(c, url, bid, ("in_progress", "completed"))
+    t0 = time.monotonic()
+    wait_for(c, url, bid, ("completed",))
+    batch_rate = 400 / (time.monotonic() - t0)
+    t0 = time.monotonic()
+    salt = 10**8 * (rnd + 1)
+
+    def one(i: int) -> int:
+        return c.post(f"{url}/v1/chat/completions", json=body(64, 64, salt + i)).status_code
+
+    codes = closed_loop(one, 400, 16)
+    closed_rate = 400 / (time.monotonic() - t0)
+    return {
+        "alone_p50": pct(alone, 50) * 1e3, "alone_p95": pct(alone, 95) * 1e3,
+        "beside_p50": pct(beside, 50) * 1e3, "beside_p95": pct(beside, 95) * 1e3,
+        "refused": refused_alone + refused_beside, "batch_rate": batch_rate, "closed_rate": closed_rate,
+        "closed_ok": codes.count(200), "n_alone": len(alone), "n_beside": len(beside),
+    }  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--port", type=int, default=18790)
+    ap.add_argument("--base", metavar="DIR", help="also run a server from another build's python/ directory")
     args = ap.parse_args()
     flags = ["--sim-profile", "paced", "--max-num-seqs", "16", "--state-store", "memory", "--max-model-len", "4096"]
-    srv = launch("ours", ours_cmd(args.port, *flags), args.port)
-    url = srv.url
-    rows: list[dict[str, float]] = []
+    builds = {"this": None} if args.base is None else {"base": args.base, "this": None}
+    servers = {}
+    rows: dict[str, list[dict[str, float]]] = {label: [] for label in builds}
     try:
+        for k, (label, path) in enumerate(builds.items()):
+            servers[label] = launch(label, ours_cmd(args.port + k, *flags), args.port + k, path)
         with httpx.Client(timeout=120) as c:
-            interactive(url, 3)  # warm-up
+            for srv in servers.values():
+                interactive(srv.url, 3)  # warm-up
             for rnd in range(args.rounds):
-                alone, refused_alone = interactive(url, args.seconds)
-                bid = submit(c, url, 3000, 10**6 * (rnd + 1))
-                wait_for(c, url, bid, ("in_progress",))
-                time.sleep(2)  # the batch holds the slots by now
-                beside, refused_beside = interactive(url, args.seconds)
-                c.post(f"{url}/v1/batches/{bid}/cancel")
-                wait_for(c, url, bid, ("cancelled", "completed"))
-                time.sleep(6)  # alone: no client seen for longer than the lane's memory of them (5 s)
-                bid = submit(c, url, 400, 10**7 * (rnd + 1))
-                wait_for(c, url, bid, ("in_progress", "completed"))
-                t0 = time.monotonic()
-                wait_for(c, url, bid, ("completed",))
-                batch_rate = 400 / (time.monotonic() - t0)
-                t0 = time.monotonic()
-                salt = 10**8 * (rnd + 1)
-
-                def one(i: int, salt: int = salt) -> int:
-                    return c.post(f"{url}/v1/chat/completions", json=body(64, 64, salt + i)).status_code
-
-                codes = closed_loop(one, 400, 16)
-                closed_rate = 400 / (time.monotonic() - t0)
-                row = {
-                    "alone_p50": pct(alone, 50) * 1e3, "alone_p95": pct(alone, 95) * 1e3,
-                    "beside_p50": pct(beside, 50) * 1e3, "beside_p95": pct(beside, 95) * 1e3,
-                    "refused": refused_alone + refused_beside, "batch_rate": batch_rate, "closed_rate": closed_rate,
-                    "closed_ok": codes.count(200), "n_alone": len(alone), "n_beside": len(beside),
-                }  # fmt: skip
-                rows.append(row)
-                print(
-                    f"round {rnd + 1}: TTFT alone p50 {row['alone_p50']:.1f} p95 {row['alone_p95']:.1f} ms "
-                    f"({len(alone)}), beside the batch p50 {row['beside_p50']:.1f} p95 {row['beside_p95']:.1f} ms "
-                    f"({len(beside)}); non-200 {row['refused']}; batch {batch_rate:.1f} lines/s, closed loop "
-                    f"{closed_rate:.1f} req/s ({row['closed_ok']}/400 ok)",
-                    flush=True,
-                )
+                for label in list(builds) if rnd % 2 == 0 else list(builds)[::-1]:
+                    row = one_round(c, servers[label].url, args.seconds, rnd)
+                    rows[label].append(row)
+                    print(
+                        f"round {rnd + 1} {label}: TTFT alone p50 {row['alone_p50']:.1f} p95 {row['alone_p95']:.1f} "
+                        f"ms ({row['n_alone']:.0f}), beside the batch p50 {row['beside_p50']:.1f} p95 "
+                        f"{row['beside_p95']:.1f} ms ({row['n_beside']:.0f}); non-200 {row['refused']:.0f}; batch "
+                        f"{row['batch_rate']:.1f} lines/s, closed loop {row['closed_rate']:.1f} req/s "
+                        f"({row['closed_ok']:.0f}/400 ok)",
+                        flush=True,
+                    )
     finally:
-        srv.stop()
-    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    print(
-        f"median of {len(rows)} rounds: TTFT p95 alone {med['alone_p95']:.1f} ms, beside a batch "
-        f"{med['beside_p95']:.1f} ms, ratio {med['beside_p95'] / med['alone_p95']:.3f} "
-        f"(p50 ratio {med['beside_p50'] / med['alone_p50']:.3f}); "
-        f"interactive non-200s {int(sum(r['refused'] for r in rows))}; batch / closed loop throughput "
-        f"{med['batch_rate'] / med['closed_rate']:.3f} ({med['batch_rate']:.1f} vs {med['closed_rate']:.1f} per s)"
-    )
+        for srv in servers.values():
+            srv.stop()
+    for label, rs in rows.items():
+        med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+        print(
+            f"{label}: median of {len(rs)} rounds: TTFT p95 alone {med['alone_p95']:.1f} ms, beside a batch "
+            f"{med['beside_p95']:.1f} ms, ratio {med['beside_p95'] / med['alone_p95']:.3f} "
+            f"(p50 ratio {med['beside_p50'] / med['alone_p50']:.3f}); "
+            f"interactive non-200s {int(sum(r['refused'] for r in rs))}; batch / closed loop throughput "
+            f"{med['batch_rate'] / med['closed_rate']:.3f} ({med['batch_rate']:.1f} vs {med['closed_rate']:.1f} per s)"
+        )
     return 0
 
 

@@ -121,8 +121,13 @@ def ours_cmd(port: int, *flags: str) -> list[str]:
     ]
 
 
-def launch(name: str, cmd: list[str], port: int) -> Server:
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def launch(name: str, cmd: list[str], port: int, pythonpath: str | None = None) -> Server:
+    """Start a server and wait for its health; `pythonpath`: another build's python/ directory, put first on the
+    path (its ranks inherit it), for a before/after in one run."""
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH")) if p)
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
     wait_health(url, p)
     return Server(name, p, url)
