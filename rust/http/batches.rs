@@ -13,7 +13,7 @@ use crate::store::conversations::checked_metadata;
 use crate::store::files::EXPIRES_AFTER_S;
 use crate::store::{Store, StoredBatch, failed, items};
 use crate::workers::batches::input::{Refused, scan};
-use crate::workers::batches::object::{self, ENDPOINTS, new_batch, shown};
+use crate::workers::batches::object::{self, Batch, ENDPOINTS};
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
@@ -51,7 +51,7 @@ pub async fn create(
         if text("completion_window") != Some("24h") {
             return Err(ApiError::bad_param("completion_window", "'completion_window' must be '24h'."));
         }
-        let metadata = checked_metadata(body.get("metadata"))?;
+        let metadata = checked_metadata(body.get("metadata"))?.as_object().cloned().unwrap_or_default();
         let output_expires_after = output_expiry(body.get("output_expires_after"))?;
         let file = store.file(input_file_id, &owner).await.map_err(|e| match e {
             ApiError::NotFound { what, id, .. } => ApiError::NotFound { what, id, param: Some("input_file_id") },
@@ -72,16 +72,12 @@ pub async fn create(
         }
         let now = items::now();
         let id = crate::ids::random_id("batch");
-        let mut batch = new_batch(&id, endpoint, input_file_id, metadata, now);
-        if let Some(seconds) = output_expires_after {
-            batch[object::OUTPUT_EXPIRES_AFTER] = json!(seconds);
-        }
+        let mut batch = Batch::new(&id, endpoint, input_file_id, metadata, now);
+        batch.output_expires_after = output_expires_after;
         let trace_context = stored_context(&traced, "deepinfer.batch.id", &id);
-        let (status, batch_text, owned_by) = ("validating".into(), batch.to_string(), owner.as_str().to_string());
-        let row = StoredBatch { id, created_at: now, status, batch: batch_text, trace_context, owned_by };
-        store.db.put_batch(&row).await.map_err(failed)?;
+        store.db.put_batch(&StoredBatch::new(&batch, trace_context, owner.as_str())).await.map_err(failed)?;
         store.batch_bell.notify_one();
-        Ok(Json(shown(&batch)).into_response())
+        Ok(Json(batch.shown()).into_response())
     }
     .await;
     answered(traced, created, |e| Door::Responses.respond(e))
@@ -106,7 +102,7 @@ fn output_expiry(v: Option<&Value>) -> Result<Option<i64>, ApiError> {
 }
 
 pub async fn retrieve(State(st): State<Arc<AppState>>, Path(id): Path<String>, owner: Owner) -> Response {
-    answer(async { Ok(Json(shown(&find(store(&st)?, &id, &owner).await?.1)).into_response()) }).await
+    answer(async { Ok(Json(find(store(&st)?, &id, &owner).await?.shown()).into_response()) }).await
 }
 
 #[derive(Deserialize)]
@@ -136,8 +132,8 @@ pub async fn list(
         };
         let has_more = page.len() > limit;
         page.truncate(limit);
-        let data: Vec<Value> =
-            page.iter().map(|b| shown(&serde_json::from_str(&b.batch).unwrap_or_default())).collect();
+        let data = page.iter().map(|b| Ok(json!(b.load()?.shown()))).collect::<Result<Vec<Value>, _>>();
+        let data = data.map_err(failed)?;
         Ok(Json(list_page(data, has_more)).into_response())
     })
     .await
@@ -149,17 +145,17 @@ pub async fn cancel(State(st): State<Arc<AppState>>, Path(id): Path<String>, own
     answer(async {
         find(store(&st)?, &id, &owner).await?;
         let cancelled = crate::workers::batches::cancel(store(&st)?, &id).await.map_err(failed)?;
-        let (_, batch) = cancelled.ok_or_else(|| ApiError::NotFound { what: "Batch", id: id.clone(), param: None })?;
-        Ok(Json(shown(&batch)).into_response())
+        let batch = cancelled.ok_or_else(|| ApiError::NotFound { what: "Batch", id: id.clone(), param: None })?;
+        Ok(Json(batch.shown()).into_response())
     })
     .await
 }
 
 /// `owner`'s batch: another owner's is not found.
-async fn find(store: &Store, id: &str, owner: &Owner) -> Result<(String, Value), ApiError> {
+async fn find(store: &Store, id: &str, owner: &Owner) -> Result<Batch, ApiError> {
     let row = store.db.get_batch(id).await.map_err(failed)?.filter(|b| b.owned_by == owner.as_str());
     let row = row.ok_or_else(|| ApiError::NotFound { what: "Batch", id: id.to_string(), param: None })?;
-    Ok((row.status, serde_json::from_str(&row.batch).unwrap_or_default()))
+    row.load().map_err(failed)
 }
 
 fn store(st: &AppState) -> Result<&Arc<Store>, ApiError> {

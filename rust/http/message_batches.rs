@@ -9,7 +9,7 @@ use crate::doors::Door;
 use crate::error::ApiError;
 use crate::owner::Owner;
 use crate::store::{Store, StoredBatch, failed, items};
-use crate::workers::batches::object::{MESSAGE_LINES_MAX, MESSAGES, new_batch, set_counts};
+use crate::workers::batches::object::{Batch, BatchStatus, MESSAGE_LINES_MAX, MESSAGES};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
@@ -17,7 +17,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures_util::stream;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -82,26 +82,20 @@ pub async fn create(
         let now = items::now();
         let id = crate::ids::random_id(PREFIX.trim_end_matches('_'));
         let input = file["id"].as_str().unwrap_or_default();
-        let mut batch = new_batch(&id, MESSAGES, input, json!({}), now);
-        set_counts(&mut batch, requests.len() as i64, 0, 0); // known now: a batch cancelled at once counts them
+        let mut batch = Batch::new(&id, MESSAGES, input, Default::default(), now);
+        batch.set_counts(requests.len() as i64, 0, 0); // known now: a batch cancelled at once counts them
 
         let trace_context = stored_context(&traced, "deepinfer.batch.id", &id);
-        let (status, batch_text, owned_by) = ("validating".into(), batch.to_string(), owner.as_str().to_string());
-        let row = StoredBatch { id, created_at: now, status, batch: batch_text, trace_context, owned_by };
-        store.db.put_batch(&row).await.map_err(failed)?;
+        store.db.put_batch(&StoredBatch::new(&batch, trace_context, owner.as_str())).await.map_err(failed)?;
         store.batch_bell.notify_one();
-        Ok(Json(message_batch(&row.status, &batch)).into_response())
+        Ok(Json(MessageBatch::of(&batch)).into_response())
     }
     .await;
     answered(traced, created, |e| Door::Messages.respond(e))
 }
 
 pub async fn retrieve(State(st): State<Arc<AppState>>, Path(id): Path<String>, owner: Owner) -> Response {
-    answer(async {
-        let (status, batch) = find(store(&st)?, &id, &owner).await?;
-        Ok(Json(message_batch(&status, &batch)).into_response())
-    })
-    .await
+    answer(async { Ok(Json(MessageBatch::of(&find(store(&st)?, &id, &owner).await?)).into_response()) }).await
 }
 
 #[derive(Deserialize)]
@@ -128,12 +122,9 @@ pub async fn list(
         let mut page = page.ok_or_else(|| ApiError::bad_param("after_id", "No message batch with that id."))?;
         let has_more = page.len() > limit;
         page.truncate(limit);
-        let data: Vec<Value> = page
-            .iter()
-            .map(|b| message_batch(&b.status, &serde_json::from_str(&b.batch).unwrap_or_default()))
-            .collect();
-        let id_of = |i: Option<&Value>| i.and_then(|b| b.get("id")).cloned().unwrap_or(Value::Null);
-        let (first_id, last_id) = (id_of(data.first()), id_of(data.last()));
+        let data = page.iter().map(|b| Ok(MessageBatch::of(&b.load()?))).collect::<Result<Vec<_>, _>>();
+        let data = data.map_err(failed)?;
+        let (first_id, last_id) = (data.first().map(|b| &b.id), data.last().map(|b| &b.id));
         Ok(Json(json!({"data": data, "has_more": has_more, "first_id": first_id, "last_id": last_id})).into_response())
     })
     .await
@@ -144,8 +135,8 @@ pub async fn cancel(State(st): State<Arc<AppState>>, Path(id): Path<String>, own
         let store = store(&st)?;
         find(store, &id, &owner).await?; // a message batch's id
         let cancelled = crate::workers::batches::cancel(store, &id).await.map_err(failed)?;
-        let (status, batch) = cancelled.ok_or(ApiError::Internal)?;
-        Ok(Json(message_batch(&status, &batch)).into_response())
+        let batch = cancelled.ok_or(ApiError::Internal)?;
+        Ok(Json(MessageBatch::of(&batch)).into_response())
     })
     .await
 }
@@ -154,16 +145,15 @@ pub async fn cancel(State(st): State<Arc<AppState>>, Path(id): Path<String>, own
 pub async fn delete(State(st): State<Arc<AppState>>, Path(id): Path<String>, owner: Owner) -> Response {
     answer(async {
         let store = store(&st)?;
-        let (status, batch) = find(store, &id, &owner).await?;
-        if !ended(&status) {
+        let batch = find(store, &id, &owner).await?;
+        if !batch.status.ended() {
             return Err(ApiError::bad_request(
                 "A message batch that has not ended cannot be deleted; cancel it first.",
             ));
         }
-        for key in ["input_file_id", "output_file_id", "error_file_id"] {
-            if let Some(file) = batch.get(key).and_then(Value::as_str) {
-                let _ = store.delete_file(file, &owner).await;
-            }
+        let files = [Some(&batch.input_file_id), batch.output_file_id.as_ref(), batch.error_file_id.as_ref()];
+        for file in files.into_iter().flatten() {
+            let _ = store.delete_file(file, &owner).await;
         }
         store.db.delete_batch(&id).await.map_err(failed)?;
         Ok(Json(json!({"id": id, "type": "message_batch_deleted"})).into_response())
@@ -176,13 +166,12 @@ pub async fn delete(State(st): State<Arc<AppState>>, Path(id): Path<String>, own
 pub async fn results(State(st): State<Arc<AppState>>, Path(id): Path<String>, owner: Owner) -> Response {
     answer(async {
         let store = store(&st)?;
-        let (status, batch) = find(store, &id, &owner).await?;
-        if !ended(&status) {
+        let batch = find(store, &id, &owner).await?;
+        if !batch.status.ended() {
             return Err(ApiError::bad_request("The message batch has not ended: its results are not ready."));
         }
         let mut by_id: HashMap<String, Value> = HashMap::new();
-        for key in ["output_file_id", "error_file_id"] {
-            let Some(file) = batch.get(key).and_then(Value::as_str) else { continue };
+        for file in [&batch.output_file_id, &batch.error_file_id].into_iter().flatten() {
             for line in read_file(store, file, &owner).await?.lines() {
                 let Ok(r) = serde_json::from_str::<Value>(line) else { continue };
                 let custom_id = r["custom_id"].as_str().unwrap_or_default().to_string();
@@ -195,10 +184,9 @@ pub async fn results(State(st): State<Arc<AppState>>, Path(id): Path<String>, ow
                 by_id.insert(custom_id, result);
             }
         }
-        let never = if status == "expired" { "expired" } else { "canceled" };
+        let never = if batch.status == BatchStatus::Expired { "expired" } else { "canceled" };
         let mut out = String::new();
-        let input = batch["input_file_id"].as_str().unwrap_or_default();
-        for line in read_file(store, input, &owner).await?.lines() {
+        for line in read_file(store, &batch.input_file_id, &owner).await?.lines() {
             let Ok(r) = serde_json::from_str::<Value>(line) else { continue };
             let custom_id = r["custom_id"].as_str().unwrap_or_default().to_string();
             let result = by_id.remove(&custom_id).unwrap_or_else(|| json!({"type": never}));
@@ -210,40 +198,75 @@ pub async fn results(State(st): State<Arc<AppState>>, Path(id): Path<String>, ow
     .await
 }
 
-/// The MessageBatch object from the batch row.
-fn message_batch(status: &str, b: &Value) -> Value {
-    let counts = &b["request_counts"];
-    let (total, ok, failed) = (
-        counts["total"].as_i64().unwrap_or(0),
-        counts["completed"].as_i64().unwrap_or(0),
-        counts["failed"].as_i64().unwrap_or(0),
-    );
-    let left = (total - ok - failed).max(0);
-    let processing_status = match status {
-        "cancelling" => "canceling",
-        s if ended(s) => "ended",
-        _ => "in_progress",
-    };
-    let at = |key: &str| b.get(key).and_then(Value::as_i64).map(rfc3339);
-    let ended_at =
-        at("completed_at").or_else(|| at("cancelled_at")).or_else(|| at("expired_at")).or_else(|| at("failed_at"));
-    let id = b["id"].as_str().unwrap_or_default();
-    json!({
-        "id": id, "type": "message_batch", "processing_status": processing_status,
-        "request_counts": {
-            "processing": if ended(status) { 0 } else { left },
-            "succeeded": ok, "errored": failed + if status == "failed" { left } else { 0 },
-            "canceled": if status == "cancelled" { left } else { 0 },
-            "expired": if status == "expired" { left } else { 0 },
-        },
-        "ended_at": ended_at, "created_at": at("created_at"), "expires_at": at("expires_at"),
-        "cancel_initiated_at": at("cancelling_at"), "archived_at": null,
-        "results_url": ended(status).then(|| format!("/v1/messages/batches/{id}/results")),
-    })
+/// Anthropic's MessageBatch object, as the same batch reads in its terms. Its members are declared in name order,
+/// as serde_json's maps wrote them before this type, so clients read the same bytes; an unset time is `null`.
+#[derive(Serialize)]
+struct MessageBatch {
+    /// Never: a batch here is not archived.
+    archived_at: Option<String>,
+    cancel_initiated_at: Option<String>,
+    created_at: String,
+    ended_at: Option<String>,
+    expires_at: String,
+    id: String,
+    processing_status: ProcessingStatus,
+    request_counts: MessageCounts,
+    results_url: Option<String>,
+    #[serde(rename = "type")]
+    kind: &'static str,
 }
 
-fn ended(status: &str) -> bool {
-    matches!(status, "completed" | "failed" | "cancelled" | "expired")
+#[derive(Serialize, PartialEq, Debug)]
+#[serde(rename_all = "snake_case")]
+enum ProcessingStatus {
+    InProgress,
+    Canceling,
+    Ended,
+}
+
+/// Its requests by how they stand: each counted once.
+#[derive(Serialize)]
+struct MessageCounts {
+    canceled: i64,
+    errored: i64,
+    expired: i64,
+    processing: i64,
+    succeeded: i64,
+}
+
+impl MessageBatch {
+    /// From the batch: its lines not run yet count as processing while it runs, and at its end as it ended
+    /// (errored for a failed batch, canceled, or expired).
+    fn of(b: &Batch) -> MessageBatch {
+        let counts = b.request_counts;
+        let left = (counts.total - counts.completed - counts.failed).max(0);
+        let status = b.status;
+        let processing_status = match status {
+            BatchStatus::Cancelling => ProcessingStatus::Canceling,
+            s if s.ended() => ProcessingStatus::Ended,
+            _ => ProcessingStatus::InProgress,
+        };
+        let left_if = |s: BatchStatus| if status == s { left } else { 0 };
+        let ended = [BatchStatus::Completed, BatchStatus::Cancelled, BatchStatus::Expired, BatchStatus::Failed];
+        MessageBatch {
+            archived_at: None,
+            cancel_initiated_at: b.cancelling_at.map(rfc3339),
+            created_at: rfc3339(b.created_at),
+            ended_at: ended.into_iter().find_map(|s| b.reached(s)).map(rfc3339),
+            expires_at: rfc3339(b.expires_at),
+            id: b.id.clone(),
+            processing_status,
+            request_counts: MessageCounts {
+                processing: if status.ended() { 0 } else { left },
+                succeeded: counts.completed,
+                errored: counts.failed + left_if(BatchStatus::Failed),
+                canceled: left_if(BatchStatus::Cancelled),
+                expired: left_if(BatchStatus::Expired),
+            },
+            results_url: status.ended().then(|| format!("/v1/messages/batches/{}/results", b.id)),
+            kind: "message_batch",
+        }
+    }
 }
 
 /// Unix seconds as RFC 3339 UTC, as Anthropic writes times.
@@ -259,11 +282,11 @@ async fn read_file(store: &Store, id: &str, owner: &Owner) -> Result<String, Api
 }
 
 /// `owner`'s message batch: another owner's is not found.
-async fn find(store: &Store, id: &str, owner: &Owner) -> Result<(String, Value), ApiError> {
+async fn find(store: &Store, id: &str, owner: &Owner) -> Result<Batch, ApiError> {
     let row = store.db.get_batch(id).await.map_err(failed)?;
     let row = row.filter(|b| b.id.starts_with(PREFIX) && b.owned_by == owner.as_str());
     let row = row.ok_or_else(|| ApiError::NotFound { what: "Message batch", id: id.to_string(), param: None })?;
-    Ok((row.status, serde_json::from_str(&row.batch).unwrap_or_default()))
+    row.load().map_err(failed)
 }
 
 fn store(st: &AppState) -> Result<&Arc<Store>, ApiError> {
@@ -278,4 +301,48 @@ async fn answer(f: impl Future<Output = Result<Response, ApiError>>) -> Response
 /// Anthropic's pattern for a request's `custom_id`: `^[a-zA-Z0-9_-]{1,64}$`.
 fn is_custom_id(c: &str) -> bool {
     (1..=64).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The view as it was built from the row's `Value` before `Batch` (the same keys, the same counts).
+    fn was(status: &str, b: &Value) -> Value {
+        let n = |k: &str| b["request_counts"][k].as_i64().unwrap_or(0);
+        let (total, ok, failed) = (n("total"), n("completed"), n("failed"));
+        let left = (total - ok - failed).max(0);
+        let ended = matches!(status, "completed" | "failed" | "cancelled" | "expired");
+        let at = |key: &str| b.get(key).and_then(Value::as_i64).map(rfc3339);
+        let id = b["id"].as_str().unwrap_or_default();
+        json!({
+            "id": id, "type": "message_batch",
+            "processing_status": if status == "cancelling" { "canceling" } else if ended { "ended" } else { "in_progress" },
+            "request_counts": {
+                "processing": if ended { 0 } else { left }, "succeeded": ok,
+                "errored": failed + if status == "failed" { left } else { 0 },
+                "canceled": if status == "cancelled" { left } else { 0 },
+                "expired": if status == "expired" { left } else { 0 },
+            },
+            "ended_at": at("completed_at").or_else(|| at("cancelled_at")).or_else(|| at("expired_at")).or_else(|| at("failed_at")),
+            "created_at": at("created_at"), "expires_at": at("expires_at"),
+            "cancel_initiated_at": at("cancelling_at"), "archived_at": null,
+            "results_url": ended.then(|| format!("/v1/messages/batches/{id}/results")),
+        })
+    }
+
+    #[test]
+    fn a_message_batch_reads_as_before_at_every_status() {
+        for (status, stamped) in BatchStatus::ALL.into_iter().flat_map(|s| [(s, false), (s, true)]) {
+            let mut b = Batch::new("msgbatch_1", MESSAGES, "file-1", Default::default(), 1_700_000_000);
+            b.set_counts(5, 2, 1);
+            b.status = status;
+            if stamped {
+                // Several ends stamped: the first of completed, cancelled, expired, failed is the one shown.
+                (b.cancelling_at, b.cancelled_at, b.failed_at) = (Some(1_700_000_100), Some(1_700_000_101), Some(9));
+            }
+            let old = was(status.as_str(), &serde_json::from_str(&b.to_text()).unwrap());
+            assert_eq!(serde_json::to_string(&MessageBatch::of(&b)).unwrap(), old.to_string(), "{status}");
+        }
+    }
 }

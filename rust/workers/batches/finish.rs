@@ -1,14 +1,13 @@
 //! A batch's end on this replica: its output and error files written from the recorded results, and its final
 //! status, under its claim.
 
-use super::object::{self, OUTPUT_EXPIRES_AFTER, set_counts, set_status};
+use super::object::{Batch, BatchErrors, BatchStatus};
 use super::run::{FULL, Lease, Runner};
 use crate::error::ApiError;
 use crate::owner::Owner;
 use crate::store::{DISK_FULL, StoreError, items};
 use axum::body::Bytes;
 use futures_util::StreamExt;
-use serde_json::{Value, json};
 
 /// Lines of the output files read from the store at a time.
 const PAGE: i64 = 512;
@@ -16,47 +15,46 @@ const PAGE: i64 = 512;
 impl Runner {
     /// Write the output and error files from the recorded results, then end as `status`.
     /// A results file that does not fit (the caps, or a full disk) ends the batch `failed`, saying so, with nothing
-    /// half-written kept. None if the claim was lost (another replica writes them).
+    /// half-written kept. None if the claim was lost (another replica writes them), or if the batch cannot end so.
     pub(super) async fn finish(
         &self,
         id: &str,
-        batch: &mut Value,
+        batch: &mut Batch,
         whose: &Owner,
-        mut status: &'static str,
+        mut status: BatchStatus,
         lease: &mut Lease<'_>,
-    ) -> Result<Option<&'static str>, StoreError> {
+    ) -> Result<Option<BatchStatus>, StoreError> {
         // Files are not fenced by the claim: renewed first, so a run that lost it writes none.
         if !self.renew(id, lease).await? {
             self.lost(id, lease.claim, 0, 0);
             return Ok(None);
         }
         let (done, failed) = self.store.db.done_lines(id).await?;
-        let total = batch["request_counts"]["total"].as_i64().unwrap_or(0);
-        set_counts(batch, total, done.len() as i64 - failed, failed);
-        for (ok, key) in [(true, "output_file_id"), (false, "error_file_id")] {
-            if batch.get(key).is_some_and(|v| !v.is_null())
-                || (ok && done.len() as i64 == failed)
-                || (!ok && failed == 0)
-            {
+        batch.set_counts(batch.request_counts.total, done.len() as i64 - failed, failed);
+        let expires_after = batch.output_expires_after;
+        for ok in [true, false] {
+            if file_id(batch, ok).is_some() || (ok && done.len() as i64 == failed) || (!ok && failed == 0) {
                 continue;
             }
-            let expires_after = batch[OUTPUT_EXPIRES_AFTER].as_i64();
             match self.results_file(id, ok, whose, expires_after).await {
-                Ok(file) => batch[key] = json!(file),
+                Ok(file) => *file_id(batch, ok) = Some(file),
                 // The store down or busy is not the batch's fault: the run stops, and runs again once it is back.
                 Err(ApiError::StoreUnavailable(why)) if why != DISK_FULL => return Err(StoreError::Unavailable(why)),
                 Err(e @ (ApiError::FilesFull { .. } | ApiError::StoreUnavailable(_))) => {
                     tracing::warn!(batch_id = %id, "a batch's results file did not fit: {e}");
-                    batch["errors"] = object::errors(&[(0, FULL, format!("Its results file was not kept: {e}"))]);
-                    status = "failed";
+                    batch.errors = Some(BatchErrors::of(&[(0, FULL, format!("Its results file was not kept: {e}"))]));
+                    status = BatchStatus::Failed;
                 }
                 Err(e) => tracing::error!(batch_id = %id, "could not write a batch's results file: {e}"),
             }
         }
-        if status != "completed" {
-            let was = batch["status"].as_str().unwrap_or_default().to_string();
-            set_status(batch, status, items::now());
-            self.store.db.set_batch(id, &was, status, &batch.to_string(), Some(lease.claim)).await?;
+        if status != BatchStatus::Completed {
+            let was = batch.status;
+            if let Err(e) = batch.set_status(status, items::now()) {
+                tracing::error!(batch_id = %id, "a batch did not end: {e}");
+                return Ok(None);
+            }
+            self.store.db.set_batch(id, was, batch, Some(lease.claim)).await?;
         }
         Ok(Some(status))
     }
@@ -93,4 +91,9 @@ impl Runner {
         let file = self.store.keep_file(up, name, "batch_output", expires_after).await?;
         Ok(file["id"].as_str().unwrap_or_default().to_string())
     }
+}
+
+/// Where the batch names its output file (`ok`) or its error file.
+fn file_id(batch: &mut Batch, ok: bool) -> &mut Option<String> {
+    if ok { &mut batch.output_file_id } else { &mut batch.error_file_id }
 }

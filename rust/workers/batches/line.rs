@@ -2,7 +2,7 @@
 //! line's slot.
 
 use super::input::InputLines;
-use super::object::{parse_line, result_line};
+use super::object::{Line, parse_line, result_line};
 use super::traced::LineTraces;
 use crate::admission::Permit;
 use crate::doors::{Body, Door};
@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::oneshot;
 
-/// The next input line not done yet: (line number, custom_id, body). A line past the bounds ends the input (the
+/// The next input line not done yet. A line past the bounds ends the input (the
 /// batch was validated under them; a bound lowered since stops it there, never reading the line whole).
 pub(super) async fn next_line(
     input: &mut InputLines<tokio::fs::File>,
@@ -26,14 +26,14 @@ pub(super) async fn next_line(
     done: &HashSet<i64>,
     endpoint: &str,
     bounds: JsonBounds,
-) -> Option<super::run::Line> {
+) -> Option<Line> {
     while let Ok(Some(text)) = input.next_line().await {
         *line_no += 1;
         if done.contains(line_no) {
             continue;
         }
         if let Ok((custom_id, body)) = parse_line(&text, endpoint, bounds) {
-            return Some((*line_no, custom_id, body));
+            return Some(Line { no: *line_no, custom_id, body });
         }
     }
     None

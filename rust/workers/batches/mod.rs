@@ -8,7 +8,8 @@
 //! (`lane`), and claims at most as many as it has slots, so it never holds batches it cannot run.
 //!
 //! - `input`: the input file's lines, each read only up to `--max-batch-line-bytes`;
-//! - `object`: the Batch object, the input lines' checks, the output lines;
+//! - `object`: the Batch object (`Batch`), the input lines' checks, the output lines;
+//! - `status`: a batch's status (`BatchStatus`) and the moves between them, each stamping its time;
 //! - `finish`: a batch's end: its results files and final status;
 //! - `lane`: the batch lane's slots, dealt round-robin to the batches running here;
 //! - `line`: one input line: the next not done yet, and its run in a batch line's slot;
@@ -22,10 +23,12 @@ mod lane;
 mod line;
 pub mod object;
 mod run;
+pub mod status;
 mod traced;
 
 use crate::path::AppState;
 use crate::store::{Store, items};
+use object::{Batch, BatchStatus};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -35,20 +38,21 @@ const LOOK_EVERY: Duration = Duration::from_secs(2);
 
 /// Ask a batch to stop: `cancelling` if it had not finished (its runner, on any replica, stops its lines and
 /// writes what they made). This write goes only over the status and object it read, so a runner's write meanwhile
-/// (validating to in_progress, or its counts) makes this try again. The batch row's status and object after it; None if
-/// there is no such batch.
-pub async fn cancel(store: &Store, id: &str) -> Result<Option<(String, serde_json::Value)>, crate::store::StoreError> {
+/// (validating to in_progress, or its counts) makes this try again. The batch after it (its status the row's); None
+/// if there is no such batch.
+pub async fn cancel(store: &Store, id: &str) -> Result<Option<Batch>, crate::store::StoreError> {
     loop {
         let Some(row) = store.db.get_batch(id).await? else { return Ok(None) };
-        let mut batch: serde_json::Value = serde_json::from_str(&row.batch).unwrap_or_default();
-        if !matches!(row.status.as_str(), "validating" | "in_progress" | "finalizing") {
-            return Ok(Some((row.status, batch)));
+        let read = row.load()?;
+        let mut batch = read.clone();
+        // Only a batch running moves to `cancelling`: one ended, or cancelling already, is answered as it is.
+        if batch.set_status(BatchStatus::Cancelling, items::now()).is_err() {
+            return Ok(Some(read));
         }
-        object::set_status(&mut batch, "cancelling", items::now());
         // No claim named: any replica may ask. Only over the object as read, so a runner's counts are never put back.
-        if store.db.cancel_batch(id, &row.status, &row.batch, &batch.to_string()).await? {
+        if store.db.cancel_batch(id, read.status, &row.batch, &batch).await? {
             store.batch_bell.notify_one();
-            return Ok(Some(("cancelling".into(), batch)));
+            return Ok(Some(batch));
         }
     }
 }

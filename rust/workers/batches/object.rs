@@ -1,8 +1,11 @@
-//! The Batch object (OpenAI's Batch API) and the input file's lines: what a batch is asked to run, checked before
-//! it runs, and the output and error lines it writes, keyed by `custom_id`.
+//! The Batch object (OpenAI's Batch API, typed: `Batch`, its status machine in `status.rs`) and the input file's
+//! lines: what a batch is asked to run, checked before it runs, and the output and error lines it writes, keyed by
+//! `custom_id`.
 
+pub use super::status::BatchStatus;
 use crate::doors::Door;
 use crate::json_bounds::{self, JsonBounds};
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 /// What a batch may serve: the doors OpenAI's Batch API names.
@@ -15,23 +18,146 @@ pub const MESSAGE_LINES_MAX: usize = 100_000;
 /// A batch is given this long to finish (`completion_window`, OpenAI's only one), then it expires.
 pub const WINDOW_S: i64 = 86_400;
 
-/// What the batch asked of its results files' expiry (`output_expires_after.seconds`), kept with the batch for its
-/// runner. OpenAI's Batch object has no such member: a key with `_` is the server's own, and `shown` leaves it out.
-pub const OUTPUT_EXPIRES_AFTER: &str = "_output_expires_after";
-
-/// A new Batch object, `validating`.
-pub fn new_batch(id: &str, endpoint: &str, input_file_id: &str, metadata: Value, now: i64) -> Value {
-    json!({
-        "id": id, "object": "batch", "endpoint": endpoint, "input_file_id": input_file_id,
-        "completion_window": "24h", "status": "validating", "created_at": now, "expires_at": now + WINDOW_S,
-        "request_counts": {"total": 0, "completed": 0, "failed": 0}, "metadata": metadata,
-    })
+/// A batch as the store keeps it, and (`shown`) as clients read it: OpenAI's Batch object, with the server's own
+/// `_output_expires_after`. Its members are declared in name order, the order serde_json's maps write keys in, so a
+/// row kept before this type existed loads and re-serializes to the same text, and clients read the same bytes. A
+/// member still unset (a time not reached, a file not written) is left out, as it always was.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Batch {
+    /// What the batch asked of its results files' expiry (`output_expires_after.seconds`), kept for its runner.
+    /// OpenAI's Batch object has no such member: a key with `_` is the server's own, and `shown` leaves it out.
+    #[serde(rename = "_output_expires_after", default, skip_serializing_if = "Option::is_none")]
+    pub output_expires_after: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancelled_at: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancelling_at: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<i64>,
+    /// Always `24h`, OpenAI's only window.
+    pub completion_window: String,
+    pub created_at: i64,
+    pub endpoint: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_file_id: Option<String>,
+    /// Why it failed: the input lines at fault, or its results file that did not fit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub errors: Option<BatchErrors>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expired_at: Option<i64>,
+    pub expires_at: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_at: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finalizing_at: Option<i64>,
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_progress_at: Option<i64>,
+    pub input_file_id: String,
+    #[serde(default)]
+    pub metadata: Map<String, Value>,
+    /// Always `batch`.
+    pub object: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_file_id: Option<String>,
+    pub request_counts: RequestCounts,
+    /// Moved only by `set_status` (`status.rs`), which stamps its time.
+    pub status: BatchStatus,
 }
 
-/// Move the batch to `status`, stamping its `<status>_at` time (`in_progress_at`, `completed_at`, ...).
-pub fn set_status(batch: &mut Value, status: &str, now: i64) {
-    batch["status"] = json!(status);
-    batch[format!("{status}_at")] = json!(now);
+/// A batch's lines: all of them, and those that ended each way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestCounts {
+    pub completed: i64,
+    pub failed: i64,
+    pub total: i64,
+}
+
+/// A batch's `errors`: OpenAI's list object (members in name order, as for `Batch`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchErrors {
+    pub data: Vec<LineError>,
+    /// Always `list`.
+    pub object: String,
+}
+
+/// One input line at fault (`line` counted from 1), or the batch's own fault at line 1.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LineError {
+    pub code: String,
+    pub line: usize,
+    pub message: String,
+    /// Always null: OpenAI names no parameter for a line.
+    pub param: Option<String>,
+}
+
+impl Batch {
+    /// A new batch, `validating`, its window running from `now`.
+    pub fn new(id: &str, endpoint: &str, input_file_id: &str, metadata: Map<String, Value>, now: i64) -> Batch {
+        Batch {
+            id: id.into(),
+            object: "batch".into(),
+            endpoint: endpoint.into(),
+            input_file_id: input_file_id.into(),
+            completion_window: "24h".into(),
+            status: BatchStatus::Validating,
+            created_at: now,
+            expires_at: now + WINDOW_S,
+            request_counts: RequestCounts::default(),
+            metadata,
+            output_expires_after: None,
+            output_file_id: None,
+            error_file_id: None,
+            errors: None,
+            in_progress_at: None,
+            finalizing_at: None,
+            completed_at: None,
+            failed_at: None,
+            expired_at: None,
+            cancelling_at: None,
+            cancelled_at: None,
+        }
+    }
+
+    /// Request counts as the Batch object has them.
+    pub fn set_counts(&mut self, total: i64, completed: i64, failed: i64) {
+        self.request_counts = RequestCounts { total, completed, failed };
+    }
+
+    /// The Batch object as clients read it: without the server's own members.
+    pub fn shown(&self) -> Batch {
+        Batch { output_expires_after: None, ..self.clone() }
+    }
+
+    /// The text the store keeps.
+    pub fn to_text(&self) -> String {
+        // Strings, numbers and string-keyed maps only: serializing it cannot fail.
+        serde_json::to_string(self).expect("a Batch serializes")
+    }
+}
+
+impl BatchErrors {
+    /// The list of the lines that did not check out: (line counted from 0, code, message).
+    pub fn of(found: &[(usize, &'static str, String)]) -> BatchErrors {
+        let data = found
+            .iter()
+            .map(|(line, code, message)| LineError {
+                code: code.to_string(),
+                line: line + 1,
+                message: message.clone(),
+                param: None,
+            })
+            .collect();
+        BatchErrors { data, object: "list".into() }
+    }
+}
+
+/// An input line to run: its number (counted from 0, blank lines not counted), its `custom_id` and its body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Line {
+    pub no: i64,
+    pub custom_id: String,
+    pub body: Value,
 }
 
 /// The door of an endpoint.
@@ -80,33 +206,6 @@ pub fn result_line(custom_id: &str, request_id: &str, status: u16, body: &[u8]) 
     line.to_string()
 }
 
-/// A batch's `errors` list from the lines that did not check out.
-pub fn errors(found: &[(usize, &'static str, String)]) -> Value {
-    let data: Vec<Value> = found
-        .iter()
-        .map(|(line, code, message)| json!({"code": code, "message": message, "line": line + 1, "param": null}))
-        .collect();
-    json!({"object": "list", "data": data})
-}
-
-/// Request counts as the Batch object has them.
-pub fn set_counts(batch: &mut Value, total: i64, completed: i64, failed: i64) {
-    batch["request_counts"] = json!({"total": total, "completed": completed, "failed": failed});
-}
-
-/// The Batch object as clients read it: without the fields still unset.
-pub fn shown(batch: &Value) -> Value {
-    match batch {
-        Value::Object(o) => Value::Object(
-            o.iter()
-                .filter(|(k, v)| !v.is_null() && !k.starts_with('_'))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect::<Map<_, _>>(),
-        ),
-        other => other.clone(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,5 +226,46 @@ mod tests {
         );
         assert_eq!(parse_line(&wide, "/v1/responses", B).unwrap_err().0, "line_too_large");
         assert!(door("/v1/embeddings").is_none() && door("/v1/completions").is_some() && door(MESSAGES).is_some());
+    }
+
+    /// Rows as the store kept them before `Batch` (a `serde_json::Value`, keys in name order): a batch ended with its
+    /// files and private expiry, one failed on its lines, and a Message Batch cancelled at once.
+    const OLD_ROWS: [&str; 3] = [
+        r#"{"_output_expires_after":3600,"completed_at":1700000300,"completion_window":"24h","created_at":1700000000,"endpoint":"/v1/chat/completions","error_file_id":"file-err","expires_at":1700086400,"finalizing_at":1700000250,"id":"batch_abc","in_progress_at":1700000010,"input_file_id":"file-in","metadata":{"k":"v"},"object":"batch","output_file_id":"file-out","request_counts":{"completed":2,"failed":1,"total":3},"status":"completed"}"#,
+        r#"{"completion_window":"24h","created_at":1,"endpoint":"/v1/responses","errors":{"data":[{"code":"invalid_json_line","line":2,"message":"not JSON: x","param":null}],"object":"list"},"expires_at":86401,"failed_at":2,"id":"batch_x","input_file_id":"file-x","metadata":{},"object":"batch","request_counts":{"completed":0,"failed":0,"total":0},"status":"failed"}"#,
+        r#"{"cancelled_at":9,"cancelling_at":5,"completion_window":"24h","created_at":4,"endpoint":"/v1/messages","expires_at":86404,"id":"msgbatch_1","input_file_id":"file-m","metadata":{},"object":"batch","request_counts":{"completed":0,"failed":0,"total":2},"status":"cancelled"}"#,
+    ];
+
+    #[test]
+    fn an_old_row_loads_and_is_written_and_shown_as_before() {
+        for row in OLD_ROWS {
+            let batch: Batch = serde_json::from_str(row).unwrap();
+            assert_eq!(batch.to_text(), row, "re-serialized");
+            // Shown as the code before showed it: the Value without its `_` keys (nor nulls: there are none).
+            let mut was: Map<String, Value> = serde_json::from_str(row).unwrap();
+            was.retain(|k, v| !k.starts_with('_') && !v.is_null());
+            assert_eq!(serde_json::to_string(&batch.shown()).unwrap(), Value::Object(was).to_string(), "shown");
+        }
+        let b: Batch = serde_json::from_str(OLD_ROWS[0]).unwrap();
+        assert_eq!(
+            (b.status, b.output_expires_after, b.request_counts.failed),
+            (BatchStatus::Completed, Some(3600), 1)
+        );
+    }
+
+    #[test]
+    fn a_new_batch_is_written_as_before() {
+        let mut b = Batch::new("batch_1", "/v1/responses", "file-1", Map::new(), 10);
+        b.set_counts(3, 0, 0);
+        b.set_status(BatchStatus::InProgress, 11).unwrap();
+        b.errors = Some(BatchErrors::of(&[(0, "empty_file", "no lines".into())]));
+        // What `new_batch`, `set_counts`, `set_status` and `errors` built as a Value.
+        let was = json!({
+            "id": "batch_1", "object": "batch", "endpoint": "/v1/responses", "input_file_id": "file-1",
+            "completion_window": "24h", "status": "in_progress", "created_at": 10, "expires_at": 10 + WINDOW_S,
+            "request_counts": {"total": 3, "completed": 0, "failed": 0}, "metadata": {}, "in_progress_at": 11,
+            "errors": {"object": "list", "data": [{"code": "empty_file", "message": "no lines", "line": 1, "param": null}]},
+        });
+        assert_eq!(b.to_text(), was.to_string());
     }
 }

@@ -10,14 +10,13 @@
 use super::input::InputLines;
 use super::lane::Lane;
 use super::line::{next_line, run_line};
-use super::object::{self, door, parse_line, set_counts, set_status};
+use super::object::{Batch, BatchErrors, BatchStatus, Line, door, parse_line};
 use super::traced::LineTraces;
 use crate::owner::Owner;
 use crate::path::AppState;
 use crate::store::hand_over::Handing;
 use crate::store::queries::batches::Claim;
 use crate::store::{Store, StoreError, items};
-use serde_json::Value;
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,8 +42,6 @@ pub struct Runner {
     pub lane: Arc<Lane>,
 }
 
-/// An input line to run: (line number, custom_id, body).
-pub(super) type Line = (i64, String, Value);
 /// A line run: the line, and its outcome (succeeded, result line), or None if its slot was taken.
 type Ran = (Line, Option<(bool, String)>);
 
@@ -89,60 +86,72 @@ impl Runner {
                 return self.release(id, claim, self.store.hand_over.handing()).await;
             }
             let Some(row) = self.store.db.get_batch(id).await? else { return Ok(()) };
-            let mut batch: Value = serde_json::from_str(&row.batch).unwrap_or_default();
+            let mut batch = row.load()?;
             let now = items::now();
             let whose = Owner::from_stored(&row.owned_by);
-            let next = match row.status.as_str() {
-                "validating" => self.validate(&mut batch, &whose).await?,
-                "in_progress" if now > batch["expires_at"].as_i64().unwrap_or(i64::MAX) => "expired",
-                "in_progress" => {
+            let was = batch.status;
+            let next = match was {
+                BatchStatus::Validating => self.validate(&mut batch, &whose).await?,
+                BatchStatus::InProgress if now > batch.expires_at => BatchStatus::Expired,
+                BatchStatus::InProgress => {
                     match self.lines(id, &mut batch, &whose, row.trace_context.as_deref(), &mut lease).await? {
-                        Stop::Done => "finalizing",
-                        Stop::Cancel => "cancelling",
-                        Stop::Expire => "expired",
+                        Stop::Done => BatchStatus::Finalizing,
+                        Stop::Cancel => BatchStatus::Cancelling,
+                        Stop::Expire => BatchStatus::Expired,
                         Stop::Full(why) => {
                             // What ran is kept (it fits); the batch ends `failed`, saying why, once it is written.
-                            batch["errors"] = object::errors(&[(0, FULL, why)]);
-                            "finalizing"
+                            batch.errors = Some(BatchErrors::of(&[(0, FULL, why)]));
+                            BatchStatus::Finalizing
                         }
                         Stop::Lost => return Ok(()),
                         Stop::Release(handing) => return self.release(id, claim, handing).await,
                     }
                 }
-                "finalizing" | "cancelling" => {
-                    let end = match row.status.as_str() {
-                        "cancelling" => "cancelled",
-                        _ if batch["errors"].is_object() => "failed",
-                        _ => "completed",
+                BatchStatus::Finalizing | BatchStatus::Cancelling => {
+                    let end = match was {
+                        BatchStatus::Cancelling => BatchStatus::Cancelled,
+                        _ if batch.errors.is_some() => BatchStatus::Failed,
+                        _ => BatchStatus::Completed,
                     };
                     match self.finish(id, &mut batch, &whose, end, &mut lease).await? {
-                        Some(ended) => ended,
-                        None => return Ok(()), // the claim was lost
+                        Some(BatchStatus::Completed) => BatchStatus::Completed,
+                        // It ended otherwise and was written so, unless a cancel came first (then: again).
+                        Some(_) if self.again(id, claim).await? => continue,
+                        Some(_) | None => return Ok(()), // ended, or the claim was lost
                     }
                 }
                 _ => return Ok(()),
             };
-            if next == "expired" {
-                self.finish(id, &mut batch, &whose, "expired", &mut lease).await?;
+            if next == BatchStatus::Expired {
+                self.finish(id, &mut batch, &whose, BatchStatus::Expired, &mut lease).await?;
                 return Ok(());
             }
-            set_status(&mut batch, next, items::now());
+            if let Err(e) = batch.set_status(next, items::now()) {
+                tracing::error!(batch_id = %id, "a batch stopped: {e}");
+                return Ok(());
+            }
             // Only while this run holds the claim, and never over a cancel asked meanwhile (then: again).
-            if !self.store.db.set_batch(id, &row.status, next, &batch.to_string(), Some(claim)).await? {
-                if !self.store.db.holds_batch(id, claim).await? {
-                    self.lost(id, claim, 0, 0);
-                    return Ok(());
-                }
-                let current = self.store.db.get_batch(id).await?.map(|b| b.status);
-                if current.as_deref() == Some("cancelling") {
+            if !self.store.db.set_batch(id, was, &batch, Some(claim)).await? {
+                if self.again(id, claim).await? {
                     continue;
                 }
                 return Ok(());
             }
-            if matches!(next, "completed" | "failed" | "cancelled") {
+            if next.ended() {
                 return Ok(());
             }
         }
+    }
+
+    /// After a status write of this run's that may have been refused: whether to run the batch again, as a cancel
+    /// asked meanwhile left it `cancelling` (and the claim still holds). Says so if the claim was lost.
+    async fn again(&self, id: &str, claim: Claim<'_>) -> Result<bool, StoreError> {
+        if !self.store.db.holds_batch(id, claim).await? {
+            self.lost(id, claim, 0, 0);
+            return Ok(false);
+        }
+        let current = self.store.db.get_batch(id).await?.map(|b| b.status);
+        Ok(current.as_deref() == Some(BatchStatus::Cancelling.as_str()))
     }
 
     /// Let the claim go as the drain begins, so another replica takes the batch at its next look; `handing` keeps
@@ -174,12 +183,12 @@ impl Runner {
     }
 
     /// Check every line: `in_progress` with its count, or `failed` with the lines at fault.
-    async fn validate(&self, batch: &mut Value, whose: &Owner) -> Result<&'static str, StoreError> {
-        let endpoint = batch["endpoint"].as_str().unwrap_or_default().to_string();
+    async fn validate(&self, batch: &mut Batch, whose: &Owner) -> Result<BatchStatus, StoreError> {
+        let endpoint = batch.endpoint.clone();
         let mut errors = Vec::new();
         let mut ids = HashSet::new();
         let mut total = 0;
-        let (lines_max, bounds) = (object::lines_max(&endpoint), self.st.config.json_bounds());
+        let (lines_max, bounds) = (super::object::lines_max(&endpoint), self.st.config.json_bounds());
         match self.input(batch, whose).await {
             Ok(mut lines) => loop {
                 let line = match lines.next_line().await {
@@ -212,17 +221,16 @@ impl Runner {
             errors.push((0, "empty_file", "the input file has no lines".into()));
         }
         if !errors.is_empty() {
-            batch["errors"] = object::errors(&errors);
-            return Ok("failed");
+            batch.errors = Some(BatchErrors::of(&errors));
+            return Ok(BatchStatus::Failed);
         }
-        set_counts(batch, total as i64, 0, 0);
-        Ok("in_progress")
+        batch.set_counts(total as i64, 0, 0);
+        Ok(BatchStatus::InProgress)
     }
 
     /// The input file's lines, none read past `--max-batch-line-bytes`.
-    async fn input(&self, batch: &Value, whose: &Owner) -> Result<InputLines<tokio::fs::File>, String> {
-        let file_id = batch["input_file_id"].as_str().unwrap_or_default();
-        let (_, file) = self.store.file_content(file_id, whose).await.map_err(|e| e.to_string())?;
+    async fn input(&self, batch: &Batch, whose: &Owner) -> Result<InputLines<tokio::fs::File>, String> {
+        let (_, file) = self.store.file_content(&batch.input_file_id, whose).await.map_err(|e| e.to_string())?;
         Ok(InputLines::new(file, self.st.config.max_batch_line_bytes))
     }
 
@@ -249,16 +257,15 @@ impl Runner {
     async fn lines(
         &self,
         id: &str,
-        batch: &mut Value,
+        batch: &mut Batch,
         whose: &Owner,
         trace_context: Option<&str>,
         lease: &mut Lease<'_>,
     ) -> Result<Stop, StoreError> {
-        let endpoint = batch["endpoint"].as_str().unwrap_or_default().to_string();
+        let endpoint = batch.endpoint.clone();
         let traces = LineTraces::new(&self.st, id, trace_context);
         let Some(door) = door(&endpoint) else { return Ok(Stop::Cancel) };
-        let expires_at = batch["expires_at"].as_i64().unwrap_or(i64::MAX);
-        let total = batch["request_counts"]["total"].as_i64().unwrap_or(0);
+        let (expires_at, total) = (batch.expires_at, batch.request_counts.total);
         let (done, _) = self.store.db.done_lines(id).await?;
         let done: HashSet<i64> = done.into_iter().collect();
         let Ok(mut input) = self.input(batch, whose).await else { return Ok(Stop::Cancel) };
@@ -320,13 +327,13 @@ impl Runner {
                     match next {
                         // The slot goes back with its drop, to the next batch in turn.
                         None => exhausted = true,
-                        Some((no, custom_id, body)) => {
-                            tracing::debug!(target: LINES_LOG, batch_id = %id, line = no, generation, "batch line started");
+                        Some(line) => {
+                            tracing::debug!(target: LINES_LOG, batch_id = %id, line = line.no, generation, "batch line started");
                             let (st, traces, whose) = (self.st.clone(), traces.clone(), whose.clone());
                             running.spawn(async move {
-                                let outcome =
-                                    run_line(&st, door, &custom_id, body.clone(), whose, slot, stopped, traces).await;
-                                ((no, custom_id, body), outcome)
+                                let body = line.body.clone();
+                                let outcome = run_line(&st, door, &line.custom_id, body, whose, slot, stopped, traces).await;
+                                (line, outcome)
                             });
                         }
                     }
@@ -341,7 +348,7 @@ impl Runner {
                         match outcome {
                             Some((ok, result)) => {
                                 largest = largest.max(result.len() as i64 + 1);
-                                finished.push((line.0, ok, result));
+                                finished.push((line.no, ok, result));
                             }
                             None => retry.push_back(line), // a client's request took its slot
                         }
@@ -364,7 +371,7 @@ impl Runner {
                 }
                 room = self.room(whose).await?;
                 let status = self.store.db.get_batch(id).await?.map(|b| b.status);
-                if status.as_deref() == Some("cancelling") {
+                if status.as_deref() == Some(BatchStatus::Cancelling.as_str()) {
                     break Stop::Cancel;
                 }
                 if items::now() > expires_at {
@@ -388,11 +395,10 @@ impl Runner {
 
     /// Write the counts the recorded results make, under the claim: false if it was lost (a status moved meanwhile,
     /// a cancel, is not a loss: the caller reads it).
-    async fn record(&self, id: &str, batch: &mut Value, total: i64, claim: Claim<'_>) -> Result<bool, StoreError> {
+    async fn record(&self, id: &str, batch: &mut Batch, total: i64, claim: Claim<'_>) -> Result<bool, StoreError> {
         let (done, failed) = self.store.db.done_lines(id).await?;
-        set_counts(batch, total, done.len() as i64 - failed, failed);
-        let status = batch["status"].as_str().unwrap_or("in_progress").to_string();
-        if self.store.db.set_batch(id, &status, &status, &batch.to_string(), Some(claim)).await? {
+        batch.set_counts(total, done.len() as i64 - failed, failed);
+        if self.store.db.set_batch(id, batch.status, batch, Some(claim)).await? {
             return Ok(true);
         }
         self.store.db.holds_batch(id, claim).await
