@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from doors import DOORS, MODEL, TOKENS, body
 
 from deepinfer_server import _native
+from deepinfer_server._native import PrepareInput
 from deepinfer_server.codec import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Codec
 from deepinfer_server.engine.sim_script import CORPUS
 from deepinfer_server.launcher import BUNDLED_TOKENIZER
@@ -34,7 +35,7 @@ PROTOCOL = {"chat": CHAT, "completions": COMPLETIONS, "messages": MESSAGES, "res
 def one_request(codec: Codec, door: str, raw: bytes, tokens: list[int], batch: int) -> tuple[int, int]:
     """(ns in prepare, ns in the pushes) of one streamed request."""
     t0 = time.perf_counter_ns()
-    p = codec.prepare(raw, "resp_1", MODEL, True, False, False, PROTOCOL[door])
+    p = codec.prepare(PrepareInput(door=PROTOCOL[door], body=raw, response_id="resp_1", model=MODEL, ignore_eos=True))
     t1 = time.perf_counter_ns()
     assert not isinstance(p, Refusal), p
     dec = p.decoder

@@ -26,7 +26,9 @@ from deepseek_recipe import Tokenizer as RecipeTokenizer
 from tokenizers import Tokenizer
 
 from deepinfer_server import _native
+from deepinfer_server._native import PrepareInput
 from deepinfer_server.codec import (
+    CHAT,
     FINISHED,
     MESSAGES,
     RESPONSES,
@@ -104,7 +106,9 @@ def batches(ids: list[int], size: int) -> list[list[int]]:
 
 
 def prepare(codec: Codec, raw: bytes) -> Prepared:
-    prepared = codec.prepare(raw, "chatcmpl-test", MODEL, False, True, False)
+    prepared = codec.prepare(
+        PrepareInput(door=CHAT, body=raw, response_id="chatcmpl-test", model=MODEL, include_usage=True)
+    )
     assert isinstance(prepared, Prepared), prepared
     return prepared
 
@@ -240,7 +244,16 @@ def test_ignore_eos_counts_the_eos_tokens_and_the_reasoning(codec: Codec, stream
     reasoning = RECIPE_TOKENIZER.encode("Short thought.")
     eos = codec.vocab.eos_id
     ids = [*reasoning, eos, *RECIPE_TOKENIZER.encode("</think>Answer"), eos, eos]
-    prepared = codec.prepare(body(stream, {}), "chatcmpl-test", MODEL, True, True, False)
+    prepared = codec.prepare(
+        PrepareInput(
+            door=CHAT,
+            body=body(stream, {}),
+            response_id="chatcmpl-test",
+            model=MODEL,
+            ignore_eos=True,
+            include_usage=True,
+        )
+    )
     assert isinstance(prepared, Prepared)
     state, out = prepared.decoder.push(ids, _native.FINISH_LENGTH)
     assert state == FINISHED
@@ -283,7 +296,17 @@ def test_the_last_batch_is_spliced_as_parsing_would_write_it(
     if usage != "none":
         req["stream_options"] = {"include_usage": True, "continuous_usage_stats": usage == "continuous"}
     raw = json.dumps(req).encode()
-    prepared = codec.prepare(raw, "chatcmpl-test", MODEL, eos, usage != "none", usage == "continuous")
+    prepared = codec.prepare(
+        PrepareInput(
+            door=CHAT,
+            body=raw,
+            response_id="chatcmpl-test",
+            model=MODEL,
+            ignore_eos=eos,
+            include_usage=usage != "none",
+            continuous_usage=usage == "continuous",
+        )
+    )
     assert isinstance(prepared, Prepared)
     text = 'A thought, "usage":{ and "choices":[.</think>' if thinking else ""
     ids = RECIPE_TOKENIZER.encode(text + 'Answer: ,"usage":{"x":1}} "choices":[] \\",\\"usage\\":{')
@@ -312,13 +335,17 @@ def test_deepseek_recipes_tokenizer_is_loaded_on_the_first_request_with_logprobs
     codec = Codec(BUNDLED_TOKENIZER, [MODEL], 16384, prompt_encoder="fastokens")
     assert codec.vocab._recipe_tokenizer is None
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "thinking": {"type": "disabled"}}
-    p = codec.prepare(json.dumps(body).encode(), "r", MODEL, False, False, False)
+    p = codec.prepare(PrepareInput(door=CHAT, body=json.dumps(body).encode(), response_id="r", model=MODEL))
     assert isinstance(p, Prepared) and codec.vocab._recipe_tokenizer is None, "no logprobs: not needed"
-    p = codec.prepare(json.dumps({**body, "logprobs": True}).encode(), "r", MODEL, False, False, False)
+    p = codec.prepare(
+        PrepareInput(door=CHAT, body=json.dumps({**body, "logprobs": True}).encode(), response_id="r", model=MODEL)
+    )
     assert isinstance(p, Prepared) and p.logprobs == 0
     loaded = codec.vocab._recipe_tokenizer
     assert loaded is not None
-    codec.prepare(json.dumps({**body, "logprobs": True}).encode(), "r", MODEL, False, False, False)
+    codec.prepare(
+        PrepareInput(door=CHAT, body=json.dumps({**body, "logprobs": True}).encode(), response_id="r", model=MODEL)
+    )
     assert codec.vocab._recipe_tokenizer is loaded
     recipe = Codec(BUNDLED_TOKENIZER, [MODEL], 16384, prompt_encoder="recipe")
     assert recipe.vocab._recipe_tokenizer is not None, "the recipe encoder's own tokenizer, shared"
@@ -329,7 +356,7 @@ def test_a_custom_tool_inside_a_namespace_is_refused_naming_its_place(codec: Cod
     tools = [{"type": "function", "name": "a", "parameters": {}}, {"type": "custom", "name": "c"}]
     ns = {"type": "namespace", "name": "ns", "description": "d", "tools": tools}
     body = {"model": "DeepSeek-V4.1-Flash", "max_output_tokens": 4, "input": "hi", "tools": [ns]}
-    got = codec.prepare(json.dumps(body).encode(), "resp", MODEL, False, False, False, protocol=RESPONSES)
+    got = codec.prepare(PrepareInput(door=RESPONSES, body=json.dumps(body).encode(), response_id="resp", model=MODEL))
     assert isinstance(got, Refusal) and got.status == 400
     err = json.loads(got.body)["error"]
     assert err["param"] == "tools[0].tools[1]" and "custom tool 'c'" in err["message"]
@@ -372,14 +399,14 @@ def test_a_messages_output_format_is_enforced_as_written(field: str) -> None:
     codec = Codec(BUNDLED_TOKENIZER, [MODEL], 16384)
     fmt = {"type": "json_schema", "schema": ANTHROPIC_SCHEMA}
     body = with_format(field, fmt)
-    got = codec.prepare(body, "msg_1", MODEL, False, False, False, MESSAGES)
+    got = codec.prepare(PrepareInput(door=MESSAGES, body=body, response_id="msg_1", model=MODEL))
     assert isinstance(got, Prepared) and got.constraint is not None
     schema_type, schema, _triggers, _bound = got.constraint
     assert SCHEMA_NAMES[schema_type] == "json" and schema == json.dumps(ANTHROPIC_SCHEMA, separators=(",", ":"))
     # With both, `output_config.format` is the one (the beta field is its old spelling).
     other = {"type": "json_schema", "schema": {"type": "object", "properties": {}, "additionalProperties": False}}
     both = messages_body(output_config={"format": fmt}, output_format=other)
-    got = codec.prepare(both, "msg_2", MODEL, False, False, False, MESSAGES)
+    got = codec.prepare(PrepareInput(door=MESSAGES, body=both, response_id="msg_2", model=MODEL))
     assert isinstance(got, Prepared) and got.constraint is not None and got.constraint[1] == schema
 
 
@@ -390,7 +417,7 @@ def test_a_messages_schema_refusal_names_the_field_it_came_from(field: str, para
     codec = Codec(BUNDLED_TOKENIZER, [MODEL], 16384)
     fmt = {"type": "json_schema", "schema": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}}
     body = with_format(field, fmt)
-    got = codec.prepare(body, "msg_1", MODEL, False, False, False, MESSAGES)
+    got = codec.prepare(PrepareInput(door=MESSAGES, body=body, response_id="msg_1", model=MODEL))
     assert isinstance(got, Refusal) and got.status == 400
     err = json.loads(got.body)["error"]
     assert err["param"] == f"{param}.schema" and "'minimum'" in err["message"], err

@@ -352,10 +352,11 @@ def run_until_idle(e, limit: int = 2000) -> dict[int, tuple[list[int], int, str 
             out, flushed = e.flush(), True
         else:
             return done
-        for rid, toks, fin, reason, *_ in out:
+        for o in out:
+            rid = o.request_id
             prev = done.get(rid, ([], 0, None))[0]
             assert done.get(rid, ([], 0, None))[1] == 0, f"output after finish for {rid}"
-            done[rid] = (prev + toks, fin, reason)
+            done[rid] = (prev + o.tokens, o.finish, o.reason)
     raise AssertionError("engine did not go idle")
 
 
@@ -371,9 +372,10 @@ def test_adapter_finish_codes_clamping_and_rejections(fake_modules, checkpoint) 
     e = build_engine(checkpoint, DEEPINFER_USE_NEXTN_DECODE="5")
     assert os.environ["DEEPINFER_PREFILL_ATTEMPT_INTERVAL"] == "1"
     assert os.environ["DEEPINFER_USE_NEXTN_DECODE"] == "5"  # the environment wins over the serving default
-    assert e.add(sub(1, [])) == [(1, [], _native.FINISH_ERROR, "empty prompt")]
-    assert e.add(sub(2, [0, 10**6]))[0][2] == _native.FINISH_ERROR  # add_request returned None
-    assert e.add(sub(3, [0, -1]))[0][2] == _native.FINISH_ERROR
+    failed = _native.Output(request_id=1, tokens=[], finish=_native.FINISH_ERROR, reason="empty prompt")
+    assert e.add(sub(1, [])) == [failed]
+    assert e.add(sub(2, [0, 10**6]))[0].finish == _native.FINISH_ERROR  # add_request returned None
+    assert e.add(sub(3, [0, -1]))[0].finish == _native.FINISH_ERROR
     assert e.add(sub(4, [0, 5, 6], max_tokens=10**9, ignore_eos=True)) == []  # clamped to the context
     assert e.add(sub(5, [0, 5, 6], max_tokens=40)) == []
     assert e.add(sub(6, [7] * 250, max_tokens=3, ignore_eos=True)) == []
@@ -403,8 +405,9 @@ def test_adapter_maps_logprobs_and_so_args(fake_modules, checkpoint) -> None:
     for _ in range(50):
         busy, _ = e.sync(e.has_work(), False)
         out = e.step() if busy else e.flush()
-        for rid, toks, _fin, _reason, lp in out:
-            if rid == 1:
+        for o in out:
+            toks, lp = o.tokens, o.logprobs
+            if o.request_id == 1:
                 assert lp is not None and len(lp) == len(toks)
                 for tok, (value, alts) in zip(toks, lp, strict=True):
                     assert len(alts) == 3 and alts[0] == (tok, value) and value <= 0
@@ -437,8 +440,8 @@ def test_adapter_returns_the_prompt_logprobs_once(fake_modules, checkpoint) -> N
     for _ in range(50):
         busy, _ = e.sync(e.has_work(), False)
         for row in e.step() if busy else e.flush():
-            if len(row) == 6:
-                seen.append((row[0], row[5]))
+            if row.prompt_logprobs is not None:
+                seen.append((row.request_id, row.prompt_logprobs))
         if not busy and not e.has_work():
             break
     assert seen == [(1, [-0.25 * (1 + t % 7) for t in prompt[1:]])]
@@ -446,7 +449,9 @@ def test_adapter_returns_the_prompt_logprobs_once(fake_modules, checkpoint) -> N
     try:
         e = build_engine(checkpoint, DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE="mask")
         refused = e.add(Submit(3, prompt, 3, 1.0, 1.0, -1, 1, True, None, None, None, True))
-        assert refused == [(3, [], _native.FINISH_ERROR, "prompt_logprobs_unavailable")]
+        assert refused == [
+            _native.Output(request_id=3, tokens=[], finish=_native.FINISH_ERROR, reason="prompt_logprobs_unavailable")
+        ]
         assert e.add(sub(4, prompt, max_tokens=3, ignore_eos=True)) == []
         assert len(run_until_idle(e)[4][0]) == 3
         e.close()

@@ -29,6 +29,7 @@ from deepinfer_server._native import (
     FINISH_LENGTH,
     FINISH_NONE,
     FINISH_STOP,
+    Output,
     Ring,
     RingError,
 )
@@ -229,7 +230,7 @@ ENTRY = st.tuples(
     st.lists(U32, max_size=48),
     st.sampled_from([FINISH_NONE, FINISH_STOP, FINISH_LENGTH, FINISH_ABORT, FINISH_ERROR]),
     st.none() | st.text(max_size=40),
-    st.booleans(),  # 4-tuple form
+    st.booleans(),  # the token list as a tuple
 )
 
 
@@ -283,15 +284,15 @@ def test_token_records_round_trip(ring_path: Any, batches: list[list[tuple[Any, 
     prod = Ring.create(p, 1 << 16)
     try:
         cons = Ring.open(p)
-        expected: list[tuple[Any, ...]] = []
+        expected: list[Output] = []
         for batch in batches:
             entries = []
-            for rid, tokens, finish, reason, long_form in batch:
-                entries.append(
-                    (rid, tokens, finish, reason) if long_form or reason is not None else (rid, tokens, finish)
-                )
+            for rid, tokens, finish, reason, as_tuple in batch:
+                ids = tuple(tokens) if as_tuple else tokens
+                entries.append(Output(request_id=rid, tokens=ids, finish=finish, reason=reason))
                 # the reason travels only with FINISH_ERROR ("" when absent)
-                expected.append((rid, tokens, finish, (reason or "") if finish == FINISH_ERROR else None))
+                reason = (reason or "") if finish == FINISH_ERROR else None
+                expected.append(Output(request_id=rid, tokens=tokens, finish=finish, reason=reason))
             prod.publish(entries, timeout=0)
         assert cons.drain_tokens() == expected
         assert prod.used_bytes == 0

@@ -16,6 +16,7 @@ import pytest
 from conftest import MODEL, sse_events
 
 from deepinfer_server import _native
+from deepinfer_server._native import PrepareInput
 from deepinfer_server.codec import CHAT, COMPLETIONS, FINISHED, RESPONSES, RUNNING, Codec
 from deepinfer_server.engine.base import TokenLogprob
 from deepinfer_server.launcher import BUNDLED_TOKENIZER
@@ -80,7 +81,7 @@ def request(door: int, stream: bool, logprobs: bool) -> dict[str, Any]:
 def run(codec: Codec, door: int, stream: bool, logprobs: bool, parts: list[list[int]]) -> list[str]:
     """Push `parts` as the engine's batches, the last one with the length finish; every output, in order."""
     raw = json.dumps(request(door, stream, logprobs)).encode()
-    prepared = codec.prepare(raw, "id-test", MODEL, False, True, False, door)
+    prepared = codec.prepare(PrepareInput(door=door, body=raw, response_id="id-test", model=MODEL, include_usage=True))
     assert not isinstance(prepared, tuple), prepared
     decoder = prepared.decoder
     out: list[str] = list(prepared.first_chunks)
@@ -272,7 +273,11 @@ def test_a_chat_reasoning_cut_inside_a_character_keeps_its_tail_in_the_reasoning
 
     def reasoning(logprobs: bool) -> tuple[str, int, list[dict[str, Any]]]:
         body = {**request(CHAT, stream, logprobs), "thinking": {"type": "enabled"}}
-        prepared = codec.prepare(json.dumps(body).encode(), "id-test", MODEL, False, True, False, CHAT)
+        prepared = codec.prepare(
+            PrepareInput(
+                door=CHAT, body=json.dumps(body).encode(), response_id="id-test", model=MODEL, include_usage=True
+            )
+        )
         assert not isinstance(prepared, tuple), prepared
         _, got = prepared.decoder.push(ids, LENGTH, logprobs_of(ids) if logprobs else None)
         chunks = [json.loads(js) for js in ([got] if isinstance(got, str) else got)]
@@ -300,7 +305,11 @@ def test_a_responses_reasoning_cut_inside_a_character_keeps_its_tail_in_the_reas
 
     def output(logprobs: bool) -> list[str]:
         body = {**request(RESPONSES, stream, logprobs), "reasoning": {"effort": "high"}}
-        prepared = codec.prepare(json.dumps(body).encode(), "id-test", MODEL, False, True, False, RESPONSES)
+        prepared = codec.prepare(
+            PrepareInput(
+                door=RESPONSES, body=json.dumps(body).encode(), response_id="id-test", model=MODEL, include_usage=True
+            )
+        )
         assert not isinstance(prepared, tuple), prepared
         _, got = prepared.decoder.push(ids, LENGTH, logprobs_of(ids) if logprobs else None)
         return [*prepared.first_chunks, *([got] if isinstance(got, str) else got)]
@@ -333,7 +342,11 @@ def test_a_tool_call_cut_inside_a_character_is_counted(codec: Codec, door: int, 
 
     def output(logprobs: bool) -> list[Any]:
         body = {**request(door, stream, logprobs), "tools": tools}
-        prepared = codec.prepare(json.dumps(body).encode(), "id-test", MODEL, False, True, False, door)
+        prepared = codec.prepare(
+            PrepareInput(
+                door=door, body=json.dumps(body).encode(), response_id="id-test", model=MODEL, include_usage=True
+            )
+        )
         assert not isinstance(prepared, tuple), prepared
         _, got = prepared.decoder.push(ids, LENGTH, logprobs_of(ids) if logprobs else None)
         return [json.loads(e.partition("\ndata: ")[2] or e) for e in ([got] if isinstance(got, str) else got)]

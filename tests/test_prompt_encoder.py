@@ -21,7 +21,8 @@ from deepseek_recipe import ChatCompletionRequest, ConversionOptions, DeepseekV4
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deepinfer_server.codec import Codec
+from deepinfer_server._native import PrepareInput
+from deepinfer_server.codec import CHAT, Codec
 from deepinfer_server.launcher import BUNDLED_TOKENIZER
 from deepinfer_server.prompt_encoder import (
     Encoding,
@@ -225,7 +226,7 @@ def test_a_missing_special_token_is_still_a_clear_400(tmp_path: Path) -> None:
     path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
     codec = Codec(path, [MODEL], 1 << 20)
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
-    out = codec.prepare(body, "id", MODEL, False, False, False)
+    out = codec.prepare(PrepareInput(door=CHAT, body=body, response_id="id", model=MODEL))
     assert isinstance(out, Refusal) and out.status == 400
     assert "<｜System｜>" in json.loads(out.body)["error"]["message"]
 
@@ -267,7 +268,7 @@ def test_a_prompt_far_too_long_is_refused_before_encoding(choice: str) -> None:
     with pytest.raises(PromptTooLong) as e:
         codec.encoder.encode(conversation(codec, "x" * (guard.max_chars + 1)))
     assert e.value.at_least >= 4096
-    out = codec.prepare(request_body("word " * 2_000_000), "id", MODEL, False, False, False)
+    out = codec.prepare(PrepareInput(door=CHAT, body=request_body("word " * 2_000_000), response_id="id", model=MODEL))
     assert isinstance(out, Refusal) and out.status == 400
     assert "at least" in out.body and "context_length_exceeded" in out.body
     # The longest token repeated: the prompt with the fewest tokens for its length, right under the bound.

@@ -79,10 +79,10 @@ def test_a_lockstep_rank_maps_every_shared_file_before_it_reports_ready(ring_pat
         bell.ring()
         assert outputs.wait(10.0), f"no output; the rank exited with {proc.poll()}"
         got = outputs.drain_tokens()
-        while sum(len(t) for _, t, _, _ in got) < 3:
+        while sum(len(o.tokens) for o in got) < 3:
             assert outputs.wait(10.0), got
             got += outputs.drain_tokens()
-        assert got[-1][2] == _native.FINISH_LENGTH
+        assert got[-1].finish == _native.FINISH_LENGTH
         requests.push_shutdown()
         bell.ring()
         assert proc.wait(timeout=10) == 0, proc.stderr.read() if proc.stderr else ""

@@ -13,9 +13,9 @@ import pytest
 
 from deepinfer_server._native import (
     FINISH_ERROR,
-    FINISH_LENGTH,
     FINISH_NONE,
     FINISH_STOP,
+    Output,
     Ring,
     RingClosed,
     RingError,
@@ -77,36 +77,36 @@ def test_tokens_round_trip(ring_path) -> None:
     p = ring_path()
     prod = Ring.create(p, 1 << 16)
     cons = Ring.open(p)
-    prod.publish([(1, [10, 11], FINISH_NONE), (2, [], FINISH_STOP), (3, [5], FINISH_LENGTH, None)])
-    prod.publish([(4, [1], FINISH_ERROR, "engine exploded: ü"), (5, [], FINISH_ERROR)])
+    o = Output
+    prod.publish([o(request_id=1, tokens=[10, 11], finish=FINISH_NONE), o(request_id=2, tokens=[], finish=FINISH_STOP)])
+    prod.publish([o(request_id=4, tokens=[1], finish=FINISH_ERROR, reason="engine exploded: ü")])
+    prod.publish([o(request_id=5, tokens=[], finish=FINISH_ERROR)])
     prod.publish([])
-    prod.publish([(6, (7, 8), FINISH_NONE), (7, [9], FINISH_NONE)])  # any sequence of IDs, not only lists
-    prod.publish([(8, 12, FINISH_NONE), (9, 13, FINISH_STOP)])  # or one token as an int (the simulated engine's step)
+    prod.publish([o(request_id=6, tokens=(7, 8), finish=FINISH_NONE)])  # any sequence of IDs, not only lists
+    prod.publish([o(request_id=8, tokens=12, finish=FINISH_STOP)])  # or one token as an int (the sim's step)
     assert cons.drain_tokens() == [
-        (1, [10, 11], FINISH_NONE, None),
-        (2, [], FINISH_STOP, None),
-        (3, [5], FINISH_LENGTH, None),
-        (4, [1], FINISH_ERROR, "engine exploded: ü"),
-        (5, [], FINISH_ERROR, ""),
-        (6, [7, 8], FINISH_NONE, None),
-        (7, [9], FINISH_NONE, None),
-        (8, [12], FINISH_NONE, None),
-        (9, [13], FINISH_STOP, None),
+        o(request_id=1, tokens=[10, 11], finish=FINISH_NONE),
+        o(request_id=2, tokens=[], finish=FINISH_STOP),
+        o(request_id=4, tokens=[1], finish=FINISH_ERROR, reason="engine exploded: ü"),
+        o(request_id=5, tokens=[], finish=FINISH_ERROR, reason=""),
+        o(request_id=6, tokens=[7, 8], finish=FINISH_NONE),
+        o(request_id=8, tokens=[12], finish=FINISH_STOP),
     ]
     # The prompt's logprobs ride on a first token, with or without the tokens' own.
-    prod.publish([(10, [3], FINISH_NONE, None, None, [-0.5, -2.25]), (11, [4], FINISH_STOP, None, [(-1.0, [])], [])])
-    assert cons.drain_tokens() == [
-        (10, [3], FINISH_NONE, None, None, [-0.5, -2.25]),
-        (11, [4], FINISH_STOP, None, [(-1.0, [])], []),
-    ]
+    first = o(request_id=10, tokens=[3], finish=FINISH_NONE, prompt_logprobs=[-0.5, -2.25])
+    both = o(request_id=11, tokens=[4], finish=FINISH_STOP, logprobs=[(-1.0, [])], prompt_logprobs=[])
+    prod.publish([first, both])
+    assert cons.drain_tokens() == [first, both]
     with pytest.raises(ValueError):
-        prod.publish([(1, [1], 99)])
-    with pytest.raises(ValueError):
-        prod.publish([(1, [1])])
+        o(request_id=1, tokens=[1], finish=99)
     with pytest.raises(TypeError):
-        prod.publish([(1, "12", FINISH_NONE)])  # neither a token nor a sequence of tokens
+        o(request_id=1, tokens=[1])  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        o(request_id=1, tokens="12", finish=FINISH_NONE)  # type: ignore[arg-type]  # neither a token nor tokens
+    with pytest.raises(TypeError):
+        prod.publish([(1, [1], FINISH_NONE)])  # type: ignore[list-item]  # a tuple is no Output
     with pytest.raises(RingError):
-        prod.publish([(1, list(range(20000)), FINISH_NONE)])
+        prod.publish([o(request_id=1, tokens=list(range(20000)), finish=FINISH_NONE)])
     # Requests on an output ring are malformed data, not a crash.
     prod.push_abort(3)
     with pytest.raises(RingError):
@@ -118,16 +118,16 @@ def test_wraparound_through_python(ring_path) -> None:
     prod = Ring.create(p, 4096)
     cons = Ring.open(p)
     expected: list[tuple] = []
-    got: list[tuple] = []
+    got: list[Output] = []
     for i in range(3000):
-        entries = [(i * 10 + j, list(range(i % 23 + j)), j % 3) for j in range(i % 5)]
+        entries = [Output(request_id=i * 10 + j, tokens=list(range(i % 23 + j)), finish=j % 3) for j in range(i % 5)]
         while True:
             try:
                 prod.publish(entries, timeout=0)
                 break
             except TimeoutError:
                 got.extend(cons.drain_tokens(max_bytes=1000))
-        expected.extend((rid, toks, fin, None) for rid, toks, fin in entries)
+        expected.extend(entries)
     got.extend(cons.drain_tokens())
     assert got == expected
 
@@ -136,7 +136,7 @@ def test_full_ring_blocks_publish_until_drained(ring_path) -> None:
     p = ring_path()
     prod = Ring.create(p, 4096)
     cons = Ring.open(p)
-    big = [(1, list(range(400)), FINISH_NONE)]  # ~1.6 KiB per record
+    big = [Output(request_id=1, tokens=list(range(400)), finish=FINISH_NONE)]  # ~1.6 KiB per record
     prod.publish(big)
     prod.publish(big)
     with pytest.raises(TimeoutError):
@@ -201,7 +201,7 @@ def test_wait_timeout_then_data(ring_path) -> None:
 CHILD_ECHO = textwrap.dedent(
     """
     import sys
-    from deepinfer_server._native import Abort, Ring, Shutdown, FINISH_STOP
+    from deepinfer_server._native import Abort, Output, Ring, Shutdown, FINISH_STOP
     req = Ring.open(sys.argv[1])
     out = Ring.open(sys.argv[2])
     out.set_aux(0, 1)  # tell the parent both rings are open
@@ -213,10 +213,10 @@ CHILD_ECHO = textwrap.dedent(
             if isinstance(r, Shutdown):
                 stop = True
             elif isinstance(r, Abort):
-                batch.append((r.request_id, [], 3))
+                batch.append(Output(request_id=r.request_id, tokens=[], finish=3))
             else:
                 echo = [r.max_tokens, r.top_k & 0xFFFFFFFF, r.seed or 0, int(r.ignore_eos)]
-                batch.append((r.request_id, r.prompt[::-1] + echo, FINISH_STOP))
+                batch.append(Output(request_id=r.request_id, tokens=r.prompt[::-1] + echo, finish=FINISH_STOP))
         for k in range(0, len(batch), 32):  # keep each record well under capacity / 2
             out.publish(batch[k : k + 32])
         if stop:
@@ -250,7 +250,7 @@ def test_two_processes_10k_requests(ring_path) -> None:
         assert not os.path.exists(req_path) and not os.path.exists(out_path)
 
         n = 10_000
-        received: list[tuple] = []
+        received: list[Output] = []
 
         def reader() -> None:
             while len(received) < n and proc.poll() is None:
@@ -265,11 +265,11 @@ def test_two_processes_10k_requests(ring_path) -> None:
             seed = i if i % 2 else None
             if i % 10 == 9:
                 req.push_abort(i)
-                expected.append((i, [], 3, None))
+                expected.append(Output(request_id=i, tokens=[], finish=3))
                 continue
             req.push_submit(i, prompt, i % 300 + 1, 0.5, 0.9, i % 50, seed, bool(i % 3 == 0), timeout=10)
             tail = [i % 300 + 1, i % 50, seed or 0, int(i % 3 == 0)]
-            expected.append((i, prompt[::-1] + tail, FINISH_STOP, None))
+            expected.append(Output(request_id=i, tokens=prompt[::-1] + tail, finish=FINISH_STOP))
         rt.join(60)
         assert not rt.is_alive()
         assert proc.poll() is None, proc.communicate()

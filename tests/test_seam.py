@@ -1,6 +1,7 @@
-"""The seam between Rust and Python: the records that cross it (`Prepared`, `Refusal`, `Submit`, `Abort`,
-`Shutdown`) and the codes both sides use are defined once, in Rust, and exported; `_native.pyi` describes them,
-mypy checks the package against it, and this file checks it against the module itself."""
+"""The seam between Rust and Python: the records that cross it (`PrepareInput`, `ConstraintInput`, `Prepared`,
+`Refusal`, `DecodeBatch`, `Submit`, `Abort`, `Shutdown`, `Output`) and the codes both sides use are defined once, in
+Rust, and exported; `_native.pyi` describes them, mypy checks the package against it, and this file
+checks it against the module itself, and feeds every shape of each record through."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import ast
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from conftest import MODEL
 
 from deepinfer_server import _native
-from deepinfer_server.codec import Codec
+from deepinfer_server.codec import Codec, decode_batch
 from deepinfer_server.decoding import FINISHED, RUNNING, STOPPED_EARLY
 from deepinfer_server.doors import DOORS, ChatDoor, CompletionsDoor, MessagesDoor, ResponsesDoor
 from deepinfer_server.launcher import BUNDLED_TOKENIZER
@@ -86,16 +88,18 @@ def test_a_record_built_wrong_fails_where_it_is_built() -> None:
 def test_the_codec_answers_with_the_records() -> None:
     codec = Codec(BUNDLED_TOKENIZER, [MODEL], 4096)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
-    got = codec.prepare(json.dumps(body).encode(), "chatcmpl-1", MODEL, False, False, False, _native.DOOR_CHAT)
+    raw = json.dumps(body).encode()
+    got = codec.prepare(_native.PrepareInput(door=_native.DOOR_CHAT, body=raw, response_id="chatcmpl-1", model=MODEL))
     assert isinstance(got, _native.Prepared) and got.max_tokens == 3 and got.prompt_ids
-    bad = codec.prepare(json.dumps({**body, "temperature": 9}).encode(), "c", MODEL, False, False, False)
+    bad_body = json.dumps({**body, "temperature": 9}).encode()
+    bad = codec.prepare(_native.PrepareInput(door=_native.DOOR_CHAT, body=bad_body, response_id="c", model=MODEL))
     assert isinstance(bad, _native.Refusal) and bad.status == 400
     assert json.loads(bad.body)["error"]["param"] == "temperature"
-    counted = codec.count_tokens(json.dumps(body).encode(), _native.DOOR_CHAT)
+    counted = codec.count_tokens(raw, _native.DOOR_CHAT)
     assert isinstance(counted, str) and json.loads(counted)["input_tokens"] == len(got.prompt_ids)
     refused = codec.detokenize(b'{"tokens": [-1]}', _native.DOOR_CHAT)
     assert isinstance(refused, _native.Refusal) and json.loads(refused.body)["error"]["param"] == "tokens"
-    assert codec.check_constraint(json.dumps(body).encode(), _native.DOOR_CHAT) is None
+    assert codec.check_constraint(_native.ConstraintInput(door=_native.DOOR_CHAT, body=raw)) is None
 
 
 def test_a_rank_reads_typed_records(tmp_path: Path) -> None:
@@ -112,4 +116,161 @@ def test_a_rank_reads_typed_records(tmp_path: Path) -> None:
     assert got == (7, [1, 2], 9, 0.5, 0.9, 3)
     assert (submit.seed, submit.ignore_eos, submit.logprobs, submit.prompt_logprobs) == (11, True, 2, True)
     assert (submit.constraint, submit.images, abort.request_id) == (None, None, 7)
+    prod.close()
+
+
+# -- every shape through the seam -----------------------------------------------------------------------------------
+
+BODIES: dict[int, dict[str, object]] = {
+    _native.DOOR_CHAT: {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
+    _native.DOOR_COMPLETIONS: {"prompt": "hi", "max_tokens": 5},
+    _native.DOOR_MESSAGES: {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
+    _native.DOOR_RESPONSES: {"input": "hi", "max_output_tokens": 5},
+}
+
+
+@pytest.fixture(scope="module")
+def codec() -> Codec:
+    return Codec(BUNDLED_TOKENIZER, [MODEL], 4096)
+
+
+def prepare(codec: Codec, door: int, **fields: object) -> _native.Prepared:
+    raw = json.dumps({"model": MODEL, **BODIES[door], **fields}).encode()
+    got = codec.prepare(_native.PrepareInput(door=door, body=raw, response_id="id-1", model=MODEL, ignore_eos=True))
+    assert isinstance(got, _native.Prepared), got
+    return got
+
+
+def test_prepare_reads_its_request_by_name_on_every_door(codec: Codec) -> None:
+    for door in DOORS:
+        got = prepare(codec, door, stream=True)
+        assert got.max_tokens == 5 and got.prompt_ids and got.incremental, door
+    req = _native.PrepareInput(
+        door=_native.DOOR_MESSAGES,
+        body=b"{}",
+        response_id="msg_1",
+        model=MODEL,
+        include_usage=True,
+        forced_tool="get_weather",
+        parallel_tools=False,
+        images={"https://x/a.png": b"\x89PNG"},
+    )
+    fields = (req.door, req.body, req.response_id, req.model, req.ignore_eos, req.include_usage)
+    assert fields == (_native.DOOR_MESSAGES, b"{}", "msg_1", MODEL, False, True)
+    assert (req.continuous_usage, req.forced_tool, req.parallel_tools) == (False, "get_weather", False)
+    assert req.images == {"https://x/a.png": b"\x89PNG"}
+    check = _native.ConstraintInput(door=_native.DOOR_CHAT, body=b"{}", forced_tool="")
+    assert (check.door, check.body, check.forced_tool, check.parallel_tools) == (_native.DOOR_CHAT, b"{}", "", True)
+
+
+def test_a_decode_batch_of_every_shape_goes_through_the_real_codec(codec: Codec) -> None:
+    # One batch with a request without logprobs, one with them, and one with the prompt's logprobs on its first
+    # tokens: each decoder reads its own row by name, and each answer is set on the batch, in its place.
+    plain = prepare(codec, _native.DOOR_CHAT, stream=True)
+    with_lp = prepare(codec, _native.DOOR_CHAT, stream=True, logprobs=True, top_logprobs=1)
+    with_prompt = prepare(codec, _native.DOOR_COMPLETIONS, prompt_logprobs=0)
+    assert (plain.logprobs, with_lp.logprobs, with_prompt.prompt_logprobs) == (None, 1, True)
+    tokens = codec.encoder.encode_text("Hello there")
+    lps = [(-0.5, [(t, -0.5)]) for t in tokens]
+    prompt_values = [-1.0] * (len(with_prompt.prompt_ids) - 1)
+    batch = _native.DecodeBatch(
+        decoders=[plain.decoder, with_lp.decoder, with_prompt.decoder],
+        tokens=[tokens] * 3,
+        finishes=[_native.FINISH_NONE, _native.FINISH_LENGTH, _native.FINISH_LENGTH],
+        logprobs=[None, lps, None],
+        prompt_logprobs=[None, None, prompt_values],
+    )
+    assert (len(batch), batch.tokens, batch.logprobs, batch.prompt_logprobs) == (
+        3,
+        [tokens] * 3,
+        [None, lps, None],
+        [None, None, prompt_values],
+    )
+    assert (batch.states, batch.outputs) == (None, None)  # unanswered yet
+    assert decode_batch(batch) is None
+    assert batch.states == [RUNNING, FINISHED, FINISHED] and batch.outputs is not None
+    out = batch.outputs
+    assert isinstance(out[0], list) and "Hello" in "".join(out[0])
+    assert isinstance(out[1], list)
+    events = [json.loads(e) for e in out[1] if e.startswith("{")]
+    assert any(c.get("logprobs") for e in events for c in e.get("choices", [])), out[1]
+    assert isinstance(out[2], str)
+    choice = json.loads(out[2])["choices"][0]
+    assert choice["text"] == "Hello there" and len(choice["prompt_logprobs"]) == len(with_prompt.prompt_ids)
+    assert [next(iter(e.values()))["logprob"] for e in choice["prompt_logprobs"][1:]] == prompt_values
+
+
+def test_engine_outputs_of_every_shape_go_through_a_real_ring(tmp_path: Path) -> None:
+    path = str(tmp_path / "out")
+    prod = _native.Ring.create(path, 1 << 16)
+    cons = _native.Ring.open(path)
+    lps = [(-0.5, [(7, -0.5), (8, -1.5)]), (-0.25, [(9, -0.25), (7, -3.0)])]
+    outputs = [
+        _native.Output(request_id=1, tokens=7, finish=_native.FINISH_NONE),
+        _native.Output(request_id=2, tokens=[7, 9], finish=_native.FINISH_STOP, logprobs=lps),
+        _native.Output(request_id=3, tokens=(5,), finish=_native.FINISH_NONE, prompt_logprobs=[-1.0, -2.5]),
+        _native.Output(request_id=4, tokens=[7, 9], finish=_native.FINISH_LENGTH, logprobs=lps, prompt_logprobs=[]),
+        _native.Output(request_id=5, tokens=[], finish=_native.FINISH_ERROR, reason="prompt_length_exceeded"),
+    ]
+    prod.publish(outputs)
+    got = cons.drain_tokens()
+    assert got == outputs
+    assert [(o.request_id, o.tokens, o.finish) for o in got] == [
+        (1, [7], _native.FINISH_NONE),
+        (2, [7, 9], _native.FINISH_STOP),
+        (3, [5], _native.FINISH_NONE),
+        (4, [7, 9], _native.FINISH_LENGTH),
+        (5, [], _native.FINISH_ERROR),
+    ]
+    assert [o.logprobs for o in got] == [None, lps, None, lps, None]
+    assert [o.prompt_logprobs for o in got] == [None, None, [-1.0, -2.5], [], None]
+    assert [o.reason for o in got] == [None, None, None, None, "prompt_length_exceeded"]
+    prod.close()
+
+
+def test_a_seam_record_built_wrong_fails_where_it_is_built() -> None:
+    o, body = _native.Output, b"{}"
+    cases: list[tuple[type[Exception], str, Callable[[], object]]] = [
+        (TypeError, "request_id", lambda: o(request_id="1", tokens=[1], finish=0)),  # type: ignore[arg-type]
+        (TypeError, "tokens", lambda: o(request_id=1, tokens=["a"], finish=0)),  # type: ignore[list-item]
+        (TypeError, "tokens", lambda: o(request_id=1, tokens="12", finish=0)),  # type: ignore[arg-type]
+        (ValueError, "finish", lambda: o(request_id=1, tokens=[1], finish=99)),
+        (ValueError, "logprobs", lambda: o(request_id=1, tokens=[1, 2], finish=0, logprobs=[(-1.0, [])])),
+        (TypeError, "prompt_logprobs", lambda: o(request_id=1, tokens=1, finish=0, prompt_logprobs=["x"])),  # type: ignore[list-item]
+        (TypeError, "unexpected", lambda: o(request_id=1, tokens=[1], finish=0, stop=True)),  # type: ignore[call-arg]
+        (TypeError, "positional", lambda: o(1, [1], 0)),  # type: ignore[misc]
+        (TypeError, "body", lambda: _native.PrepareInput(door=0, body="{}", response_id="r", model="m")),  # type: ignore[arg-type]
+        (ValueError, "door", lambda: _native.PrepareInput(door=99, body=body, response_id="r", model="m")),
+        (TypeError, "unexpected", lambda: _native.PrepareInput(door=0, body=body, response_id="r", model="m", x=1)),  # type: ignore[call-arg]
+        (TypeError, "missing", lambda: _native.ConstraintInput(body=body)),  # type: ignore[call-arg]
+        (TypeError, "finishes", lambda: _native.DecodeBatch(decoders=[None], tokens=[[1]], finishes=["0"])),  # type: ignore[list-item]
+        (ValueError, "row per request", lambda: _native.DecodeBatch(decoders=[None], tokens=[], finishes=[0])),
+        (TypeError, "unexpected", lambda: _native.DecodeBatch(decoders=[], tokens=[], finishes=[], lp=1)),  # type: ignore[call-arg]
+    ]
+    for kind, says, build in cases:
+        with pytest.raises(kind, match=says):
+            build()
+    # decode_batch's answers are typed where they are set.
+    batch = _native.DecodeBatch(decoders=[None], tokens=[[1]], finishes=[0])
+    answers: list[tuple[type[Exception], str, str, object]] = [
+        (ValueError, "state", "states", [7]),
+        (ValueError, "1 requests", "states", [RUNNING, RUNNING]),
+        (TypeError, "int", "states", ["0"]),
+        (TypeError, "outputs", "outputs", [b"x"]),
+        (TypeError, "outputs", "outputs", [None]),
+    ]
+    for kind, says, field, value in answers:
+        with pytest.raises(kind, match=says):
+            setattr(batch, field, value)
+    with pytest.raises(AttributeError):
+        batch.tokens = [[2]]  # type: ignore[misc]  # what the engine gave is read-only
+    batch.states, batch.outputs = [RUNNING], ["{}"]
+    assert (batch.states, batch.outputs) == ([RUNNING], ["{}"])
+
+
+def test_a_ring_publishes_output_records_only(tmp_path: Path) -> None:
+    prod = _native.Ring.create(str(tmp_path / "out"), 1 << 12)
+    with pytest.raises(TypeError, match="publish takes Output records, not <class 'tuple'>"):
+        prod.publish([(1, [1], _native.FINISH_NONE)])  # type: ignore[list-item]
+    assert prod.used_bytes == 0
     prod.close()

@@ -33,8 +33,8 @@ def step(e: SimEngine) -> tuple[float, dict[int, int]]:
     """One step: (its cost in ms, request id -> finish code of the token it got)."""
     cost = e.plan()
     out = e.commit()
-    assert all(isinstance(token, int) for _, token, _ in out), "one token (an int) per request per step"
-    return cost, {rid: finish for rid, _, finish in out}
+    assert all(len(o.tokens) == 1 for o in out), "one token per request per step"
+    return cost, {o.request_id: o.finish for o in out}
 
 
 def test_chunked_prefill_admission_and_costs() -> None:
@@ -102,7 +102,7 @@ def test_a_seeded_answer_is_the_same_every_time() -> None:
         tokens = []
         while e.has_work():
             e.plan()
-            tokens += [t for _, t, _ in e.commit()]
+            tokens += [t for o in e.commit() for t in o.tokens]
         outs.append(tokens)
     assert len(outs[0]) == 300 and outs[0] == outs[1]
 

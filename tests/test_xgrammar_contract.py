@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from deepinfer_server._native import PrepareInput
 from deepinfer_server.codec import CHAT, MESSAGES, RESPONSES, Codec, Prepared
 from deepinfer_server.launcher import BUNDLED_TOKENIZER
 from test_codec import MODEL, TOOLS
@@ -193,7 +194,16 @@ def grammar_of(codec: Codec, door: int, body: dict[str, Any], forced: str | None
         full.pop("messages")
         full.pop("max_tokens")
     parallel = body.get("parallel_tool_calls", True)
-    got = codec.prepare(json.dumps(full).encode(), "r", MODEL, False, False, False, door, forced, parallel)
+    got = codec.prepare(
+        PrepareInput(
+            door=door,
+            body=json.dumps(full).encode(),
+            response_id="r",
+            model=MODEL,
+            forced_tool=forced,
+            parallel_tools=parallel,
+        )
+    )
     assert isinstance(got, Prepared), got
     assert got.constraint is not None, "the request carries no grammar"
     schema_type, schema, _triggers, _bound = got.constraint

@@ -56,19 +56,106 @@ DECODE_STOPPED_EARLY: int
 class RingClosed(Exception): ...
 class RingError(Exception): ...
 
-# (request_id, tokens, finish) or (request_id, tokens, finish, reason)
 # One token's logprob and its alternatives (token id, logprob), best first.
 TokenLogprob = tuple[float, Sequence[tuple[int, float]]]
-OutputEntry = (
-    tuple[int, Sequence[int] | int, int]
-    | tuple[int, Sequence[int] | int, int, str | None]
-    | tuple[int, Sequence[int] | int, int, str | None, Sequence[TokenLogprob] | None]
-    | tuple[int, Sequence[int] | int, int, str | None, Sequence[TokenLogprob] | None, Sequence[float]]
-)
 # (schema_type, schema, trigger token ids, bound token id)
 ConstraintTuple = tuple[int, str, Sequence[int], int | None]
 # (file holding the encoded images back to back, prompt tokens beyond the placeholders, [(width, height, bytes)])
 ImagesTuple = tuple[str, int, Sequence[Sequence[int]]]
+
+# What Rust asks the codec (rust/codec/seam.rs).
+@final
+class PrepareInput:
+    """`Codec.prepare`'s request: its door (`DOOR_*`) and body, and what the front end decided about it."""
+
+    def __new__(
+        cls,
+        *,
+        door: int,
+        body: bytes,
+        response_id: str,
+        model: str,
+        ignore_eos: bool = False,
+        include_usage: bool = False,
+        continuous_usage: bool = False,
+        forced_tool: str | None = None,
+        parallel_tools: bool = True,
+        images: dict[str, bytes] | None = None,
+    ) -> PrepareInput: ...
+    @property
+    def door(self) -> int: ...
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def response_id(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def ignore_eos(self) -> bool: ...
+    @property
+    def include_usage(self) -> bool: ...
+    @property
+    def continuous_usage(self) -> bool: ...
+    @property
+    def forced_tool(self) -> str | None:
+        """A tool choice that forces a call: "" any tool, else its name (Rust checked it names one)."""
+    @property
+    def parallel_tools(self) -> bool: ...
+    @property
+    def images(self) -> dict[str, bytes] | None:
+        """The image URLs the front end fetched, and their bytes."""
+
+@final
+class ConstraintInput:
+    """`Codec.check_constraint`'s request: its door, body and forced tool choice (as in `PrepareInput`)."""
+
+    def __new__(
+        cls, *, door: int, body: bytes, forced_tool: str | None = None, parallel_tools: bool = True
+    ) -> ConstraintInput: ...
+    @property
+    def door(self) -> int: ...
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def forced_tool(self) -> str | None: ...
+    @property
+    def parallel_tools(self) -> bool: ...
+
+@final
+class DecodeBatch:
+    """A decode batch (rust/codec/decode.rs), a column per field and a row per request: Rust builds one per batch,
+    and `decode_batch` sets its answers (`states`, `outputs`) on it, a row per request."""
+
+    def __new__(
+        cls,
+        *,
+        decoders: Sequence[Decoder],
+        tokens: Sequence[Sequence[int]],
+        finishes: Sequence[int],
+        logprobs: Sequence[Sequence[TokenLogprob] | None] | None = None,
+        prompt_logprobs: Sequence[Sequence[float] | None] | None = None,
+    ) -> DecodeBatch: ...
+    def __len__(self) -> int: ...
+    @property
+    def decoders(self) -> list[Decoder]: ...
+    @property
+    def tokens(self) -> list[list[int]]: ...
+    @property
+    def finishes(self) -> list[int]: ...
+    @property
+    def logprobs(self) -> list[list[tuple[float, list[tuple[int, float]]]] | None]: ...
+    @property
+    def prompt_logprobs(self) -> list[list[float] | None]: ...
+    @property
+    def states(self) -> list[int] | None:
+        """Each request's state (`DECODE_*`); None until `decode_batch` sets them."""
+    @states.setter
+    def states(self, value: Sequence[int]) -> None: ...
+    @property
+    def outputs(self) -> list[list[str] | str] | None:
+        """Each request's output: a stream's events, or a non-stream's whole body; None until set."""
+    @outputs.setter
+    def outputs(self, value: list[list[str] | str]) -> None: ...
 
 # What the codec hands back to Rust (rust/codec/seam.rs).
 @final
@@ -164,6 +251,35 @@ class Abort:
 class Shutdown:
     """Finish what is running and exit."""
 
+# What a rank publishes on its output ring, and reads back (rust/ring/py/entries.rs).
+@final
+class Output:
+    """One request's part of an engine step: new tokens (a token id or a sequence), finish code (`FINISH_*`), the
+    reason of an error finish, the tokens' logprobs (one per token) and the prompt's (once, with its first token)."""
+
+    def __new__(
+        cls,
+        *,
+        request_id: int,
+        tokens: Sequence[int] | int,
+        finish: int,
+        reason: str | None = None,
+        logprobs: Sequence[TokenLogprob] | None = None,
+        prompt_logprobs: Sequence[float] | None = None,
+    ) -> Output: ...
+    @property
+    def request_id(self) -> int: ...
+    @property
+    def tokens(self) -> list[int]: ...
+    @property
+    def finish(self) -> int: ...
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def logprobs(self) -> list[tuple[float, list[tuple[int, float]]]] | None: ...
+    @property
+    def prompt_logprobs(self) -> list[float] | None: ...
+
 @final
 class Ring:
     """A single-producer single-consumer shared-memory ring of records in /dev/shm."""
@@ -206,13 +322,13 @@ class Ring:
     def drain_requests(self, max_bytes: int = ...) -> list[Submit | Abort | Shutdown]: ...
     def publish(
         self,
-        entries: Sequence[OutputEntry],
+        entries: Sequence[Output],
         timeout: float | None = None,
         wake: bool = True,
         timings: Sequence[tuple[int, float, float]] | None = None,
     ) -> None: ...
     def wake_consumer(self) -> None: ...
-    def drain_tokens(self, max_bytes: int = ...) -> list[tuple[Any, ...]]: ...
+    def drain_tokens(self, max_bytes: int = ...) -> list[Output]: ...
 
 @final
 class Lockstep:
@@ -241,7 +357,7 @@ class Doorbell:
 def serve(
     config: dict[str, Any],
     codec: Any,
-    decode_batch: Callable[..., Any],
+    decode_batch: Callable[[DecodeBatch], None],
     rings: Sequence[tuple[Ring, Ring]],
     pids: Sequence[int],
     bell: Doorbell | None = None,

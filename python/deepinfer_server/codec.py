@@ -2,6 +2,8 @@
 
 The Rust front end calls `Codec.prepare` on a codec thread (conversion and encoding release the GIL) and
 `decode_batch` once per batch of rank outputs, so Python runs once per batch, never per token (rust/codec/).
+What crosses is typed records Rust defines (rust/codec/seam.rs, decode.rs; stubs in `_native.pyi`): `PrepareInput`
+in, `Prepared` or `Refusal` out; a `DecodeBatch` (a column per field, a row per request), answered in place.
 Each call names the request's door by its protocol code (rust/doors/ `Spec::CODE`), and the codec hands
 it to the door registered under that code (`doors.DOORS`): what a protocol does its own way (its conversion, where
 its response format is, its output's wire format) is in its module under doors/. The shared parts are the
@@ -15,7 +17,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Union
 
 from deepseek_recipe import (
     ConversionOptions,
@@ -26,10 +27,10 @@ from deepseek_recipe import (
 )
 
 from deepinfer_server import refusals
-from deepinfer_server.decoding import FINISHED, RUNNING, STOPPED_EARLY, Decoder
+from deepinfer_server._native import ConstraintInput, DecodeBatch, PrepareInput
+from deepinfer_server.decoding import FINISHED, RUNNING, STOPPED_EARLY
 from deepinfer_server.doors import DOORS, ChatDoor, CompletionsDoor, MessagesDoor, ResponsesDoor
-from deepinfer_server.doors.base import Context, Prepared, Prompt, Request
-from deepinfer_server.engine.base import TokenLogprob
+from deepinfer_server.doors.base import Context, Prepared, Prompt
 from deepinfer_server.grammar import GrammarLimits
 from deepinfer_server.images import Images
 from deepinfer_server.prompt_encoder import LengthGuard, PromptTooLong, RecipeEncoder
@@ -47,6 +48,8 @@ __all__ = [
     "RUNNING",
     "STOPPED_EARLY",
     "Codec",
+    "ConstraintInput",
+    "PrepareInput",
     "Prepared",
     "decode_batch",
     "with_param",
@@ -108,38 +111,19 @@ class Codec:
         grammars = RequestGrammars(vocab, grammar_limits)
         self.ctx = Context(vocab, options, self.encoder, max_model_len, images, grammars)
 
-    def prepare(
-        self,
-        body: bytes,
-        response_id: str,
-        model: str,
-        ignore_eos: bool,
-        include_usage: bool,
-        continuous_usage: bool,
-        protocol: int = CHAT,
-        forced_tool: str | None = None,
-        parallel_tools: bool = True,
-        images: dict[str, bytes] | None = None,
-    ) -> Prepared | Refusal:
+    def prepare(self, request: PrepareInput) -> Prepared | Refusal:
         """Convert and encode one request. Returns `Prepared`, or the `Refusal` of a bad request.
 
-        `body` was validated and normalized by the Rust front end (model checked, developer -> system,
+        `request.body` was validated and normalized by the Rust front end (model checked, developer -> system,
         max_completion_tokens -> max_tokens, unsupported features rejected). Error envelopes are OpenAI's; Rust
-        re-wraps them for the Messages door. `forced_tool`: a tool choice that forces a call ("" any tool, else
-        its name; Rust checked it names one of the tools). `images`: the request's image URLs the front end
-        fetched, and their bytes.
+        re-wraps them for the Messages door.
         """
-        req = Request(
-            response_id, model, ignore_eos, include_usage, continuous_usage, forced_tool, parallel_tools, images
-        )
-        return DOORS[protocol].prepare(self.ctx, body, req)
+        return DOORS[request.door].prepare(self.ctx, request.body, request)
 
-    def check_constraint(
-        self, body: bytes, protocol: int, forced_tool: str | None = None, parallel_tools: bool = True
-    ) -> Refusal | None:
+    def check_constraint(self, request: ConstraintInput) -> Refusal | None:
         """A request's grammar checked (compiled, cached) before it waits for a slot: None, or its refusal. Its
         prepare then finds the grammar in the cache."""
-        return DOORS[protocol].check_constraint(self.ctx, body, forced_tool, parallel_tools)
+        return DOORS[request.door].check_constraint(self.ctx, request.body, request.forced_tool, request.parallel_tools)
 
     def tokenize(self, body: bytes, protocol: int, images: dict[str, bytes] | None = None) -> str | Refusal:
         """vLLM's `POST /tokenize`: a chat body's prompt IDs (what its request would count), or a raw prompt's. An
@@ -179,12 +163,10 @@ class Codec:
         return json.dumps({"input_tokens": len(prompt.ids) + prompt.image_tokens})
 
 
-DecodeItem = Union[  # noqa: UP007
-    tuple[Decoder, list[int], int],
-    tuple[Decoder, list[int], int, list[TokenLogprob]],
-]
-
-
-def decode_batch(items: list[DecodeItem]) -> list[tuple[int, list[str] | str]]:
-    """One call per batch of rank outputs: (decoder, new tokens, engine finish code[, logprobs]) -> (state, output)."""
-    return [item[0].push(*item[1:]) for item in items]
+def decode_batch(batch: DecodeBatch) -> None:
+    """One call per batch of rank outputs: each request's decoder fed its row, and the answers (each request's state
+    and output) set on the batch, which Rust reads back."""
+    rows = zip(batch.decoders, batch.tokens, batch.finishes, batch.logprobs, batch.prompt_logprobs, strict=True)
+    answers = [decoder.push(tokens, finish, lps, plps) for decoder, tokens, finish, lps, plps in rows]
+    batch.states = [state for state, _ in answers]
+    batch.outputs = [output for _, output in answers]

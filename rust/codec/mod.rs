@@ -16,7 +16,7 @@ use crate::error::ApiError;
 use prepare::{fetched_to_py, forced_args};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use seam::{Answer, PyRefusal};
+use seam::{Answer, PyConstraintInput, PyRefusal};
 use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::thread;
 use std::time::Duration;
@@ -125,10 +125,12 @@ impl Codec {
         let answer = self
             .run(Pool::Grammar, move |codec| {
                 Python::attach(|py| {
-                    let (forced, parallel) = forced_args(forced_tool.as_ref());
-                    let args = (PyBytes::new(py, &body), door.code(), forced, parallel);
-                    let out =
-                        codec.codec.bind(py).call_method1("check_constraint", args).map_err(|e| internal(py, e))?;
+                    let (forced_tool, parallel_tools) = forced_args(forced_tool.as_ref());
+                    let body = PyBytes::new(py, &body).unbind();
+                    let input = PyConstraintInput { door: door.code(), body, forced_tool, parallel_tools };
+                    let input = Bound::new(py, input).map_err(|e| internal(py, e))?;
+                    let out = codec.codec.bind(py).call_method1("check_constraint", (input,));
+                    let out = out.map_err(|e| internal(py, e))?;
                     out.extract::<Option<PyRefusal>>().map_err(|e| internal(py, e.into()))
                 })
             })

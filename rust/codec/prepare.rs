@@ -1,7 +1,8 @@
-//! Preparing a request: its body goes through the Python codec (conversion, encoding, grammar, decoder choice) and
-//! comes back converted and encoded (a `Prepared` record), or refused (a `Refusal`; both in seam.rs).
+//! Preparing a request: its body goes through the Python codec (conversion, encoding, grammar, decoder choice) in a
+//! `PrepareInput` record and comes back converted and encoded (a `Prepared` record), or refused (a `Refusal`; all
+//! three in seam.rs).
 
-use super::seam::{PyPrepared, PyRefusal};
+use super::seam::{PyPrepareInput, PyPrepared, PyRefusal};
 use super::{Codec, internal};
 use crate::doors::sse::frame_into;
 use crate::doors::{Door, ForcedTool};
@@ -59,20 +60,23 @@ impl Prepared {
 
 impl Codec {
     pub(super) fn prepare_blocking(&self, py: Python<'_>, req: &PrepareRequest) -> Result<Prepared, ApiError> {
-        let forced = forced_args(req.forced_tool.as_ref());
-        let args = (
-            PyBytes::new(py, &req.body),
-            req.response_id.as_str(),
-            req.model.as_str(),
-            req.ignore_eos,
-            req.include_usage,
-            req.continuous_usage,
-            req.door.code(),
-            forced.0,
-            forced.1,
-            req.has_images.then(|| fetched_to_py(py, &req.fetched)).transpose().map_err(|e| internal(py, e))?,
-        );
-        let out = self.codec.bind(py).call_method1("prepare", args).map_err(|e| internal(py, e))?;
+        let (forced_tool, parallel_tools) = forced_args(req.forced_tool.as_ref());
+        let images =
+            req.has_images.then(|| fetched_to_py(py, &req.fetched)).transpose().map_err(|e| internal(py, e))?;
+        let input = PyPrepareInput {
+            door: req.door.code(),
+            body: PyBytes::new(py, &req.body).unbind(),
+            response_id: req.response_id.clone(),
+            model: req.model.clone(),
+            ignore_eos: req.ignore_eos,
+            include_usage: req.include_usage,
+            continuous_usage: req.continuous_usage,
+            forced_tool,
+            parallel_tools,
+            images: images.map(Bound::unbind),
+        };
+        let input = Bound::new(py, input).map_err(|e| internal(py, e))?;
+        let out = self.codec.bind(py).call_method1("prepare", (input,)).map_err(|e| internal(py, e))?;
         if let Ok(refusal) = out.cast::<PyRefusal>() {
             return Err(refusal.get().clone().into());
         }

@@ -1,19 +1,108 @@
-//! What the Python codec hands back to Rust, as typed records defined once, here, and exported through `_native`
-//! (stubs in `_native.pyi`, which mypy checks the codec against and `mypy.stubtest` checks against this module):
+//! What crosses between Rust and the Python codec, as typed records defined once, here (and the decode batch's in
+//! decode.rs), and exported through `_native` (stubs in `_native.pyi`, which mypy checks the codec against and
+//! `mypy.stubtest` checks against this module):
+//! - `PrepareInput`, `ConstraintInput`: what Rust asks `Codec.prepare` and `Codec.check_constraint`;
 //! - `Prepared`: a request converted and encoded, with its decoder;
 //! - `Refusal`: a request the codec will not run, with its status and error envelope;
 //! - the codes the two sides share: each door's protocol code (`doors::Door::code`) and the decode states.
 //!
-//! A record is built in Python, so a wrong type fails there, at the line that built it; Rust takes its fields
-//! without looking anything up by name.
+//! A record Python answers with is built in Python, so a wrong type fails there, at the line that built it; Rust
+//! takes its fields without looking anything up by name. A record Rust asks with is read by field name in Python.
 
-use super::decode::DecodeState;
+use super::decode::{DecodeState, PyDecodeBatch};
 use crate::doors::Door;
 use crate::error::ApiError;
 use crate::ring::records::{Constraint, ImageSet};
 use axum::http::StatusCode;
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+
+/// What Rust asks `Codec.prepare`: the request's door (`DOOR_*`) and body, and what the front end decided about
+/// it. `forced_tool`: a tool choice that forces a call ("" any tool, else its name; Rust checked it names one of
+/// the tools); `images`: the image URLs the front end fetched, and their bytes.
+#[pyclass(name = "PrepareInput", module = "deepinfer_server._native", frozen, get_all)]
+pub struct PyPrepareInput {
+    pub(super) door: u8,
+    pub(super) body: Py<PyBytes>,
+    pub(super) response_id: String,
+    pub(super) model: String,
+    pub(super) ignore_eos: bool,
+    pub(super) include_usage: bool,
+    pub(super) continuous_usage: bool,
+    pub(super) forced_tool: Option<String>,
+    pub(super) parallel_tools: bool,
+    pub(super) images: Option<Py<PyDict>>,
+}
+
+#[pymethods]
+impl PyPrepareInput {
+    #[new]
+    #[pyo3(signature = (*, door, body, response_id, model, ignore_eos=false, include_usage=false,
+        continuous_usage=false, forced_tool=None, parallel_tools=true, images=None))]
+    #[allow(clippy::too_many_arguments)] // keyword-only: Python names every one
+    fn new(
+        door: u8,
+        body: Py<PyBytes>,
+        response_id: String,
+        model: String,
+        ignore_eos: bool,
+        include_usage: bool,
+        continuous_usage: bool,
+        forced_tool: Option<String>,
+        parallel_tools: bool,
+        images: Option<Py<PyDict>>,
+    ) -> PyResult<Self> {
+        known_door(door)?;
+        Ok(PyPrepareInput {
+            door,
+            body,
+            response_id,
+            model,
+            ignore_eos,
+            include_usage,
+            continuous_usage,
+            forced_tool,
+            parallel_tools,
+            images,
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("PrepareInput(door={}, response_id={:?}, ...)", self.door, self.response_id)
+    }
+}
+
+/// What Rust asks `Codec.check_constraint`: the request's door and body, and its forced tool choice (as in
+/// `PrepareInput`).
+#[pyclass(name = "ConstraintInput", module = "deepinfer_server._native", frozen, get_all)]
+pub struct PyConstraintInput {
+    pub(super) door: u8,
+    pub(super) body: Py<PyBytes>,
+    pub(super) forced_tool: Option<String>,
+    pub(super) parallel_tools: bool,
+}
+
+#[pymethods]
+impl PyConstraintInput {
+    #[new]
+    #[pyo3(signature = (*, door, body, forced_tool=None, parallel_tools=true))]
+    fn new(door: u8, body: Py<PyBytes>, forced_tool: Option<String>, parallel_tools: bool) -> PyResult<Self> {
+        known_door(door)?;
+        Ok(PyConstraintInput { door, body, forced_tool, parallel_tools })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("ConstraintInput(door={}, ...)", self.door)
+    }
+}
+
+fn known_door(code: u8) -> PyResult<()> {
+    match Door::ALL.iter().any(|d| d.code() == code) {
+        true => Ok(()),
+        false => Err(PyValueError::new_err(format!("argument 'door': no door has code {code}"))),
+    }
+}
 
 /// `Codec.prepare`'s answer for a request it will run. Rust takes its fields once (`take`); the getters are for
 /// Python (tests, tools) reading it before.
@@ -150,7 +239,10 @@ impl PyRefusal {
 
 /// The exported names: the records, each door's code (`DOOR_CHAT` ...) and the decode states.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyPrepareInput>()?;
+    m.add_class::<PyConstraintInput>()?;
     m.add_class::<PyPrepared>()?;
+    m.add_class::<PyDecodeBatch>()?;
     m.add_class::<PyRefusal>()?;
     for door in Door::ALL {
         m.add(format!("DOOR_{}", door.name().to_uppercase()), door.code())?;

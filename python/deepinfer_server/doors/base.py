@@ -1,6 +1,6 @@
 """What a door is to the codec: the interface every wire protocol implements (`Door`), what it works with
-(`Context`, the codec's shared parts) and what it hands back to Rust: `Prepared` or `Refusal`, records Rust defines
-(rust/codec/seam.rs) and exports with their stubs in `_native.pyi`.
+(`Context`, the codec's shared parts), what Rust asks (`PrepareInput`) and what it hands back to Rust: `Prepared`
+or `Refusal`, records Rust defines (rust/codec/seam.rs) and exports with their stubs in `_native.pyi`.
 
 Rust calls the codec with a protocol code (`_native.DOOR_*`, each door's `Spec::CODE` in rust/doors/); the codec
 finds the door registered under it (doors/__init__.py `DOORS`) and calls one of three methods. Nothing else in the
@@ -11,18 +11,18 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 
 from deepseek_recipe import ConversionOptions
 
-from deepinfer_server._native import Prepared
+from deepinfer_server._native import Prepared, PrepareInput
 from deepinfer_server.images import Images
 from deepinfer_server.prompt_encoder import Encoder
 from deepinfer_server.refusals import Refusal
 from deepinfer_server.request_grammar import RequestGrammars
 from deepinfer_server.vocabulary import Vocabulary
 
-__all__ = ["Context", "Door", "Prepared", "Prompt", "Refusal", "Request"]
+__all__ = ["Context", "Door", "PrepareInput", "Prepared", "Prompt", "Refusal"]
 
 
 @dataclass(frozen=True)
@@ -35,21 +35,6 @@ class Context:
     max_model_len: int
     images: Images | None  # None: image input is refused
     grammars: RequestGrammars
-
-
-class Request(NamedTuple):
-    """`Codec.prepare`'s arguments beside the body: what the Rust front end decided about the request. (A named
-    tuple: one is made per request, and builds in a third of a frozen dataclass's time.)"""
-
-    response_id: str
-    model: str
-    ignore_eos: bool
-    include_usage: bool
-    continuous_usage: bool
-    # A tool choice that forces a call ("" any tool, else its name; Rust checked it names one of the tools).
-    forced_tool: str | None = None
-    parallel_tools: bool = True
-    images: dict[str, bytes] | None = None  # the request's image URLs the front end fetched, and their bytes
 
 
 @dataclass(frozen=True)
@@ -69,7 +54,7 @@ class Door(ABC):
     schema_param: ClassVar[str] = "response_format"  # the request field its response format is in
 
     @abstractmethod
-    def prepare(self, ctx: Context, body: bytes, req: Request) -> Prepared | Refusal:
+    def prepare(self, ctx: Context, body: bytes, req: PrepareInput) -> Prepared | Refusal:
         """The request converted and encoded, with its decoder, or `(status, error envelope)`."""
 
     def check_constraint(

@@ -20,7 +20,7 @@ from deepseek_recipe import (
 
 from deepinfer_server import _native
 from deepinfer_server.decoding import BaseDecoder, Chunk, Generator, cut_partial_tag, dumps
-from deepinfer_server.doors.base import Request
+from deepinfer_server.doors.base import PrepareInput
 from deepinfer_server.doors.conversation import ConversationDoor, Converted
 from deepinfer_server.prompt_logprobs import PromptTokens
 from deepinfer_server.vocabulary import Vocabulary
@@ -53,7 +53,7 @@ class ChatDoor(ConversationDoor):
         vocab: Vocabulary,
         conv: ConversationRequest,
         generator: Generator,
-        req: Request,
+        req: PrepareInput,
         n_prompt: int,
         prompt: PromptTokens | None,
     ) -> BaseDecoder:

@@ -11,7 +11,7 @@ import time
 
 from deepinfer_server import _native
 from deepinfer_server.decoding import FINISHED, RUNNING, STOPPED_EARLY
-from deepinfer_server.doors.base import Context, Door, Prepared, Prompt, Request
+from deepinfer_server.doors.base import Context, Door, Prepared, PrepareInput, Prompt
 from deepinfer_server.engine.base import TokenLogprob
 from deepinfer_server.prompt_encoder import PromptTooLong
 from deepinfer_server.prompt_logprobs import LegacyEntry, PromptTokens
@@ -22,7 +22,7 @@ from deepinfer_server.vocabulary import Vocabulary
 class CompletionsDoor(Door):
     code = _native.DOOR_COMPLETIONS
 
-    def prepare(self, ctx: Context, body: bytes, req: Request) -> Prepared | Refusal:
+    def prepare(self, ctx: Context, body: bytes, req: PrepareInput) -> Prepared | Refusal:
         """A raw prompt (text, or token IDs that Rust checked), with `suffix` as fill-in-the-middle."""
         d = json.loads(body)
         prompt, suffix = d["prompt"], d.get("suffix")

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from deepseek_recipe import Conversation, ConversationRequest, ConversionError, ConversionOptions
 
 from deepinfer_server.decoding import BaseDecoder, Generator
-from deepinfer_server.doors.base import Context, Door, Prepared, Prompt, Request
+from deepinfer_server.doors.base import Context, Door, Prepared, PrepareInput, Prompt
 from deepinfer_server.grammar import Constraint, GrammarError, GrammarTooCostly
 from deepinfer_server.images import ResolvedImages, sources_of
 from deepinfer_server.prompt_encoder import PromptTooLong
@@ -81,7 +81,7 @@ class ConversationDoor(Door):
         vocab: Vocabulary,
         conv: ConversationRequest,
         generator: Generator,
-        req: Request,
+        req: PrepareInput,
         n_prompt: int,
         prompt: PromptTokens | None,
     ) -> BaseDecoder:
@@ -117,7 +117,7 @@ class ConversationDoor(Door):
         return frozenset(names)
 
     # -- the shared path ---------------------------------------------------------------------------------------
-    def prepare(self, ctx: Context, body: bytes, req: Request) -> Prepared | Refusal:
+    def prepare(self, ctx: Context, body: bytes, req: PrepareInput) -> Prepared | Refusal:
         encoded = self.encode(ctx, body, req.forced_tool is not None, req.images)
         if not isinstance(encoded, _Encoded):
             return encoded

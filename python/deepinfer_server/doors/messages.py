@@ -11,7 +11,7 @@ from deepseek_recipe import Conversation, ConversationRequest, ConversionOptions
 
 from deepinfer_server import _native
 from deepinfer_server.decoding import BaseDecoder, Generator, dumps
-from deepinfer_server.doors.base import Request
+from deepinfer_server.doors.base import PrepareInput
 from deepinfer_server.doors.conversation import ConversationDoor, Converted
 from deepinfer_server.doors.events import EventDecoder, EventWire
 from deepinfer_server.grammar import SCHEMA_JSON, anthropic_schema_problem
@@ -78,7 +78,7 @@ class MessagesDoor(ConversationDoor):
         vocab: Vocabulary,
         conv: ConversationRequest,
         generator: Generator,
-        req: Request,
+        req: PrepareInput,
         n_prompt: int,
         prompt: PromptTokens | None,
     ) -> BaseDecoder:

@@ -12,7 +12,7 @@ from deepseek_recipe import ConversationRequest, ConversionOptions, ResponsesReq
 from deepinfer_server import _native
 from deepinfer_server._native import mend_response
 from deepinfer_server.decoding import BaseDecoder, Generator, cut_partial_tag, dumps
-from deepinfer_server.doors.base import Request
+from deepinfer_server.doors.base import PrepareInput
 from deepinfer_server.doors.conversation import ConversationDoor, Converted
 from deepinfer_server.doors.events import EventDecoder, EventWire
 from deepinfer_server.prompt_logprobs import PromptTokens
@@ -49,7 +49,7 @@ class ResponsesDoor(ConversationDoor):
         vocab: Vocabulary,
         conv: ConversationRequest,
         generator: Generator,
-        req: Request,
+        req: PrepareInput,
         n_prompt: int,
         prompt: PromptTokens | None,
     ) -> BaseDecoder:

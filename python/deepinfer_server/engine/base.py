@@ -50,15 +50,16 @@ class Submit:
 # One token's logprob and its alternatives [(token id, logprob), ...], best first.
 TokenLogprob = tuple[float, list[tuple[int, float]]]
 
-# (request_id, new token ids or one token id, finish code[, error reason[, logprobs[, prompt logprobs]]]): the rows
-# of one output-ring TOKENS record. Logprobs, one per token, only for a request that asked for them; the prompt's
-# logprobs (one per prompt token after the first) once, with the first token of a request that asked for them.
-Output = (
-    tuple[int, list[int] | int, int]
-    | tuple[int, list[int] | int, int, str | None]
-    | tuple[int, list[int] | int, int, str | None, list[TokenLogprob] | None]
-    | tuple[int, list[int] | int, int, str | None, list[TokenLogprob] | None, list[float]]
-)
+# One request's part of a step, as the rank publishes it (rust/ring/py/entries.rs): `_native.Output`, built with
+# named fields (request_id, tokens: new token ids or one token id, finish, reason of an error finish, logprobs one
+# per token for a request that asked for them, the prompt's logprobs once with the first token of one that did).
+Output = _native.Output
+
+
+def failed(request_id: int, reason: str) -> Output:
+    """The output that ends a request with an error the client is told (`reason`)."""
+    return Output(request_id=request_id, tokens=[], finish=_native.FINISH_ERROR, reason=reason)
+
 
 # The ring's schema codes (rust/ring/records.rs, exported) -> so_args' schema_type.
 SCHEMA_TYPES = {_native.SCHEMA_JSON: "json", _native.SCHEMA_REGEX: "regex", _native.SCHEMA_EBNF: "ebnf"}

@@ -7,7 +7,7 @@ DeepInfer's DP ranks have to step together (`sync` is the one collective per loo
 What the adapter handles (see the reference notes on deepinfer 0.1.0, section 1.4):
 
 * `step()` returns raw pointers to C++ `RequestOutput`s, one token each, valid until the next `step()`/flush: they
-  are read at once and merged into one `(request_id, tokens, finish, reason)` row per request per step
+  are read at once and merged into one `Output` record (request id, tokens, finish, reason) per request per step
   (speculative decoding gives up to 1 + nextn tokens per request per step).
 * Async scheduling (ZOS) returns decode tokens one step late: `flush()` collects them when the group goes idle.
 * EOS arrives as a token with reason "stop" (the codec drops it); "length" ends with a real token; any other
@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from deepinfer_server import _native
-from deepinfer_server.engine.base import ConfigError, Output, Submit
+from deepinfer_server.engine.base import ConfigError, Output, Submit, failed
 from deepinfer_server.engine.deepinfer_config import rendezvous_hint, serving_env_defaults
 
 log = logging.getLogger("deepinfer_server.deepinfer")
@@ -183,11 +183,11 @@ class DeepInferEngine:
         rid = req.request_id
         prompt = req.prompt
         if not prompt:
-            return [(rid, [], _native.FINISH_ERROR, "empty prompt")]
+            return [failed(rid, "empty prompt")]
         if req.prompt_logprobs and not self.prompt_logprobs_ok:
-            return [(rid, [], _native.FINISH_ERROR, "prompt_logprobs_unavailable")]
+            return [failed(rid, "prompt_logprobs_unavailable")]
         if min(prompt) < 0 or max(prompt) > _INT32_MAX:
-            return [(rid, [], _native.FINISH_ERROR, "prompt contains a token id outside the vocabulary")]
+            return [failed(rid, "prompt contains a token id outside the vocabulary")]
         n = len(prompt) + (req.images.extra_tokens if req.images is not None else 0)
         max_tokens = max(1, min(req.max_tokens, self.max_model_len - n, _INT32_MAX))
         try:
@@ -205,7 +205,7 @@ class DeepInferEngine:
             ids = self._np.ascontiguousarray(self._np.asarray(prompt, dtype=self._np.int32))
             mm = self._images(ids, req)
             if isinstance(mm, str):
-                return [(rid, [], _native.FINISH_ERROR, mm)]
+                return [failed(rid, mm)]
             seq = self.engine.add_request(
                 user_id=_USER_ID,
                 request_id=str(rid),
@@ -221,9 +221,9 @@ class DeepInferEngine:
             log.warning("request %d: add_request failed: %r", rid, e)
             self.engine.abort_request([str(rid)])
             # The client is told the exception's type only: its text may name the engine's files (logged above).
-            return [(rid, [], _native.FINISH_ERROR, f"the engine refused the request with {type(e).__name__}")]
+            return [failed(rid, f"the engine refused the request with {type(e).__name__}")]
         if seq is None:  # dropped by the engine: token ids outside [0, vocab_size)
-            return [(rid, [], _native.FINISH_ERROR, "prompt contains a token id outside the vocabulary")]
+            return [failed(rid, "prompt contains a token id outside the vocabulary")]
         self.live.add(rid)
         self.fresh[rid] = time.monotonic()
         if req.logprobs is not None:
@@ -330,7 +330,7 @@ class DeepInferEngine:
         if self.live and not self.has_work():
             # Nothing left in the engine, yet the server still waits: the engine dropped these without an output.
             for rid in sorted(self.live):
-                out.append((rid, [], _native.FINISH_ERROR, "the engine dropped the request without a result"))
+                out.append(failed(rid, "the engine dropped the request without a result"))
             self.live.clear()
         return out
 
@@ -388,8 +388,8 @@ class DeepInferEngine:
             log.info("re-aborting %d request(s) whose abort was lost: %s", len(re_abort), ", ".join(re_abort[:8]))
             self.engine.abort_request(re_abort)
         return [
-            (rid, row[0], row[1], row[2], row[3]) if row[4] is None else (rid, row[0], row[1], row[2], row[3], row[4])
-            for rid, row in rows.items()
+            Output(request_id=rid, tokens=tokens, finish=finish, reason=reason, logprobs=lps, prompt_logprobs=plps)
+            for rid, (tokens, finish, reason, lps, plps) in rows.items()
         ]
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ from deepinfer_server.engine.base import (
     Output,
     Submit,
     TimesFirstTokens,
+    failed,
     load_images,
     so_args,
 )
@@ -120,7 +121,7 @@ def take_requests(engine: Engine, requests: _native.Ring) -> tuple[list[Output],
         if isinstance(msg, _native.Submit):
             images = load_images(msg.images)
             if isinstance(images, str):
-                published.append((msg.request_id, [], _native.FINISH_ERROR, images))
+                published.append(failed(msg.request_id, images))
                 continue
             req = Submit(
                 request_id=msg.request_id,

@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from deepinfer_server import _native
-from deepinfer_server.engine.base import Output, Submit
+from deepinfer_server.engine.base import Output, Submit, failed
 from deepinfer_server.engine.constrained import GRAMMAR_FAILED, GrammarRun, SimGrammars
 from deepinfer_server.engine.sampling import Sampler, Spelling, prompt_logprobs
 from deepinfer_server.engine.sim_script import Script
@@ -115,12 +115,12 @@ class SimEngine:
     def add(self, req: Submit) -> list[Output]:
         prompt = req.prompt
         if not prompt:
-            return [(req.request_id, [], _native.FINISH_ERROR, "empty prompt")]
+            return [failed(req.request_id, "empty prompt")]
         if max(prompt) > self.max_id:  # IDs come off the ring as u32: never negative
-            return [(req.request_id, [], _native.FINISH_ERROR, "prompt contains a token id outside the vocabulary")]
+            return [failed(req.request_id, "prompt contains a token id outside the vocabulary")]
         n_prompt = len(prompt) + (req.images.extra_tokens if req.images is not None else 0)
         if n_prompt >= self.cfg.max_model_len:
-            return [(req.request_id, [], _native.FINISH_ERROR, "prompt_length_exceeded")]
+            return [failed(req.request_id, "prompt_length_exceeded")]
         max_tokens = max(1, min(req.max_tokens, self.cfg.max_model_len - n_prompt))
         script = self.script
         rng = script.rng(req)
@@ -136,7 +136,7 @@ class SimEngine:
             run = self._grammars.run(req.so_args)
             if isinstance(run, str):
                 log.warning("request %d: grammar failed to compile: %s", req.request_id, run)
-                return [(req.request_id, [], _native.FINISH_ERROR, GRAMMAR_FAILED)]
+                return [failed(req.request_id, GRAMMAR_FAILED)]
             seq.grammar = run
             grng = random.Random(rng.getrandbits(64))
             seq.grammar_params = (grng, req.temperature, req.top_k, req.top_p, req.logprobs)
@@ -273,9 +273,9 @@ class SimEngine:
             tok = plan[i] if i < len(plan) else corpus[(s.offset + i) % n_corpus]
             s.generated = i + 1
             if i + 1 < s.max_tokens and (tok != eos or i >= len(plan)):
-                out.append((s.rid, tok, running))
+                out.append(Output(request_id=s.rid, tokens=tok, finish=running))
                 continue
-            out.append((s.rid, tok, stop if tok == eos and i < len(plan) else length))
+            out.append(Output(request_id=s.rid, tokens=tok, finish=stop if tok == eos and i < len(plan) else length))
             del self.by_id[s.rid]
             finished = True
         if finished:
@@ -288,12 +288,13 @@ class SimEngine:
 
     def _with_prompt_logprobs(self, row: Output) -> Output:
         """A request's first output row, with the prompt's logprobs it asked for."""
-        values = self._prompt_logprobs.pop(row[0], None)
+        values = self._prompt_logprobs.pop(row.request_id, None)
         if values is None:
             return row
-        reason = row[3] if len(row) > 3 else None
-        logprobs = row[4] if len(row) > 4 else None
-        return (row[0], row[1], row[2], reason, logprobs, values)
+        rid, tokens, finish, reason, logprobs = row.request_id, row.tokens, row.finish, row.reason, row.logprobs
+        return Output(
+            request_id=rid, tokens=tokens, finish=finish, reason=reason, logprobs=logprobs, prompt_logprobs=values
+        )
 
     def _commit_sampled(self, s: _Seq, out: list[Output]) -> bool:
         """One sampled token of a request with logprobs; True if it ended the request."""
@@ -303,9 +304,10 @@ class SimEngine:
         tok, lp, scripted_end = sampler.next(lambda j: self.corpus[(s.offset + j) % len(self.corpus)])
         eos_stop = tok == self.eos and scripted_end
         if s.generated < s.max_tokens and not eos_stop:
-            out.append((s.rid, [tok], _native.FINISH_NONE, None, [lp]))
+            out.append(Output(request_id=s.rid, tokens=tok, finish=_native.FINISH_NONE, logprobs=[lp]))
             return False
-        out.append((s.rid, [tok], _native.FINISH_STOP if eos_stop else _native.FINISH_LENGTH, None, [lp]))
+        finish = _native.FINISH_STOP if eos_stop else _native.FINISH_LENGTH
+        out.append(Output(request_id=s.rid, tokens=tok, finish=finish, logprobs=[lp]))
         del self.by_id[s.rid]
         return True
 
@@ -338,16 +340,17 @@ class SimEngine:
                 hint = corpus[(s.offset + i) % len(corpus)]
             got = run.choose(hint, rng, temperature, top_k, top_p, top)
             if got is None or not run.accept(got[0]):
-                out.append((s.rid, [], _native.FINISH_ERROR, GRAMMAR_FAILED))
+                out.append(failed(s.rid, GRAMMAR_FAILED))
                 del self.by_id[s.rid]
                 return True
             tok, lp = got
             end = tok == self.eos
         logprobs = [lp] if top is not None and lp is not None else None
         if s.generated < s.max_tokens and not end:
-            out.append((s.rid, [tok], _native.FINISH_NONE, None, logprobs))
+            out.append(Output(request_id=s.rid, tokens=tok, finish=_native.FINISH_NONE, logprobs=logprobs))
             return False
-        out.append((s.rid, [tok], _native.FINISH_STOP if end else _native.FINISH_LENGTH, None, logprobs))
+        finish = _native.FINISH_STOP if end else _native.FINISH_LENGTH
+        out.append(Output(request_id=s.rid, tokens=tok, finish=finish, logprobs=logprobs))
         del self.by_id[s.rid]
         return True
 

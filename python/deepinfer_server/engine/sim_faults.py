@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from deepinfer_server import _native
-from deepinfer_server.engine.base import Output, Submit
+from deepinfer_server.engine.base import Output, Submit, failed
 from deepinfer_server.engine.sim import SimConfig, SimEngine
 from deepinfer_server.engine.sim_config import Faults
 
@@ -97,23 +97,24 @@ class FaultySimEngine(SimEngine):
         out = super().commit()
         if not self.fates:
             return out
-        failed: list[int] = []
+        ended: list[int] = []
         for i, row in enumerate(out):
-            fate = self.fates.get(row[0])
+            rid = row.request_id
+            fate = self.fates.get(rid)
             if fate is None:
                 continue
             reason, before, emitted = fate
             if emitted < before:
                 fate[2] = emitted + 1
-                if row[2] != _native.FINISH_NONE:
-                    del self.fates[row[0]]  # it ended by itself first
+                if row.finish != _native.FINISH_NONE:
+                    del self.fates[rid]  # it ended by itself first
                 continue
-            out[i] = (row[0], [], _native.FINISH_ERROR, reason)
-            del self.fates[row[0]]
-            failed.append(row[0])
-        if failed:
+            out[i] = failed(rid, reason)
+            del self.fates[rid]
+            ended.append(rid)
+        if ended:
             self.quiet_step = False
-            super().abort([rid for rid in failed if rid in self.by_id])
+            super().abort([rid for rid in ended if rid in self.by_id])
         return out
 
 

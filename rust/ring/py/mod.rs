@@ -2,8 +2,8 @@
 //! read requests and publish token batches. Blocking calls release the GIL
 //! and wake up every `SIGNAL_POLL` to let Ctrl-C / signal handlers run.
 //!
-//! One module per job: [`ring`] (the ring), [`entries`] (what Python hands
-//! the ring, parsed into records), [`requests`] (the typed records a rank
+//! One module per job: [`ring`] (the ring), [`entries`] (the `Output` records
+//! a rank publishes, parsed as they are built), [`requests`] (the typed records a rank
 //! reads), [`logprobs`] (records' logprobs as Python reads them, which the
 //! server's codec uses too), [`lockstep`] and
 //! [`doorbell`]; this one holds their errors and GIL-free waits.
@@ -47,6 +47,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<requests::PySubmit>()?;
     m.add_class::<requests::PyAbort>()?;
     m.add_class::<requests::PyShutdown>()?;
+    m.add_class::<entries::PyOutput>()?;
     m.add("RingClosed", py.get_type::<RingClosed>())?;
     m.add("RingError", py.get_type::<RingError>())?;
     for (name, v) in [

@@ -5,12 +5,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pyo3::exceptions::PyIndexError;
+use pyo3::exceptions::{PyIndexError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
-use super::entries::{Parsed, prompt_ids};
-use super::logprobs::{logprobs_to_py, prompt_logprobs_to_py};
+use super::entries::{PyOutput, prompt_ids};
 use super::requests::{PyAbort, PyShutdown, PySubmit};
 use super::{RingError, SIGNAL_POLL, blocking, duration, io_err, ring_err, wait_until};
 use crate::ring::layout::AUX_WORDS;
@@ -223,11 +222,10 @@ impl PyRing {
 
     // -------------------------------------------------------- output side
 
-    /// Writes ONE TOKENS record with all `(request_id, tokens, finish[,
-    /// reason])` entries; blocks with the GIL released while the ring is
-    /// full. Raises RingClosed, TimeoutError, or RingError (too large).
-    /// `wake=False` leaves a sleeping consumer asleep (call `wake_consumer`
-    /// before relying on it reading the record).
+    /// Writes ONE TOKENS record with all `entries` (`Output` records); blocks with the GIL released while the
+    /// ring is full. Raises RingClosed, TimeoutError, or RingError (too large); TypeError for an entry that is
+    /// not an `Output`. `wake=False` leaves a sleeping consumer asleep (call `wake_consumer` before relying on it
+    /// reading the record).
     /// `timings`: `(request_id, taken, scheduled)` (time.monotonic() seconds) for the requests whose first
     /// tokens these entries carry; they go first, in one TIMING record stamped with the publish time.
     #[pyo3(signature = (entries, timeout=None, wake=true, timings=None))]
@@ -248,11 +246,15 @@ impl PyRing {
                 records::write_timing(published, stamps, b)
             })?;
         }
-        let mut parsed = Parsed::default();
+        let mut outputs: Vec<Bound<'_, PyOutput>> = Vec::new();
         for item in entries.try_iter()? {
-            parsed.push(&item?)?;
+            let item = item?;
+            let output = item.cast_into::<PyOutput>().map_err(|e| {
+                PyTypeError::new_err(format!("publish takes Output records, not {}", e.into_inner().get_type()))
+            })?;
+            outputs.push(output);
         }
-        let entries = parsed.token_entries();
+        let entries: Vec<_> = outputs.iter().map(|o| o.get().entry()).collect();
         let entries = entries.as_slice();
         let len = records::tokens_encoded_len(entries);
         self.push_quietly_with(py, records::TOKENS, len, timeout, wake, move |b| records::write_tokens(entries, b))
@@ -263,9 +265,8 @@ impl PyRing {
         self.ring.wake_consumer();
     }
 
-    /// Consumes available TOKENS records and returns their entries,
-    /// flattened: `(request_id, tokens, finish, reason|None)`, with a fifth item, the logprobs, on entries that
-    /// carry them, and a sixth, the prompt's logprobs, on an entry that carries those. Malformed data
+    /// Consumes available TOKENS records and returns their entries, flattened, as `Output` records (what
+    /// `publish` took). Malformed data
     /// raises `RingError` (what that call drained is consumed and lost).
     #[pyo3(signature = (max_bytes=1 << 26))]
     fn drain_tokens<'py>(&self, py: Python<'py>, max_bytes: usize) -> PyResult<Bound<'py, PyList>> {
@@ -286,16 +287,7 @@ impl PyRing {
                     let batch = records::decode_tokens(payload).map_err(|e| RingError::new_err(e.to_string()))?;
                     for e in batch {
                         let e = e.map_err(|e| RingError::new_err(e.to_string()))?;
-                        let tokens = PyList::new(py, e.tokens.iter())?;
-                        let logprobs = e.logprobs.as_ref().map(|l| logprobs_to_py(py, l)).transpose()?;
-                        match (logprobs, e.prompt_logprobs) {
-                            (None, None) => out.append((e.request_id, tokens, e.finish, e.reason))?,
-                            (l, None) => out.append((e.request_id, tokens, e.finish, e.reason, l))?,
-                            (l, Some(p)) => {
-                                let p = prompt_logprobs_to_py(py, p)?;
-                                out.append((e.request_id, tokens, e.finish, e.reason, l, p))?
-                            }
-                        }
+                        out.append(PyOutput::from_entry(&e))?;
                     }
                     Ok(())
                 })();
