@@ -35,6 +35,8 @@ from conftest import (
     wait_until_gone,
 )
 
+from deepinfer_server.engine.base import rows as output_rows
+
 HERE = Path(__file__).resolve().parent
 FAKE = HERE / "fake_deepinfer"
 BUNDLED = HERE.parent / "python" / "deepinfer_server" / "tokenizer"
@@ -347,9 +349,9 @@ def run_until_idle(e, limit: int = 2000) -> dict[int, tuple[list[int], int, str 
     for _ in range(limit):
         busy, _ = e.sync(e.has_work(), False)
         if busy:
-            out, flushed = e.step(), False
+            out, flushed = output_rows(e.step()), False
         elif not flushed:
-            out, flushed = e.flush(), True
+            out, flushed = output_rows(e.flush()), True
         else:
             return done
         for o in out:
@@ -404,7 +406,7 @@ def test_adapter_maps_logprobs_and_so_args(fake_modules, checkpoint) -> None:
     rows: dict[int, list[object]] = {1: [], 2: []}
     for _ in range(50):
         busy, _ = e.sync(e.has_work(), False)
-        out = e.step() if busy else e.flush()
+        out = output_rows(e.step() if busy else e.flush())
         for o in out:
             toks, lp = o.tokens, o.logprobs
             if o.request_id == 1:
@@ -439,7 +441,7 @@ def test_adapter_returns_the_prompt_logprobs_once(fake_modules, checkpoint) -> N
     seen: list[tuple[int, list[float]]] = []
     for _ in range(50):
         busy, _ = e.sync(e.has_work(), False)
-        for row in e.step() if busy else e.flush():
+        for row in output_rows(e.step() if busy else e.flush()):
             if row.prompt_logprobs is not None:
                 seen.append((row.request_id, row.prompt_logprobs))
         if not busy and not e.has_work():

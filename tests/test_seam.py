@@ -1,6 +1,6 @@
 """The seam between Rust and Python: the records that cross it (`PrepareInput`, `ConstraintInput`, `Prepared`,
-`Refusal`, `DecodeBatch`, `Submit`, `Abort`, `Shutdown`, `Output`) and the codes both sides use are defined once, in
-Rust, and exported; `_native.pyi` describes them, mypy checks the package against it, and this file
+`Refusal`, `DecodeBatch`, `Submit`, `Abort`, `Shutdown`, `Output`, `StepOutputs`) and the codes both sides use are
+defined once, in Rust, and exported; `_native.pyi` describes them, mypy checks the package against it, and this file
 checks it against the module itself, and feeds every shape of each record through."""
 
 from __future__ import annotations
@@ -270,7 +270,69 @@ def test_a_seam_record_built_wrong_fails_where_it_is_built() -> None:
 
 def test_a_ring_publishes_output_records_only(tmp_path: Path) -> None:
     prod = _native.Ring.create(str(tmp_path / "out"), 1 << 12)
-    with pytest.raises(TypeError, match="publish takes Output records, not <class 'tuple'>"):
+    with pytest.raises(TypeError, match="publish takes Output and StepOutputs records, not <class 'tuple'>"):
         prod.publish([(1, [1], _native.FINISH_NONE)])  # type: ignore[list-item]
     assert prod.used_bytes == 0
     prod.close()
+
+
+def test_a_step_of_columns_goes_through_a_real_ring_beside_output_records(tmp_path: Path) -> None:
+    path = str(tmp_path / "out")
+    prod = _native.Ring.create(path, 1 << 16)
+    cons = _native.Ring.open(path)
+    none, stop, length, abort = _native.FINISH_NONE, _native.FINISH_STOP, _native.FINISH_LENGTH, _native.FINISH_ABORT
+    # As a rank builds them: plain lists appended to, a token id or a sequence (a speculative step) per row.
+    step = _native.StepOutputs(
+        request_ids=[10, 11, 12, 13], tokens=[7, [8, 9], (5,), []], finishes=[none, stop, length, abort]
+    )
+    assert len(step) == 4
+    assert (step.request_ids, step.tokens, step.finishes) == (
+        [10, 11, 12, 13],
+        [[7], [8, 9], [5], []],
+        [none, stop, length, abort],
+    )
+    error = _native.Output(request_id=14, tokens=[], finish=_native.FINISH_ERROR, reason="grammar")
+    first = _native.Output(request_id=15, tokens=3, finish=none, prompt_logprobs=[-1.0])
+    assert prod.publish([error, step, first]) == 6  # rows written, for the rank's run-ahead bound
+    assert prod.publish([_native.StepOutputs(request_ids=[], tokens=[], finishes=[])]) == 0  # an empty step
+    got = cons.drain_tokens()
+    by_id = {o.request_id: o for o in got}
+    assert len(got) == 6 and by_id[14] == error and by_id[15] == first
+    assert [by_id[r] for r in step.request_ids] == step.outputs()
+    assert [(by_id[r].tokens, by_id[r].finish, by_id[r].reason, by_id[r].logprobs) for r in (10, 11, 12, 13)] == [
+        ([7], none, None, None),
+        ([8, 9], stop, None, None),
+        ([5], length, None, None),
+        ([], abort, None, None),
+    ]
+    prod.close()
+
+
+def test_a_step_of_columns_built_wrong_fails_where_it_is_built() -> None:
+    s = _native.StepOutputs
+    cases: list[tuple[type[Exception], str, Callable[[], object]]] = [
+        (ValueError, "2 request_ids, 1 tokens, 2 finishes", lambda: s(request_ids=[1, 2], tokens=[1], finishes=[0, 0])),
+        (ValueError, "1 request_ids, 1 tokens, 0 finishes", lambda: s(request_ids=[1], tokens=[1], finishes=[])),
+        (
+            ValueError,
+            "'finishes': row 1: unknown finish code 9",
+            lambda: s(request_ids=[1, 2], tokens=[1, 2], finishes=[0, 9]),
+        ),
+        (
+            ValueError,
+            "an error finish is an Output",
+            lambda: s(request_ids=[1], tokens=[1], finishes=[_native.FINISH_ERROR]),
+        ),
+        (ValueError, "'request_ids': row 0", lambda: s(request_ids=[-1], tokens=[1], finishes=[0])),
+        (TypeError, "'request_ids': row 0", lambda: s(request_ids=["1"], tokens=[1], finishes=[0])),  # type: ignore[list-item]
+        (TypeError, "'tokens': row 0: .* not a string", lambda: s(request_ids=[1], tokens=["7"], finishes=[0])),  # type: ignore[list-item]
+        (TypeError, "'tokens': row 1", lambda: s(request_ids=[1, 2], tokens=[1, [2, None]], finishes=[0, 0])),  # type: ignore[list-item]
+        (TypeError, "'tokens': a sequence, not a string", lambda: s(request_ids=[1], tokens="7", finishes=[0])),  # type: ignore[arg-type]
+        (TypeError, "'finishes'", lambda: s(request_ids=[1], tokens=[1], finishes=None)),  # type: ignore[arg-type]
+        (TypeError, "'finishes': row 0", lambda: s(request_ids=[1], tokens=[1], finishes=[0.0])),  # type: ignore[list-item]
+        (TypeError, "positional", lambda: s([1], [1], [0])),  # type: ignore[misc]
+        (TypeError, "missing", lambda: s(request_ids=[1], tokens=[1])),  # type: ignore[call-arg]
+    ]
+    for kind, says, build in cases:
+        with pytest.raises(kind, match=says):
+            build()

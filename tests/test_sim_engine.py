@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from deepinfer_server import _native
 from deepinfer_server.engine.base import Submit
+from deepinfer_server.engine.base import rows as output_rows
 from deepinfer_server.engine.sim import SimConfig, SimEngine
 from deepinfer_server.launcher import BUNDLED_TOKENIZER
 
@@ -32,7 +33,7 @@ def submit(e: SimEngine, rid: int, prompt_len: int, max_tokens: int = 50) -> Non
 def step(e: SimEngine) -> tuple[float, dict[int, int]]:
     """One step: (its cost in ms, request id -> finish code of the token it got)."""
     cost = e.plan()
-    out = e.commit()
+    out = output_rows(e.commit())  # a StepOutputs' rows too
     assert all(len(o.tokens) == 1 for o in out), "one token per request per step"
     return cost, {o.request_id: o.finish for o in out}
 
@@ -102,7 +103,7 @@ def test_a_seeded_answer_is_the_same_every_time() -> None:
         tokens = []
         while e.has_work():
             e.plan()
-            tokens += [t for o in e.commit() for t in o.tokens]
+            tokens += [t for o in output_rows(e.commit()) for t in o.tokens]
         outs.append(tokens)
     assert len(outs[0]) == 300 and outs[0] == outs[1]
 

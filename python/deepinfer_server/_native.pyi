@@ -281,6 +281,25 @@ class Output:
     def prompt_logprobs(self) -> list[float] | None: ...
 
 @final
+class StepOutputs:
+    """An engine step's plain rows as columns, one record per step (rust/ring/py/step.rs): row i is request
+    `request_ids[i]`'s new tokens `tokens[i]` (a token id or a sequence) and finish code `finishes[i]` (`FINISH_NONE`,
+    `_STOP`, `_LENGTH` or `_ABORT`: an error finish has a reason, so it is an `Output`). Checked when built: columns
+    of equal lengths, ints, known finish codes (TypeError / ValueError naming the column and the row)."""
+
+    def __new__(
+        cls, *, request_ids: Sequence[int], tokens: Sequence[Sequence[int] | int], finishes: Sequence[int]
+    ) -> StepOutputs: ...
+    @property
+    def request_ids(self) -> list[int]: ...
+    @property
+    def tokens(self) -> list[list[int]]: ...
+    @property
+    def finishes(self) -> list[int]: ...
+    def __len__(self) -> int: ...
+    def outputs(self) -> list[Output]: ...
+
+@final
 class Ring:
     """A single-producer single-consumer shared-memory ring of records in /dev/shm."""
 
@@ -322,11 +341,11 @@ class Ring:
     def drain_requests(self, max_bytes: int = ...) -> list[Submit | Abort | Shutdown]: ...
     def publish(
         self,
-        entries: Sequence[Output],
+        entries: Sequence[Output | StepOutputs],
         timeout: float | None = None,
         wake: bool = True,
         timings: Sequence[tuple[int, float, float]] | None = None,
-    ) -> None: ...
+    ) -> int: ...
     def wake_consumer(self) -> None: ...
     def drain_tokens(self, max_bytes: int = ...) -> list[Output]: ...
 

@@ -9,7 +9,7 @@ import logging
 import os
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeAlias
 
 from deepinfer_server import _native
 
@@ -54,6 +54,22 @@ TokenLogprob = tuple[float, list[tuple[int, float]]]
 # named fields (request_id, tokens: new token ids or one token id, finish, reason of an error finish, logprobs one
 # per token for a request that asked for them, the prompt's logprobs once with the first token of one that did).
 Output = _native.Output
+# A step's plain rows (new tokens and a finish code, nothing else) as columns: one record per step where an Output
+# per row would cost a class construction each (rust/ring/py/step.rs). Published beside the step's Output records.
+StepOutputs = _native.StepOutputs
+# What an engine step returns and a rank publishes.
+Published: TypeAlias = Output | StepOutputs
+
+
+def rows(published: list[Published]) -> list[Output]:
+    """The published rows one Output each, the columns' rows too (for readers that look at every row)."""
+    out: list[Output] = []
+    for item in published:
+        if isinstance(item, StepOutputs):
+            out += item.outputs()
+        else:
+            out.append(item)
+    return out
 
 
 def failed(request_id: int, reason: str) -> Output:
@@ -118,7 +134,7 @@ class Engine(Protocol):
     def has_work(self) -> bool:
         """True while any request is waiting or running on this rank."""
 
-    def step(self) -> list[Output]:
+    def step(self) -> list[Published]:
         """Run one engine step and return the tokens it produced."""
 
     def load(self) -> tuple[int, int]:

@@ -7,8 +7,8 @@ DeepInfer's DP ranks have to step together (`sync` is the one collective per loo
 What the adapter handles (see the reference notes on deepinfer 0.1.0, section 1.4):
 
 * `step()` returns raw pointers to C++ `RequestOutput`s, one token each, valid until the next `step()`/flush: they
-  are read at once and merged into one `Output` record (request id, tokens, finish, reason) per request per step
-  (speculative decoding gives up to 1 + nextn tokens per request per step).
+  are read at once and merged into one row per request per step (speculative decoding: up to 1 + nextn tokens), the
+  plain rows (tokens, finish) as one `StepOutputs`, those with a reason or logprobs as `Output` records.
 * Async scheduling (ZOS) returns decode tokens one step late: `flush()` collects them when the group goes idle.
 * EOS arrives as a token with reason "stop" (the codec drops it); "length" ends with a real token; any other
   reason ("abort", "prompt_length_exceeded", "insufficient_system_resource", grammar or vision errors) is a
@@ -19,9 +19,8 @@ What the adapter handles (see the reference notes on deepinfer 0.1.0, section 1.
   from it fails that request only, except `ENGINE_FAULTS`, which end the rank (engine/rank.py `die`).
 * `max_tokens` is clamped to the context (the engine reserves prompt + max_tokens per sequence).
 
-Nothing here imports numpy, torch or deepinfer at module level (`build` does, in the rank). What the server checks
-and derives before any rank starts (serving environment, output pool, GPUs and rendezvous) is
-engine/deepinfer_config.py.
+Nothing here imports numpy, torch or deepinfer at module level (`build` does, in the rank). What the server checks and
+derives before any rank starts (serving environment, output pool, GPUs and rendezvous) is engine/deepinfer_config.py.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from deepinfer_server import _native
-from deepinfer_server.engine.base import ConfigError, Output, Submit, failed
+from deepinfer_server.engine.base import ConfigError, Output, Published, StepOutputs, Submit, failed
 from deepinfer_server.engine.deepinfer_config import rendezvous_hint, serving_env_defaults
 
 log = logging.getLogger("deepinfer_server.deepinfer")
@@ -311,7 +310,7 @@ class DeepInferEngine:
             self.broken = True
             raise
 
-    def step(self) -> list[Output]:
+    def step(self) -> list[Published]:
         started = time.monotonic()
         with self._breaks_on_error():
             ptrs = self.engine.step()
@@ -320,7 +319,7 @@ class DeepInferEngine:
         self.launched = started  # under async scheduling (ZOS) this step's tokens come back from the next call
         return out
 
-    def flush(self) -> list[Output]:
+    def flush(self) -> list[Published]:
         """Post-process the step still in flight (async scheduling) when the group goes idle."""
         with self._breaks_on_error():
             ptrs = self.engine.flush_inflight_reqs()
@@ -334,7 +333,7 @@ class DeepInferEngine:
             self.live.clear()
         return out
 
-    def _collect(self, ptrs: Any) -> list[Output]:
+    def _collect(self, ptrs: Any) -> list[Published]:
         """Read the step's RequestOutputs now (they are released by the next step) into one row per request."""
         ro = self._ro
         rows: dict[int, list[Any]] = {}
@@ -387,10 +386,20 @@ class DeepInferEngine:
             self.re_aborts += len(re_abort)
             log.info("re-aborting %d request(s) whose abort was lost: %s", len(re_abort), ", ".join(re_abort[:8]))
             self.engine.abort_request(re_abort)
-        return [
-            Output(request_id=rid, tokens=tokens, finish=finish, reason=reason, logprobs=lps, prompt_logprobs=plps)
-            for rid, (tokens, finish, reason, lps, plps) in rows.items()
-        ]
+        out: list[Published] = []
+        rids, toks, fins = [], [], []  # the plain rows, as one StepOutputs
+        for rid, (tokens, finish, reason, lps, plps) in rows.items():
+            if reason is None and lps is None and plps is None and finish != _native.FINISH_ERROR:
+                rids.append(rid)
+                toks.append(tokens)
+                fins.append(finish)
+            else:
+                out.append(
+                    Output(
+                        request_id=rid, tokens=tokens, finish=finish, reason=reason, logprobs=lps, prompt_logprobs=plps
+                    )
+                )
+        return [*out, StepOutputs(request_ids=rids, tokens=toks, finishes=fins)] if rids else out
 
     def close(self) -> None:
         """Collective close (all ranks leave the loop at the same iteration). After a failed collective, skip it."""

@@ -27,7 +27,7 @@ import logging
 from typing import Protocol, cast
 
 from deepinfer_server import _native
-from deepinfer_server.engine.base import Ability, Engine, Output
+from deepinfer_server.engine.base import Ability, Engine, Published
 from deepinfer_server.engine.loop import GroupSleep, Status, first_token_times, take_requests
 
 log = logging.getLogger("deepinfer_server.lockstep")
@@ -39,7 +39,7 @@ class LockstepEngine(Engine, Protocol):
     def sync(self, busy: bool, stop: bool) -> tuple[bool, bool]:
         """One collective: (any rank busy, any rank stopping)."""
 
-    def flush(self) -> list[Output]:
+    def flush(self) -> list[Published]:
         """Outputs of the step still in flight, when going idle."""
 
 
@@ -63,7 +63,7 @@ def serve_lockstep(
     flushed = True  # nothing in flight since the last flush
     while True:
         idle.round()
-        published: list[Output] = []
+        published: list[Published] = []
         if not stopping:
             status.phase(_native.PHASE_ADD)
             try:

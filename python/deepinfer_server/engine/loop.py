@@ -19,7 +19,7 @@ from deepinfer_server.engine.base import (
     Ability,
     Counting,
     Engine,
-    Output,
+    Published,
     Submit,
     TimesFirstTokens,
     failed,
@@ -112,9 +112,9 @@ def first_token_times(
     return lambda: None
 
 
-def take_requests(engine: Engine, requests: _native.Ring) -> tuple[list[Output], bool]:
+def take_requests(engine: Engine, requests: _native.Ring) -> tuple[list[Published], bool]:
     """Feed everything waiting in the request ring to the engine: (immediate outputs, shutdown asked)."""
-    published: list[Output] = []
+    published: list[Published] = []
     aborts: list[int] = []
     stop = False
     for msg in requests.drain_requests():
@@ -149,7 +149,7 @@ def take_requests(engine: Engine, requests: _native.Ring) -> tuple[list[Output],
 
 def publish(
     outputs: _native.Ring,
-    published: list[Output],
+    published: list[Published],
     requests: _native.Ring | None = None,
     wake: bool = True,
     timings: list[tuple[int, float, float]] | None = None,
@@ -159,8 +159,8 @@ def publish(
 
     While waiting, a new request ends the wait at once (the server wakes the rank when it sends one): its first
     token then lands in the server's next drain instead of behind another backlog."""
-    outputs.publish(published, wake=wake, timings=timings)
-    ahead = RUN_AHEAD_STEPS * (8 + 24 * len(published))  # about the size of this step's record
+    rows = outputs.publish(published, wake=wake, timings=timings)
+    ahead = RUN_AHEAD_STEPS * (8 + 24 * rows)  # about the size of this step's record
     if not wake and outputs.used_bytes > ahead:
         outputs.wake_consumer()
     while outputs.used_bytes > ahead:

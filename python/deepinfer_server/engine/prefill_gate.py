@@ -18,7 +18,7 @@ import time
 from collections import deque
 from typing import Any, cast
 
-from deepinfer_server.engine.base import Engine, Output, Submit, TimesFirstTokens
+from deepinfer_server.engine.base import Engine, Output, Published, Submit, TimesFirstTokens
 
 
 class PrefillGate:
@@ -82,13 +82,13 @@ class PrefillGate:
         return n + len(self.waiting), tokens + sum(len(r.prompt) for r in self.waiting)
 
     # -- steps: each way the engine hands out tokens ---------------------------------------------------------------
-    def step(self) -> list[Output]:
+    def step(self) -> list[Published]:
         return self._after(self.engine.step())
 
-    def commit(self) -> list[Output]:  # the sim in lockstep: plan() then commit()
+    def commit(self) -> list[Published]:  # the sim in lockstep: plan() then commit()
         return self._after(self.engine.commit())  # type: ignore[attr-defined]
 
-    def flush(self) -> list[Output]:  # DeepInfer going idle
+    def flush(self) -> list[Published]:  # DeepInfer going idle
         return self._after(self.engine.flush())  # type: ignore[attr-defined]
 
     def first_token_times(self) -> list[tuple[int, float, float]]:
@@ -109,7 +109,7 @@ class PrefillGate:
                 self.prefilling_long.add(req.request_id)
         return out
 
-    def _after(self, out: list[Output]) -> list[Output]:
+    def _after(self, out: list[Published]) -> list[Published]:
         firsts = self._times()  # first outputs, an engine error included (the engines report those too)
         for rid, taken, scheduled in firsts:
             self.prefilling.discard(rid)
@@ -118,7 +118,7 @@ class PrefillGate:
         self._release(out)
         return out
 
-    def _release(self, out: list[Output]) -> None:
+    def _release(self, out: list[Published]) -> None:
         """Admit waiting requests in arrival order while they fit; a short one may pass a long one that does not."""
         if not self.waiting:
             return

@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from deepinfer_server import _native
-from deepinfer_server.engine.base import Output, Submit, failed
+from deepinfer_server.engine.base import Output, Published, StepOutputs, Submit, failed
 from deepinfer_server.engine.constrained import GRAMMAR_FAILED, GrammarRun, SimGrammars
 from deepinfer_server.engine.sampling import Sampler, Spelling, prompt_logprobs
 from deepinfer_server.engine.sim_script import Script
@@ -182,7 +182,7 @@ class SimEngine:
         self._prompt_logprobs.clear()
 
     # -- one step ------------------------------------------------------------------------------------------------
-    def step(self) -> list[Output]:
+    def step(self) -> list[Published]:
         start = self.step_start()
         cost = self.plan()
         self.wait_until(start, cost)
@@ -255,11 +255,15 @@ class SimEngine:
         """Record a step run outside `step` (the lockstep loop), for `step_start`."""
         self._next_start = start + cost_ms / 1000.0
 
-    def commit(self) -> list[Output]:
-        """Emit the tokens of the step `plan` scheduled."""
+    def commit(self) -> list[Published]:
+        """Emit the tokens of the step `plan` scheduled: the plain rows as one StepOutputs (three columns appended
+        to, one record per step), rows with logprobs or an error as Output records."""
         out: list[Output] = []
+        rids: list[int] = []
+        toks: list[int] = []
+        fins: list[int] = []
         finished = False
-        corpus, n_corpus, eos = self.corpus, len(self.corpus), self.eos
+        corpus, n_corpus, eos, plps = self.corpus, len(self.corpus), self.eos, self._prompt_logprobs
         running, stop, length = _native.FINISH_NONE, _native.FINISH_STOP, _native.FINISH_LENGTH
         for s in self._batch:
             i = s.generated
@@ -273,18 +277,27 @@ class SimEngine:
             tok = plan[i] if i < len(plan) else corpus[(s.offset + i) % n_corpus]
             s.generated = i + 1
             if i + 1 < s.max_tokens and (tok != eos or i >= len(plan)):
-                out.append(Output(request_id=s.rid, tokens=tok, finish=running))
+                finish = running
+            else:
+                finish = stop if tok == eos and i < len(plan) else length
+                del self.by_id[s.rid]
+                finished = True
+            if plps and s.rid in plps:  # its first token, with the prompt's logprobs it asked for
+                out.append(Output(request_id=s.rid, tokens=tok, finish=finish, prompt_logprobs=plps.pop(s.rid)))
                 continue
-            out.append(Output(request_id=s.rid, tokens=tok, finish=stop if tok == eos and i < len(plan) else length))
-            del self.by_id[s.rid]
-            finished = True
+            rids.append(s.rid)
+            toks.append(tok)
+            fins.append(finish)
         if finished:
             self.quiet_step = False
             self.decoding = [s for s in self.decoding if s.rid in self.by_id]
         self._batch = []
-        if self._prompt_logprobs:
+        if plps:
             out = [self._with_prompt_logprobs(row) for row in out]
-        return out
+        published: list[Published] = list(out)
+        if rids:
+            published.append(StepOutputs(request_ids=rids, tokens=toks, finishes=fins))
+        return published
 
     def _with_prompt_logprobs(self, row: Output) -> Output:
         """A request's first output row, with the prompt's logprobs it asked for."""

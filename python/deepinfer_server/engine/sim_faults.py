@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from deepinfer_server import _native
-from deepinfer_server.engine.base import Output, Submit, failed
+from deepinfer_server.engine.base import Output, Published, Submit, failed, rows
 from deepinfer_server.engine.sim import SimConfig, SimEngine
 from deepinfer_server.engine.sim_config import Faults
 
@@ -93,10 +93,11 @@ class FaultySimEngine(SimEngine):
                 time.sleep(3600)
         return super().plan()
 
-    def commit(self) -> list[Output]:
-        out = super().commit()
+    def commit(self) -> list[Published]:
+        published = super().commit()
         if not self.fates:
-            return out
+            return published
+        out = rows(published)  # a fate replaces a plain row too: one Output per row
         ended: list[int] = []
         for i, row in enumerate(out):
             rid = row.request_id
@@ -115,7 +116,7 @@ class FaultySimEngine(SimEngine):
         if ended:
             self.quiet_step = False
             super().abort([rid for rid in ended if rid in self.by_id])
-        return out
+        return [*out]
 
 
 def build(engine_config: dict[str, Any]) -> SimEngine:

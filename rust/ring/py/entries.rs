@@ -180,6 +180,15 @@ impl PyOutput {
 }
 
 impl PyOutput {
+    /// A row with tokens and a finish code alone (a `StepOutputs` row).
+    pub(super) fn plain(request_id: u64, tokens: &[u32], finish: u32) -> Self {
+        let tokens = match tokens {
+            [t] => Tokens::One(*t),
+            _ => Tokens::Many(tokens.to_vec()),
+        };
+        PyOutput { request_id, tokens, finish, reason: None, logprobs: None, prompt_logprobs: None }
+    }
+
     /// The record's entry, borrowing this output's fields.
     pub(super) fn entry(&self) -> TokenEntry<'_, &[u32]> {
         TokenEntry {

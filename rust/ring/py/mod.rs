@@ -3,7 +3,8 @@
 //! and wake up every `SIGNAL_POLL` to let Ctrl-C / signal handlers run.
 //!
 //! One module per job: [`ring`] (the ring), [`entries`] (the `Output` records
-//! a rank publishes, parsed as they are built), [`requests`] (the typed records a rank
+//! a rank publishes, parsed as they are built), [`step`] (a step's plain rows
+//! as columns, published beside them), [`requests`] (the typed records a rank
 //! reads), [`logprobs`] (records' logprobs as Python reads them, which the
 //! server's codec uses too), [`lockstep`] and
 //! [`doorbell`]; this one holds their errors and GIL-free waits.
@@ -14,6 +15,7 @@ mod lockstep;
 pub mod logprobs;
 mod requests;
 mod ring;
+mod step;
 
 use std::io;
 use std::time::{Duration, Instant};
@@ -48,6 +50,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<requests::PyAbort>()?;
     m.add_class::<requests::PyShutdown>()?;
     m.add_class::<entries::PyOutput>()?;
+    m.add_class::<step::PyStepOutputs>()?;
     m.add("RingClosed", py.get_type::<RingClosed>())?;
     m.add("RingError", py.get_type::<RingError>())?;
     for (name, v) in [

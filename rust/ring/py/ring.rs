@@ -11,6 +11,7 @@ use pyo3::types::PyList;
 
 use super::entries::{PyOutput, prompt_ids};
 use super::requests::{PyAbort, PyShutdown, PySubmit};
+use super::step::PyStepOutputs;
 use super::{RingError, SIGNAL_POLL, blocking, duration, io_err, ring_err, wait_until};
 use crate::ring::layout::AUX_WORDS;
 use crate::ring::records::{self, Constraint, ImageSet, Request, Submit};
@@ -222,10 +223,10 @@ impl PyRing {
 
     // -------------------------------------------------------- output side
 
-    /// Writes ONE TOKENS record with all `entries` (`Output` records); blocks with the GIL released while the
-    /// ring is full. Raises RingClosed, TimeoutError, or RingError (too large); TypeError for an entry that is
-    /// not an `Output`. `wake=False` leaves a sleeping consumer asleep (call `wake_consumer` before relying on it
-    /// reading the record).
+    /// Writes ONE TOKENS record with all `entries` (`Output` records, and `StepOutputs` whose rows it copies);
+    /// blocks with the GIL released while the ring is full. Returns the number of rows written. Raises
+    /// RingClosed, TimeoutError, or RingError (too large); TypeError for an entry that is neither. `wake=False`
+    /// leaves a sleeping consumer asleep (call `wake_consumer` before relying on it reading the record).
     /// `timings`: `(request_id, taken, scheduled)` (time.monotonic() seconds) for the requests whose first
     /// tokens these entries carry; they go first, in one TIMING record stamped with the publish time.
     #[pyo3(signature = (entries, timeout=None, wake=true, timings=None))]
@@ -236,7 +237,7 @@ impl PyRing {
         timeout: Option<f64>,
         wake: bool,
         timings: Option<Vec<(u64, f64, f64)>>,
-    ) -> PyResult<()> {
+    ) -> PyResult<usize> {
         if let Some(t) = timings.filter(|t| !t.is_empty()) {
             let us = |s: f64| (s.max(0.0) * 1e6) as u64;
             let stamps: Vec<(u64, u64, u64)> = t.iter().map(|&(id, taken, sched)| (id, us(taken), us(sched))).collect();
@@ -246,18 +247,23 @@ impl PyRing {
                 records::write_timing(published, stamps, b)
             })?;
         }
-        let mut outputs: Vec<Bound<'_, PyOutput>> = Vec::new();
+        let (mut outputs, mut steps) = (Vec::new(), Vec::new());
         for item in entries.try_iter()? {
             let item = item?;
-            let output = item.cast_into::<PyOutput>().map_err(|e| {
-                PyTypeError::new_err(format!("publish takes Output records, not {}", e.into_inner().get_type()))
-            })?;
-            outputs.push(output);
+            match item.cast_into::<PyOutput>() {
+                Ok(o) => outputs.push(o),
+                Err(e) => steps.push(e.into_inner().cast_into::<PyStepOutputs>().map_err(|e| {
+                    let what = e.into_inner().get_type();
+                    PyTypeError::new_err(format!("publish takes Output and StepOutputs records, not {what}"))
+                })?),
+            }
         }
-        let entries: Vec<_> = outputs.iter().map(|o| o.get().entry()).collect();
-        let entries = entries.as_slice();
+        let mut entries: Vec<_> = outputs.iter().map(|o| o.get().entry()).collect();
+        entries.extend(steps.iter().flat_map(|s| s.get().entries()));
+        let (entries, rows) = (entries.as_slice(), entries.len());
         let len = records::tokens_encoded_len(entries);
-        self.push_quietly_with(py, records::TOKENS, len, timeout, wake, move |b| records::write_tokens(entries, b))
+        self.push_quietly_with(py, records::TOKENS, len, timeout, wake, move |b| records::write_tokens(entries, b))?;
+        Ok(rows)
     }
 
     /// Wakes the consumer if it sleeps waiting for records.
