@@ -60,14 +60,14 @@ impl Fetcher {
         for net in policy.networks_with_metadata() {
             tracing::warn!(%net, "--allowed-media-networks includes a cloud-metadata address: images may be fetched from it");
         }
-        if !(cfg.media_fetch_timeout_s > 0.0 && cfg.media_fetch_timeout_s.is_finite()) {
-            return Err(format!("--media-fetch-timeout must be positive, got {}", cfg.media_fetch_timeout_s));
+        if !(cfg.limits.media_fetch_timeout_s > 0.0 && cfg.limits.media_fetch_timeout_s.is_finite()) {
+            return Err(format!("--media-fetch-timeout must be positive, got {}", cfg.limits.media_fetch_timeout_s));
         }
-        let timeout = Duration::from_secs_f64(cfg.media_fetch_timeout_s);
+        let timeout = Duration::from_secs_f64(cfg.limits.media_fetch_timeout_s);
         let limits = Limits {
-            images: cfg.max_images_per_request,
-            bytes: cfg.max_image_bytes,
-            total_bytes: cfg.max_image_total_bytes,
+            images: cfg.limits.max_images_per_request,
+            bytes: cfg.limits.max_image_bytes,
+            total_bytes: cfg.limits.max_image_total_bytes,
         };
         Ok(Fetcher { client: fetch::Client::new(Arc::new(policy), timeout, limits.bytes)?, limits, timeout })
     }

@@ -13,9 +13,9 @@ const LIMIT: usize = 1000;
 
 fn cfg(edit: impl FnOnce(&mut ServerConfig)) -> ServerConfig {
     let mut c = ServerConfig::for_tests();
-    c.max_image_bytes = LIMIT;
-    c.max_image_total_bytes = 2 * LIMIT;
-    c.media_fetch_timeout_s = 0.3;
+    c.limits.max_image_bytes = LIMIT;
+    c.limits.max_image_total_bytes = 2 * LIMIT;
+    c.limits.media_fetch_timeout_s = 0.3;
     edit(&mut c);
     c
 }
@@ -85,14 +85,14 @@ async fn serve(ip: [u8; 4]) -> SocketAddr {
 
 #[tokio::test]
 async fn limits_are_checked_before_any_fetch() {
-    let f = fetcher(|c| c.max_images_per_request = 2);
+    let f = fetcher(|c| c.limits.max_images_per_request = 2);
     // Nothing listens on these: a fetch would fail differently.
     let dead = "http://8.8.8.8:1/a.png";
     let three = [inline("a", 1), url("b", dead), url("c", dead)];
     assert_eq!(refused(&f, &three).await, ("too_many_images", "c".into(), false));
     assert_eq!(refused(&f, &[inline("a", LIMIT + 1)]).await, ("image_too_large", "a".into(), false));
     assert_eq!(refused(&f, &[inline("a", LIMIT), inline("b", LIMIT), inline("c", 1)]).await.0, "too_many_images");
-    let f = fetcher(|c| c.max_images_per_request = 3);
+    let f = fetcher(|c| c.limits.max_images_per_request = 3);
     let over_total = [inline("a", LIMIT), inline("b", LIMIT), inline("c", 1)];
     assert_eq!(refused(&f, &over_total).await, ("image_too_large", "c".into(), false));
     assert!(f.fetch(&[inline("a", LIMIT), inline("b", LIMIT)], None).await.unwrap().is_empty());
@@ -100,7 +100,7 @@ async fn limits_are_checked_before_any_fetch() {
     assert_eq!(refused(&f, &[url("b", "not a url")]).await.0, "image_url_invalid");
     assert_eq!(refused(&f, &[url("b", "file:///etc/passwd")]).await, ("image_url_refused", "b".into(), false));
 
-    let off = fetcher(|c| c.max_images_per_request = 0);
+    let off = fetcher(|c| c.limits.max_images_per_request = 0);
     assert!(!off.is_enabled());
     assert_eq!(refused(&off, &[inline("x", 1)]).await, ("images_disabled", "x".into(), false));
     assert!(off.fetch(&[], None).await.unwrap().is_empty());
@@ -173,7 +173,7 @@ async fn sizes_statuses_and_time() {
     // The request's own deadline, when earlier, applies.
     let f = fetcher(|c| {
         c.allow_private_media_urls = true;
-        c.media_fetch_timeout_s = 60.0;
+        c.limits.media_fetch_timeout_s = 60.0;
     });
     let start = Instant::now();
     let e = f.fetch(&at("/slow"), Some(start + Duration::from_millis(200))).await.unwrap_err();
@@ -237,7 +237,7 @@ async fn local_files_only_under_the_allowed_directory() {
 #[test]
 fn bad_options_fail_at_start_up() {
     assert!(Fetcher::new(&cfg(|c| c.allowed_media_networks = vec!["nope".into()])).is_err());
-    assert!(Fetcher::new(&cfg(|c| c.media_fetch_timeout_s = 0.0)).is_err());
+    assert!(Fetcher::new(&cfg(|c| c.limits.media_fetch_timeout_s = 0.0)).is_err());
     assert!(Fetcher::new(&cfg(|c| c.allowed_local_media_path = Some("/nonexistent".into()))).is_err());
     assert_eq!(fetcher(|_| {}).max_images(), 8);
 }

@@ -3,15 +3,13 @@
 
 use crate::doors::Door;
 use crate::json_bounds::{self, JsonBounds};
+use crate::limits::{MAX_BATCH_LINES, MAX_MESSAGE_BATCH_LINES};
 use serde_json::{Map, Value, json};
 
 /// What a batch may serve: the doors OpenAI's Batch API names.
 pub const ENDPOINTS: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/responses"];
 /// Anthropic's Message Batches run on the same lane, with this endpoint (`http/message_batches.rs`).
 pub const MESSAGES: &str = "/v1/messages";
-/// Most lines one batch runs: OpenAI's limit, and Anthropic's for a Message Batch.
-pub const LINES_MAX: usize = 50_000;
-pub const MESSAGE_LINES_MAX: usize = 100_000;
 /// A batch is given this long to finish (`completion_window`, OpenAI's only one), then it expires.
 pub const WINDOW_S: i64 = 86_400;
 
@@ -43,7 +41,7 @@ pub fn door(endpoint: &str) -> Option<Door> {
 /// Most lines a batch on `endpoint` runs: a Message Batch's were refused past OpenAI's 50,000 (every request of
 /// one with 50,001 errored), though Anthropic allows 100,000.
 pub fn lines_max(endpoint: &str) -> usize {
-    if endpoint == MESSAGES { MESSAGE_LINES_MAX } else { LINES_MAX }
+    if endpoint == MESSAGES { MAX_MESSAGE_BATCH_LINES } else { MAX_BATCH_LINES }
 }
 
 /// One input line, checked: (custom_id, body), or why not (OpenAI's line errors: a code and a message). Its JSON

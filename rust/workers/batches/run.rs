@@ -223,7 +223,7 @@ impl Runner {
     async fn input(&self, batch: &Value, whose: &Owner) -> Result<InputLines<tokio::fs::File>, String> {
         let file_id = batch["input_file_id"].as_str().unwrap_or_default();
         let (_, file) = self.store.file_content(file_id, whose).await.map_err(|e| e.to_string())?;
-        Ok(InputLines::new(file, self.st.config.max_batch_line_bytes))
+        Ok(InputLines::new(file, self.st.config.limits.max_batch_line_bytes))
     }
 
     /// What the batch's results may still grow by: the room left under the files total and under its owner's
