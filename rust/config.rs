@@ -31,19 +31,16 @@ pub struct ServerConfig {
     /// Shortest gap between two token events of one stream: tokens that arrive sooner wait and leave together.
     /// Below an engine's step time it never delays a token; it bounds a fast engine's event rate per stream.
     pub stream_interval_ms: f64,
-    /// Browser origins allowed to call the API (CORS); empty: CORS is off. `*`: any origin.
-    pub allowed_origins: Vec<String>,
-    pub allowed_methods: Vec<String>,
-    pub allowed_headers: Vec<String>,
-    pub allow_credentials: bool,
     /// Where and how clients connect: TLS, a Unix socket, a path prefix (`rust/edge/`).
     pub edge: crate::edge::EdgeConfig,
-    /// The state store (`--state-store`): a SQLite path or URL, `memory`, or a PostgreSQL URL; empty: none.
-    pub state_store: String,
-    /// Keep Responses that do not say `store: false` (off: `--disable-response-store`).
-    pub store_responses: bool,
-    /// Where uploaded files' contents are kept (`--files-dir`, a volume the replicas share); empty: no files.
-    pub files_dir: String,
+    /// Which browser origins may call the API (`edge_args`).
+    pub cors: CorsConfig,
+    /// Where state is kept (`state_args`).
+    pub state: StateConfig,
+    /// Where images may be fetched from (`media_args`; how many and how large are `limits`).
+    pub media: MediaConfig,
+    /// The engine behind the ranks, as the worker metadata routes report it.
+    pub engine: EngineConfig,
     /// Seconds a rank with requests in flight may go without a heartbeat before the server declares it hung,
     /// kills every rank and exits non-zero; 0 disables the watchdog.
     pub watchdog_timeout_s: f64,
@@ -52,13 +49,39 @@ pub struct ServerConfig {
     pub priority_scheduling: bool,
     /// The OpenAPI document served at /openapi.json (read at start-up).
     pub openapi: Option<String>,
-    /// What the worker metadata routes (`/server_info`, `/model_info`) report: MODEL as given, the checkpoint's
-    /// `model_type`, the engine and its parallel sizes.
-    pub model_path: Option<String>,
-    pub model_type: Option<String>,
-    pub engine: String,
-    pub expert_parallel_size: u32,
-    pub context_parallel_size: u32,
+    /// Where to export OpenTelemetry traces (`--otlp-traces-endpoint` or the `OTEL_EXPORTER_OTLP_*` variables, as
+    /// the launcher resolved them) and over which protocol (`http/protobuf` or `grpc`); None: tracing is off and
+    /// costs nothing.
+    pub otlp_traces: Option<(String, String)>,
+}
+
+/// CORS (`--allowed-origins` and its kin).
+#[derive(Debug, Clone, Default, FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct CorsConfig {
+    /// Browser origins allowed to call the API (CORS); empty: CORS is off. `*`: any origin.
+    pub allowed_origins: Vec<String>,
+    pub allowed_methods: Vec<String>,
+    pub allowed_headers: Vec<String>,
+    pub allow_credentials: bool,
+}
+
+/// The state store and the files directory (`--state-store`, `--files-dir`, `--disable-response-store`).
+#[derive(Debug, Clone, Default, FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct StateConfig {
+    /// The state store (`--state-store`): a SQLite path or URL, `memory`, or a PostgreSQL URL; empty: none.
+    pub store: String,
+    /// Keep Responses that do not say `store: false` (off: `--disable-response-store`).
+    pub store_responses: bool,
+    /// Where uploaded files' contents are kept (`--files-dir`, a volume the replicas share); empty: no files.
+    pub files_dir: String,
+}
+
+/// Image fetching (rust/media): where from (the amounts are `Limits`').
+#[derive(Debug, Clone, Default, FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct MediaConfig {
     /// Image fetching (rust/media). Hosts images may be fetched from (every redirect hop too); empty: any host.
     /// An entry `*.example.com` matches the subdomains of example.com, not example.com itself.
     pub allowed_media_domains: Vec<String>,
@@ -68,10 +91,19 @@ pub struct ServerConfig {
     pub allow_private_media_urls: bool,
     /// A directory whose files `file://` image URLs may name; `None` refuses `file://`.
     pub allowed_local_media_path: Option<String>,
-    /// Where to export OpenTelemetry traces (`--otlp-traces-endpoint` or the `OTEL_EXPORTER_OTLP_*` variables, as
-    /// the launcher resolved them) and over which protocol (`http/protobuf` or `grpc`); None: tracing is off and
-    /// costs nothing.
-    pub otlp_traces: Option<(String, String)>,
+}
+
+/// What the worker metadata routes (`/server_info`, `/model_info`) report.
+#[derive(Debug, Clone, FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct EngineConfig {
+    /// What the worker metadata routes (`/server_info`, `/model_info`) report: MODEL as given, the checkpoint's
+    /// `model_type`, the engine and its parallel sizes.
+    pub model_path: Option<String>,
+    pub model_type: Option<String>,
+    pub engine: String,
+    pub expert_parallel_size: u32,
+    pub context_parallel_size: u32,
 }
 
 impl ServerConfig {
@@ -138,24 +170,18 @@ impl ServerConfig {
             openapi: None,
             sse_keep_alive_s: 15.0,
             stream_interval_ms: 0.0,
-            state_store: String::new(),
-            store_responses: true,
-            files_dir: String::new(),
-            allowed_origins: Vec::new(),
-            allowed_methods: Vec::new(),
-            allowed_headers: Vec::new(),
-            allow_credentials: false,
             edge: Default::default(),
-            model_path: None,
-            model_type: None,
-            engine: "sim".into(),
-            expert_parallel_size: 1,
-            context_parallel_size: 1,
+            cors: Default::default(),
+            state: StateConfig { store: String::new(), store_responses: true, files_dir: String::new() },
+            media: Default::default(),
+            engine: EngineConfig {
+                model_path: None,
+                model_type: None,
+                engine: "sim".into(),
+                expert_parallel_size: 1,
+                context_parallel_size: 1,
+            },
             watchdog_timeout_s: 300.0,
-            allowed_media_domains: Vec::new(),
-            allowed_media_networks: Vec::new(),
-            allow_private_media_urls: false,
-            allowed_local_media_path: None,
             otlp_traces: None,
         }
     }

@@ -113,16 +113,16 @@ async fn open_store(
     config: &ServerConfig,
     runtime: &tokio::runtime::Handle,
 ) -> std::io::Result<Option<Arc<crate::store::Store>>> {
-    if config.state_store.is_empty() || !config.store_responses {
+    if config.state.store.is_empty() || !config.state.store_responses {
         return Ok(None);
     }
-    let db = crate::store::Db::open(&config.state_store).await.map_err(|e| {
-        let name = crate::store::redacted(&config.state_store);
+    let db = crate::store::Db::open(&config.state.store).await.map_err(|e| {
+        let name = crate::store::redacted(&config.state.store);
         std::io::Error::other(format!("cannot open the state store {name}: {e}"))
     })?;
-    tracing::info!("state store: {}", crate::store::redacted(&config.state_store));
+    tracing::info!("state store: {}", crate::store::redacted(&config.state.store));
     let owners = crate::owner::count(config.api_key.as_deref());
-    let files = match config.files_dir.as_str() {
+    let files = match config.state.files_dir.as_str() {
         "" => None,
         dir => {
             std::fs::create_dir_all(dir).map_err(|e| std::io::Error::other(format!("--files-dir {dir}: {e}")))?;

@@ -98,8 +98,10 @@ def resolve(args: argparse.Namespace) -> str | None:
 def server_config(args: argparse.Namespace) -> dict[str, Any]:
     """The media entries of the Rust server's config dict (rust/config.rs; its limits are `limits_args`')."""
     return {
-        "allowed_media_domains": args.allowed_media_domains,
-        "allowed_media_networks": args.allowed_media_networks,
-        "allow_private_media_urls": args.allow_private_media_urls,
-        "allowed_local_media_path": args.allowed_local_media_path,
+        "media": {
+            "allowed_media_domains": args.allowed_media_domains,
+            "allowed_media_networks": args.allowed_media_networks,
+            "allow_private_media_urls": args.allow_private_media_urls,
+            "allowed_local_media_path": args.allowed_local_media_path,
+        }
     }

@@ -121,8 +121,4 @@ def server_config(args: argparse.Namespace) -> dict[str, Any]:
     spec = store_spec(args)
     if spec and not spec.startswith(("postgres://", "postgresql://", "sqlite:", "memory")):
         spec = str(Path(spec).expanduser())
-    return {
-        "state_store": spec,
-        "store_responses": bool(spec),
-        "files_dir": files_dir(args, spec),
-    }
+    return {"state": {"store": spec, "store_responses": bool(spec), "files_dir": files_dir(args, spec)}}

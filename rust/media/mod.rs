@@ -52,10 +52,10 @@ fn media(param: &str, code: &'static str, message: impl Into<String>, retryable:
 impl Fetcher {
     pub fn new(cfg: &ServerConfig) -> Result<Self, String> {
         let policy = Policy::new(
-            cfg.allow_private_media_urls,
-            &cfg.allowed_media_networks,
-            &cfg.allowed_media_domains,
-            cfg.allowed_local_media_path.as_deref(),
+            cfg.media.allow_private_media_urls,
+            &cfg.media.allowed_media_networks,
+            &cfg.media.allowed_media_domains,
+            cfg.media.allowed_local_media_path.as_deref(),
         )?;
         for net in policy.networks_with_metadata() {
             tracing::warn!(%net, "--allowed-media-networks includes a cloud-metadata address: images may be fetched from it");
