@@ -1,13 +1,14 @@
 //! Deadlines on what a client sends and takes, so that no client holds a connection (a file descriptor, buffers,
 //! a running request) by going slow:
 //! - `ClientIo`: a response the client stops taking, or takes a few bytes at a time, closes the connection once
-//!   it has taken less than `WRITE_PROGRESS` bytes in `client_timeout` while the socket stayed full. Any progress
+//!   it has taken less than `MIN_WRITE_PROGRESS_BYTES` bytes in `client_timeout` while the socket stayed full. Any progress
 //!   would reset a plain write timeout (tokio-io-timeout's), so a reader that takes a byte every 25 s was never cut.
 //! - `DeadlineBody`: a request body must arrive whole within `client_timeout` of its head. A per-chunk timeout
 //!   (tower-http's) restarts with every chunk, so a body trickled a byte at a time was never cut either.
 //!   A request that may take longer (an upload) gets a `LongerDeadline` it holds until a handler grants it, after
 //!   the key check and routing: a request nobody has let in gets no more than the ordinary deadline.
 
+use crate::limits::MIN_WRITE_PROGRESS_BYTES;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use std::io::{self, IoSlice};
@@ -18,9 +19,6 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
-
-/// Bytes a client must take within `client_timeout` while the server has output waiting for it.
-pub const WRITE_PROGRESS: usize = 16 << 10;
 
 /// A client connection whose writes have a progress deadline.
 pub struct ClientIo<T> {
@@ -44,7 +42,7 @@ impl<T> ClientIo<T> {
             Some(n) => match &mut self.stalled {
                 Some((_, taken)) => {
                     *taken += n;
-                    if *taken >= WRITE_PROGRESS {
+                    if *taken >= MIN_WRITE_PROGRESS_BYTES {
                         self.stalled = None;
                     }
                 }

@@ -1,6 +1,7 @@
 //! One error type for every HTTP failure, and its one status table (`ApiError::parts`). Its default rendering is
 //! the OpenAI error envelope; each door renders it in its own at the edge (`crate::doors`, `Door::respond`).
 
+use crate::limits::{MAX_ECHO_BYTES, MAX_ERROR_MESSAGE_BYTES};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
@@ -12,7 +13,7 @@ pub enum ApiError {
     /// A 4xx decided by deepseek-recipe: status and a ready-made envelope.
     #[error("codec rejected the request ({status})")]
     Codec { status: StatusCode, body: String },
-    #[error("The model `{}` does not exist.", clip(.0, ECHO_MAX))]
+    #[error("The model `{}` does not exist.", clip(.0, MAX_ECHO_BYTES))]
     ModelNotFound(String),
     #[error("The request body is larger than the limit of {0} bytes.")]
     PayloadTooLarge(usize),
@@ -82,20 +83,20 @@ pub enum ApiError {
     /// `retryable` when a retry may succeed (timeout, connection error, upstream 5xx or 429).
     #[error("{message}")]
     Media { message: String, code: &'static str, param: String, retryable: bool },
-    #[error("Not found: {}", clip(.0, ECHO_MAX))]
+    #[error("Not found: {}", clip(.0, MAX_ECHO_BYTES))]
     RouteNotFound(String),
     /// A stored object (a response) the request names is not there.
-    #[error("{what} with id '{}' not found.", clip(.id, ECHO_MAX))]
+    #[error("{what} with id '{}' not found.", clip(.id, MAX_ECHO_BYTES))]
     NotFound { what: &'static str, id: String, param: Option<&'static str> },
     /// `previous_response_id` names no stored response: a 400 with OpenAI's own code, which Codex-style clients
     /// key on to start the chain afresh.
-    #[error("Previous response with id '{}' not found.", clip(.0, ECHO_MAX))]
+    #[error("Previous response with id '{}' not found.", clip(.0, MAX_ECHO_BYTES))]
     PreviousResponseNotFound(String),
     /// `previous_response_id` names a background response still running after the wait for its end
     /// (`store::background::CHAIN_WAIT`): a 409, to continue from it once it has ended.
     #[error(
         "Response '{}' is still in progress: continue from it once it has ended (its status is 'completed').",
-        clip(.0, ECHO_MAX)
+        clip(.0, MAX_ECHO_BYTES)
     )]
     ResponseInProgress(String),
     /// The state store failed (its database is down or refused the query); what failed is logged, not sent.
@@ -106,7 +107,7 @@ pub enum ApiError {
     #[error("Invalid or missing API key: send 'Authorization: Bearer <key>'.")]
     Unauthorized,
     /// A write from a web page of an origin the server does not allow (`http::cross_site`).
-    #[error("Requests from origin '{}' are not allowed: name it in --allowed-origins.", clip(.0, ECHO_MAX))]
+    #[error("Requests from origin '{}' are not allowed: name it in --allowed-origins.", clip(.0, MAX_ECHO_BYTES))]
     CrossOrigin(String),
     #[error("Internal server error.")]
     Internal,
@@ -114,11 +115,6 @@ pub enum ApiError {
 
 /// Seconds a client waits to retry a write the store could not commit (a busy SQLite, a PostgreSQL failover).
 pub const STORE_RETRY_AFTER: &str = "2";
-
-/// Longest client string echoed in an error message or a log line (a model name, a path).
-pub const ECHO_MAX: usize = 256;
-/// Longest message of an error envelope (the codec's may quote a request at length).
-const MESSAGE_MAX: usize = 1024;
 
 /// `text` cut to at most `max` bytes at a character boundary, with `…` when cut.
 pub fn clip(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
@@ -276,16 +272,16 @@ impl ApiError {
     }
 }
 
-/// A ready-made envelope with its message cut to `MESSAGE_MAX` (the codec's messages may quote the request).
+/// A ready-made envelope with its message cut to `MAX_ERROR_MESSAGE_BYTES` (the codec's messages may quote the request).
 fn clip_message(body: &str) -> String {
-    if body.len() <= MESSAGE_MAX {
+    if body.len() <= MAX_ERROR_MESSAGE_BYTES {
         return body.to_string();
     }
     let Ok(mut v) = serde_json::from_str::<serde_json::Value>(body) else { return body.to_string() };
     if let Some(m) = v.pointer_mut("/error/message")
         && let Some(text) = m.as_str()
     {
-        *m = clip(text, MESSAGE_MAX).into_owned().into();
+        *m = clip(text, MAX_ERROR_MESSAGE_BYTES).into_owned().into();
     }
     v.to_string()
 }
@@ -391,11 +387,11 @@ mod tests {
     fn client_strings_and_engine_internals_are_not_echoed_at_length() {
         let long = "m".repeat(4 << 20);
         let e = ApiError::ModelNotFound(long.clone());
-        assert!(e.to_string().len() < ECHO_MAX + 64 && e.envelope().len() < ECHO_MAX + 256);
+        assert!(e.to_string().len() < MAX_ECHO_BYTES + 64 && e.envelope().len() < MAX_ECHO_BYTES + 256);
         assert_eq!(clip("añb", 2), "a…"); // never inside a character
         let body = serde_json::json!({"error": {"message": long, "type": "invalid_request_error"}}).to_string();
         let codec = ApiError::Codec { status: StatusCode::BAD_REQUEST, body };
-        assert!(codec.envelope().len() < MESSAGE_MAX + 256);
+        assert!(codec.envelope().len() < MAX_ERROR_MESSAGE_BYTES + 256);
         let (leaky, _) = ApiError::from_engine("image file: [Errno 2] No such file: '/dev/shm/deepinfer-1-x/0'");
         assert!(!leaky.to_string().contains("/dev/shm"), "{leaky}");
         let (plain, _) = ApiError::from_engine("prompt contains a token id outside the vocabulary");

@@ -16,6 +16,7 @@ pub mod fatal;
 pub mod http;
 pub mod ids;
 pub mod json_bounds;
+pub mod limits;
 pub mod media;
 pub mod mend;
 pub mod metrics;
@@ -44,6 +45,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     ring::py::register(m)?;
     codec::seam::register(m)?;
+    limits::register(m)?;
     m.add_function(wrap_pyfunction!(server::serve, m)?)?;
     m.add_function(wrap_pyfunction!(mend::mend_response, m)?)?;
     m.add_function(wrap_pyfunction!(edge::tls::check_tls, m)?)?;

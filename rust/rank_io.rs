@@ -10,6 +10,7 @@
 use crate::codec::{Codec, DecodeItem, DecodeState};
 use crate::dispatch::{Dispatcher, Inflight, RankLink, TokenLogprobs};
 use crate::error::ApiError;
+use crate::limits::MAX_RANK_DRAIN_BYTES;
 use crate::metrics::Metrics;
 use crate::ring::records::{self, FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_NONE, RankStamps};
 use crate::stream::Outlet;
@@ -23,8 +24,6 @@ use std::time::{Duration, Instant};
 /// Under CPU saturation, converting new requests (codec threads) and the HTTP threads go before bulk decoding:
 /// time to first token matters more than a few microseconds of inter-token latency.
 const DECODE_NICE: i32 = 3;
-/// Bytes drained per wake-up; bounds the latency of the first request in a huge backlog.
-const DRAIN_MAX_BYTES: usize = 1 << 20;
 /// A bounded wait so a closed ring (shutdown, dead rank) is noticed even if no wake-up arrives.
 const IDLE_WAIT: Duration = Duration::from_millis(500);
 
@@ -112,7 +111,7 @@ fn drain(link: &RankLink) -> (Vec<Batch>, Vec<RankStamps>) {
     let mut out: Vec<Batch> = Vec::new();
     let mut stamps: Vec<RankStamps> = Vec::new();
     let mut index: FxHashMap<u64, usize> = FxHashMap::default();
-    let drained = link.output.drain(DRAIN_MAX_BYTES, |kind, payload| {
+    let drained = link.output.drain(MAX_RANK_DRAIN_BYTES, |kind, payload| {
         if kind == records::TIMING {
             match records::decode_timing(payload) {
                 Ok(s) => stamps.extend(s),

@@ -68,10 +68,10 @@ pub fn serve(
     if let Some(prefix) = &config.edge.root_path {
         config.openapi = config.openapi.map(|doc| root_path::openapi_servers(&doc, prefix));
     }
-    let admission = Admission::with_queue(capacity, config.max_queued_requests, config.queue_timeout());
+    let admission = Admission::with_queue(capacity, config.limits.max_queued_requests, config.queue_timeout());
     py.detach(move || {
-        let traces = match &config.otlp_traces_endpoint {
-            Some(endpoint) => match Traces::start(endpoint, &config.otlp_traces_protocol, trace_counters) {
+        let traces = match &config.otlp_traces {
+            Some((endpoint, protocol)) => match Traces::start(endpoint, protocol, trace_counters) {
                 Ok(traces) => Some(traces),
                 Err(e) => {
                     tracing::error!("start-up failed: {e}");
@@ -113,39 +113,41 @@ async fn open_store(
     config: &ServerConfig,
     runtime: &tokio::runtime::Handle,
 ) -> std::io::Result<Option<Arc<crate::store::Store>>> {
-    if config.state_store.is_empty() || !config.store_responses {
+    if config.state.store.is_empty() || !config.state.store_responses {
         return Ok(None);
     }
-    let db = crate::store::Db::open(&config.state_store).await.map_err(|e| {
-        let name = crate::store::redacted(&config.state_store);
+    let db = crate::store::Db::open(&config.state.store).await.map_err(|e| {
+        let name = crate::store::redacted(&config.state.store);
         std::io::Error::other(format!("cannot open the state store {name}: {e}"))
     })?;
-    tracing::info!("state store: {}", crate::store::redacted(&config.state_store));
+    tracing::info!("state store: {}", crate::store::redacted(&config.state.store));
     let owners = crate::owner::count(config.api_key.as_deref());
-    let files = match config.files_dir.as_str() {
+    let files = match config.state.files_dir.as_str() {
         "" => None,
         dir => {
             std::fs::create_dir_all(dir).map_err(|e| std::io::Error::other(format!("--files-dir {dir}: {e}")))?;
-            let total = (config.files_max_total_bytes > 0).then_some(config.files_max_total_bytes);
-            let share = share(config.files_max_bytes_per_owner, total, owners);
-            Some(crate::store::files::FileRoom::new(dir.into(), config.max_file_bytes, total, share))
+            let total = (config.limits.max_files_total_bytes > 0).then_some(config.limits.max_files_total_bytes);
+            let share = share(config.limits.max_files_bytes_per_owner, total, owners);
+            Some(crate::store::files::FileRoom::new(dir.into(), config.limits.max_file_bytes, total, share))
         }
     };
-    let ttl = (config.response_store_ttl_s > 0.0).then(|| Duration::from_secs_f64(config.response_store_ttl_s));
-    let cap = (config.state_store_max_bytes > 0).then_some(config.state_store_max_bytes);
+    let ttl =
+        (config.limits.response_store_ttl_s > 0.0).then(|| Duration::from_secs_f64(config.limits.response_store_ttl_s));
+    let cap = (config.limits.max_state_store_bytes > 0).then_some(config.limits.max_state_store_bytes);
     let bounds = crate::store::retention::Bounds {
         max_bytes: cap,
-        per_owner: share(config.state_store_max_bytes_per_owner, cap, owners),
-        item_max: config.state_store_max_item_bytes,
-        chain_max: config.state_store_max_chain_bytes,
+        per_owner: share(config.limits.max_state_store_bytes_per_owner, cap, owners),
+        item_max: config.limits.max_state_store_item_bytes,
+        chain_max: config.limits.max_state_store_chain_bytes,
     };
     let retention = crate::store::retention::Retention::new(ttl, bounds);
     let runs = crate::store::background::Limits {
-        max_runs: config.max_background_runs.max(1),
-        per_owner: config.max_background_runs_per_owner.max(1),
-        replay_bytes: config.background_replay_bytes,
+        max_runs: config.limits.max_background_runs.max(1),
+        per_owner: config.limits.max_background_runs_per_owner.max(1),
+        replay_bytes: config.limits.max_background_replay_bytes,
     };
-    let store = crate::store::Store::new(db, files, retention, runs, config.claim_lease_s.max(3), runtime.clone());
+    let store =
+        crate::store::Store::new(db, files, retention, runs, config.limits.claim_lease_s.max(3), runtime.clone());
     store.keep_within_bounds();
     Ok(Some(store))
 }
@@ -198,7 +200,7 @@ async fn run(state: Arc<AppState>, pids: Vec<i32>, tls: Option<Arc<Tls>>) -> std
         bound.describe(tls.is_some())?,
         dispatcher.ranks.len(),
         state.admission.capacity(),
-        state.config.max_queued_requests
+        state.config.limits.max_queued_requests
     );
 
     let (code_tx, mut code_rx) = mpsc::unbounded_channel::<i32>();
@@ -235,10 +237,10 @@ async fn run(state: Arc<AppState>, pids: Vec<i32>, tls: Option<Arc<Tls>>) -> std
         Some(prefix) => root_path::mount(http::app(state.clone()), prefix),
         None => http::app(state.clone()),
     };
-    let max_connections = state.config.max_connections;
+    let max_connections = state.config.limits.max_connections;
     let deadlines = crate::edge::listener::Deadlines {
         client: state.config.client_timeout(),
-        upload: Duration::from_secs_f64(state.config.upload_timeout_s.max(0.001)),
+        upload: Duration::from_secs_f64(state.config.limits.upload_timeout_s.max(0.001)),
     };
     let server = bound.serve(app, tls, deadlines, max_connections, shutdown);
     // Graceful shutdown waits for every connection to close; bound that so idle keep-alive clients cannot hold

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from deepinfer_server import limits_args
 from deepinfer_server.cli import build_parser, check_args
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,20 +65,17 @@ def test_media_options_reach_the_server_config(tmp_path: Path) -> None:
         [*argv, "--allowed-local-media-path", str(tmp_path), "--max-images-per-request", "0"]
     )
     assert check_args(args) is None
-    conf = server_config(args)
+    conf = server_config(args)["media"]
+    limits = limits_args.server_config(args, 1024)["limits"]
     assert conf["allowed_media_domains"] == ["a.example", "*.cdn.example", "b.example"]
     assert conf["allowed_media_networks"] == ["10.0.0.0/8"]
-    assert (conf["allowed_local_media_path"], conf["max_images_per_request"]) == (str(tmp_path.resolve()), 0)
-    defaults = server_config(_checked([]))
+    assert (conf["allowed_local_media_path"], limits["max_images_per_request"]) == (str(tmp_path.resolve()), 0)
+    defaults = server_config(_checked([]))["media"]
     assert defaults == {
         "allowed_media_domains": [],
         "allowed_media_networks": [],
         "allow_private_media_urls": False,
         "allowed_local_media_path": None,
-        "media_fetch_timeout_s": 10.0,
-        "max_images_per_request": 8,
-        "max_image_bytes": 20 << 20,
-        "max_image_total_bytes": 50 << 20,
     }
     for bad in (["--allowed-media-networks", "10.0.0.0/255.0.0.0"], ["--allowed-media-domains", "a.*.example"]):
         assert check_args(build_parser().parse_args(bad)) is not None, bad

@@ -1,5 +1,6 @@
 """The tree's shape: no import circle among the package's modules (TYPE_CHECKING imports included: a circle there is
-one a reader has to untangle all the same), and no file that names a test file that is not there."""
+one a reader has to untangle all the same), none among the Rust crate's layers, and no file that names a test file
+that is not there."""
 
 from __future__ import annotations
 
@@ -58,6 +59,42 @@ def test_no_module_of_the_package_imports_itself_back() -> None:
     graph = imports()
     assert {"deepinfer_server.codec", "deepinfer_server.doors.chat", "deepinfer_server.engine.rank"} <= set(graph)
     assert not circles(graph)
+
+
+# The Rust crate's layers: each module under rust/ (a file or a directory), and each worker under rust/workers/ on
+# its own (batches and background responses are two layers side by side, neither below the other).
+SPLIT = {"workers"}
+RUST_USE = re.compile(r"\bcrate::(\w+)(?:::(\w+))?")
+
+
+def rust_layer(path: Path) -> str:
+    parts = path.relative_to(ROOT / "rust").with_suffix("").parts
+    return "/".join(parts[:2]) if parts[0] in SPLIT and len(parts) > 1 else parts[0]
+
+
+def rust_imports() -> dict[str, set[str]]:
+    """Each layer of the crate, and the layers its code names through `crate::` (comments and `#[cfg(test)]`
+    modules left out: a test may reach anywhere)."""
+    graph: dict[str, set[str]] = {}
+    for path in (ROOT / "rust").rglob("*.rs"):
+        layer = rust_layer(path)
+        code = path.read_text(encoding="utf-8").split("#[cfg(test)]")[0]
+        code = re.sub(r"//.*", "", code)
+        named = {f"{a}/{b}" if a in SPLIT and b else a for a, b in RUST_USE.findall(code)}
+        graph.setdefault(layer, set()).update(n for n in named if n != layer)
+    return {m: {d for d in deps if d in graph} for m, deps in graph.items()}
+
+
+def test_no_layer_of_the_crate_imports_itself_back() -> None:
+    graph = rust_imports()
+    assert {"http", "path", "doors", "config", "edge", "workers/batches", "workers/background"} <= set(graph)
+    assert "path" in graph["workers/batches"] and "path" in graph["workers/background"], "the checker reads uses"
+    found = circles(graph)
+    # Each circle named with the uses that close it, to say where to cut.
+    assert not found, [{m: sorted(graph[m] & c) for m in sorted(c)} for c in found]
+    # Downward only: no layer below HTTP reaches up into it, and the path reaches no worker.
+    assert not [m for m, deps in graph.items() if "http" in deps and m not in {"server"}], graph
+    assert not {d for d in graph["path"] if d.startswith("workers")}
 
 
 def test_the_checker_finds_a_circle() -> None:

@@ -390,3 +390,26 @@ def check_tls(certfile: str, keyfile: str, ca_certs: str | None = None, cert_req
 def mend_response(json: str, nested: bool) -> str | None:
     """A Responses Response (inside an event's `response` when `nested`) without the members OpenAI's schema does
     not have, cut from the text (rust/mend.rs); None when it holds a function call's `arguments` or is not JSON."""
+
+# --- limits (rust/limits): every limit declared once; Python's flags and the README's check read these ---
+
+@final
+class Limit:
+    """One declared limit: a settable one has a flag (the launcher sends it back by `name`), a fixed one none."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def flag(self) -> str | None: ...
+    @property
+    def default(self) -> int | float: ...
+    @property
+    def unit(self) -> str: ...
+    @property
+    def group(self) -> str | None: ...
+    @property
+    def help(self) -> str: ...
+    @property
+    def derived(self) -> str | None: ...
+
+LIMITS: tuple[Limit, ...]

@@ -78,7 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="Tokens per engine step per rank.")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--startup-timeout", type=float, default=3600.0, help="Seconds for every rank to become ready.")
-    p.add_argument("--request-timeout", type=float, default=0.0, help="Seconds per request; 0 = no limit.")
     p.add_argument(
         "--exit-on-rank-failure",
         type=float,
@@ -139,21 +138,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=4096,
         help="Prompts shorter than this never wait for --dispatch-gather-ms: their prefill costs less than the wait.",
-    )
-    p.add_argument(
-        "--max-queued-requests",
-        type=int,
-        default=0,
-        help="Requests that may wait for a slot when all DP x --max-num-seqs are taken, admitted FIFO within "
-        "their 'priority' (lower first). A full queue answers 429 with Retry-After. 0 (the default) answers 429 "
-        "at once, with no queue.",
-    )
-    p.add_argument(
-        "--queue-timeout",
-        type=float,
-        default=0.0,
-        help="Longest a queued request waits for a slot before a 429 with Retry-After; 0 leaves only "
-        "--request-timeout to bound the wait.",
     )
     p.add_argument("--drain-timeout", type=float, default=30.0, help="Seconds to finish in-flight requests on SIGTERM.")
     p.add_argument(

@@ -198,9 +198,11 @@ def server_config(args: argparse.Namespace) -> dict[str, Any]:
             "cert_reqs": args.ssl_cert_reqs,
         }
     return {
-        "allowed_origins": [o.rstrip("/") for o in args.allowed_origins],
-        "allowed_methods": args.allowed_methods,
-        "allowed_headers": args.allowed_headers,
-        "allow_credentials": args.allow_credentials,
+        "cors": {
+            "allowed_origins": [o.rstrip("/") for o in args.allowed_origins],
+            "allowed_methods": args.allowed_methods,
+            "allowed_headers": args.allowed_headers,
+            "allow_credentials": args.allow_credentials,
+        },
         "edge": {"tls": tls, "uds": args.uds, "root_path": args.root_path},
     }

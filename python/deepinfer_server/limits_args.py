@@ -1,5 +1,6 @@
-"""What one client may cost the server: every limit a request or a connection can hit, with its flag, its default
-and its check, in one place. Media limits are in `media_args`; the rest are here.
+"""What one client may cost the server: the flags of the limits rust/limits declares (name, type, default, help:
+`_native.LIMITS`), their checks, and the values handed back. `media_args` and `state_args` list theirs through
+`add_declared`.
 
 The defaults never refuse what the SDKs, agents and benchmarks send (the tests are the judge); each bounds something
 a stranger controls: bytes, time, grammar work, connections, or output a client does not read.
@@ -12,87 +13,43 @@ import logging
 import resource
 from typing import Any
 
+from deepinfer_server._native import LIMITS, Limit
 from deepinfer_server.grammar import GrammarLimits
 
 log = logging.getLogger("deepinfer_server")
 
-KIB, MIB = 1 << 10, 1 << 20
+KIB = 1 << 10
 # File descriptors kept for everything that is not a client connection: rings, the ranks' pipes, image fetches,
 # logs, the tokenizer, Python's imports.
 RESERVED_FDS = 256
 
 
+# A flag's metavar, by the unit its limit counts.
+METAVARS = {"bytes": "BYTES", "count": "N", "seconds": "SECONDS"}
+
+
+def dest(limit: Limit) -> str:
+    """The attribute argparse gives a settable limit's flag."""
+    assert limit.flag is not None
+    return limit.flag.removeprefix("--").replace("-", "_")
+
+
+def add_declared(p: argparse._ArgumentGroup, group: str) -> None:
+    """The flags of the limits declared (rust/limits) in `group`: their type, default and help are the
+    declaration's. A `derived` default is None here, worked out in `resolve`."""
+    for limit in LIMITS:
+        if limit.flag is not None and limit.group == group:
+            p.add_argument(
+                limit.flag,
+                type=type(limit.default),
+                default=None if limit.derived else limit.default,
+                metavar=METAVARS[limit.unit],
+                help=limit.help,
+            )
+
+
 def add_arguments(p: argparse._ArgumentGroup) -> None:
-    p.add_argument(
-        "--max-request-body-bytes", type=int, default=16 * MIB, help="Largest request body; a larger one gets 413."
-    )
-    p.add_argument(
-        "--max-json-elements",
-        type=int,
-        default=2_000_000,
-        help="Most values a JSON request body (or a batch line) may hold, at any depth, unknown keys included; "
-        "past it a 413, decided in one pass over the bytes before anything is built from them. The default is "
-        "more than any body of real requests within 16 MiB holds (a Message Batch of 100,000 two-turn requests "
-        "is about 1.3 million) and refuses a body of millions of bare values, which costs 50 bytes each to hold.",
-    )
-    p.add_argument(
-        "--max-json-depth",
-        type=int,
-        default=64,
-        help="Deepest a JSON request body (or a batch line) may nest, at most 127 (the parser's own limit is "
-        "128); deeper is a 400. Tool schemas and transcripts nest a dozen levels.",
-    )
-    p.add_argument(
-        "--max-batch-line-bytes",
-        type=int,
-        default=None,
-        help="Longest line of a batch's input file (a line is one request). A purpose=batch upload with a longer "
-        "line is a 400 naming it, as is a batch created on such a file; the runner never reads more of one line. "
-        "Default: --max-request-body-bytes, as one request's body is bounded when it is sent alone.",
-    )
-    p.add_argument(
-        "--client-timeout",
-        type=float,
-        default=30.0,
-        help="Seconds a client has to send a request's headers, and again its body (each a total deadline, not "
-        "reset by every byte: 408 for a body), to leave a keep-alive connection idle, and to take 16 KiB of a "
-        "response it is being sent; past it the connection is closed.",
-    )
-    p.add_argument(
-        "--max-connections",
-        type=int,
-        default=None,
-        help="Client connections open at once; past it new ones wait in the listen backlog until one closes. "
-        "Default: the open-file limit (raised to its hard limit at start) less 256 kept for the server's own files.",
-    )
-    p.add_argument(
-        "--max-stream-buffer-bytes",
-        type=int,
-        default=1 * MIB,
-        help="Bytes of one response the server holds for a client that reads slower than they are made; a client "
-        "further behind is disconnected and its request aborted. Bounds what a slow reader can hold, whatever "
-        "its max_tokens and top_logprobs.",
-    )
-    p.add_argument(
-        "--max-grammar-bytes",
-        type=int,
-        default=GrammarLimits.max_bytes,
-        help="Largest grammar (JSON schema, regex, or the tool-call grammar the server writes) handed to the "
-        "engine for one request; a larger one is a 400 naming the field, decided before any work on it.",
-    )
-    p.add_argument(
-        "--grammar-cpu-seconds",
-        type=float,
-        default=GrammarLimits.cpu_seconds,
-        help="CPU time building a request's grammar, and again checking it, may take; past it the request is a "
-        "400 naming the field. Grammars are built and checked on a thread of their own, never the codec's.",
-    )
-    p.add_argument(
-        "--grammar-cache-bytes",
-        type=int,
-        default=GrammarLimits.cache_bytes,
-        help="Memory for checked grammars, reused by requests that send the same schema or tools (LRU).",
-    )
+    add_declared(p, "limits")
 
 
 def resolve(args: argparse.Namespace) -> str | None:
@@ -154,13 +111,7 @@ def grammar_limits(args: argparse.Namespace) -> GrammarLimits:
 
 
 def server_config(args: argparse.Namespace, open_files: int) -> dict[str, Any]:
-    """The limits the Rust front end enforces (rust/config.rs)."""
-    return {
-        "max_body_bytes": args.max_request_body_bytes,
-        "max_json_elements": args.max_json_elements,
-        "max_json_depth": args.max_json_depth,
-        "max_batch_line_bytes": args.max_batch_line_bytes,
-        "client_timeout_s": args.client_timeout,
-        "max_connections": max_connections(args, open_files),
-        "max_stream_buffer_bytes": args.max_stream_buffer_bytes,
-    }
+    """`limits`: every settable limit the Rust front end takes (`rust/limits`'s `Limits`), by its declared name."""
+    values = {limit.name: getattr(args, dest(limit)) for limit in LIMITS if limit.flag is not None}
+    values["max_connections"] = max_connections(args, open_files)
+    return {"limits": values}

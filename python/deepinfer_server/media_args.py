@@ -8,7 +8,7 @@ import ipaddress
 import os
 from typing import Any
 
-MIB = 1 << 20
+from deepinfer_server import limits_args
 
 
 def add_arguments(p: argparse._ArgumentGroup) -> None:
@@ -44,31 +44,8 @@ def add_arguments(p: argparse._ArgumentGroup) -> None:
         help="Serve file:// image URLs from files under DIR (symlinks resolved, no escape above it). Unset: "
         "file:// URLs are refused, since they would let a client read the server's files.",
     )
-    p.add_argument(
-        "--media-fetch-timeout",
-        type=float,
-        default=10.0,
-        help="Seconds all the image fetches of one request may take (or less, by --request-timeout); a timeout is "
-        "a 400 the client may retry.",
-    )
-    p.add_argument(
-        "--max-images-per-request",
-        type=int,
-        default=8,
-        help="Images (URLs, data: URLs and base64 blocks) one request may carry; 0 refuses every image.",
-    )
-    p.add_argument(
-        "--max-image-bytes",
-        type=int,
-        default=20 * MIB,
-        help="Largest encoded image, fetched or inline; a larger one is refused before or while reading it.",
-    )
-    p.add_argument(
-        "--max-image-total-bytes",
-        type=int,
-        default=50 * MIB,
-        help="Largest sum of one request's encoded images.",
-    )
+
+    limits_args.add_declared(p, "media")  # the fetch timeout, and how many and how large images may be
 
 
 def _split(items: list[str]) -> list[str]:
@@ -119,14 +96,12 @@ def resolve(args: argparse.Namespace) -> str | None:
 
 
 def server_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The media entries of the Rust server's config dict (rust/config.rs)."""
+    """The media entries of the Rust server's config dict (rust/config.rs; its limits are `limits_args`')."""
     return {
-        "allowed_media_domains": args.allowed_media_domains,
-        "allowed_media_networks": args.allowed_media_networks,
-        "allow_private_media_urls": args.allow_private_media_urls,
-        "allowed_local_media_path": args.allowed_local_media_path,
-        "media_fetch_timeout_s": args.media_fetch_timeout,
-        "max_images_per_request": args.max_images_per_request,
-        "max_image_bytes": args.max_image_bytes,
-        "max_image_total_bytes": args.max_image_total_bytes,
+        "media": {
+            "allowed_media_domains": args.allowed_media_domains,
+            "allowed_media_networks": args.allowed_media_networks,
+            "allow_private_media_urls": args.allow_private_media_urls,
+            "allowed_local_media_path": args.allowed_local_media_path,
+        }
     }

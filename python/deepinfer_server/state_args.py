@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from deepinfer_server import limits_args
+
 log = logging.getLogger("deepinfer_server")
 
 
@@ -39,48 +41,6 @@ def add_arguments(p: argparse._ArgumentGroup) -> None:
         "'postgresql://user:password@host/db' URL shared by replicas, or 'off'.",
     )
     p.add_argument(
-        "--response-store-ttl",
-        type=float,
-        default=30 * 86400,
-        metavar="SECONDS",
-        help="How long a stored response is kept (OpenAI keeps them 30 days, the default); older ones are removed "
-        "every 10 minutes. 0: kept until deleted.",
-    )
-    p.add_argument(
-        "--state-store-max-bytes",
-        type=int,
-        default=10 << 30,
-        metavar="BYTES",
-        help="Most bytes stored responses and conversations may hold together; past it a request that would store "
-        "more is a 429 (storage_quota_exceeded): nothing stored is removed to make room. 0: no cap.",
-    )
-    p.add_argument(
-        "--state-store-max-bytes-per-owner",
-        type=int,
-        default=0,
-        metavar="BYTES",
-        help="Most bytes one owner (an API key of --api-key-file; every client, without keys) may keep in stored "
-        "responses and conversations; past it its requests that would store more are a 429, and other owners' "
-        "records are never removed for it. 0 (the default): --state-store-max-bytes split evenly between the keys.",
-    )
-    p.add_argument(
-        "--state-store-max-item-bytes",
-        type=int,
-        default=16 << 20,
-        metavar="BYTES",
-        help="Largest input item a stored request may hold, as stored (what the prompt does not read, such as a "
-        "reasoning item's summary or unknown keys, is not stored); larger is a 400 naming it. 16 MiB by default.",
-    )
-    p.add_argument(
-        "--state-store-max-chain-bytes",
-        type=int,
-        default=64 << 20,
-        metavar="BYTES",
-        help="Most bytes of stored items a request may continue from (a previous_response_id chain, or a "
-        "conversation); past it the request is a 400 naming the parameter, refused before the items are read. "
-        "64 MiB by default, far past any model's context.",
-    )
-    p.add_argument(
         "--files-dir",
         default=None,
         metavar="DIR",
@@ -89,72 +49,7 @@ def add_arguments(p: argparse._ArgumentGroup) -> None:
         "$XDG_STATE_HOME/deepinfer-server (replicas sharing a database must share this directory: mount one volume "
         "on all of them).",
     )
-    p.add_argument(
-        "--max-file-bytes",
-        type=int,
-        default=512 << 20,
-        metavar="BYTES",
-        help="The largest file one upload may hold (OpenAI's limit, 512 MiB, by default); larger is a 413.",
-    )
-    p.add_argument(
-        "--files-max-total-bytes",
-        type=int,
-        default=100 << 30,
-        metavar="BYTES",
-        help="Most bytes all uploaded files may hold together (100 GiB by default; 0: no cap). An upload that would "
-        "pass it is a 413 that says how much is stored; delete files, or let them expire, to make room. Batch "
-        "results count too: a batch whose results would pass it takes no more lines and ends 'failed'.",
-    )
-    p.add_argument(
-        "--files-max-bytes-per-owner",
-        type=int,
-        default=0,
-        metavar="BYTES",
-        help="Most bytes one owner's files (an API key's; batch results included) may hold; past it an upload is a "
-        "413. 0 (the default): --files-max-total-bytes split evenly between the keys.",
-    )
-    p.add_argument(
-        "--max-background-runs",
-        type=int,
-        default=512,
-        metavar="N",
-        help="Background responses queued or running on this replica (512 by default); past it a 429 "
-        "'background_queue_full'.",
-    )
-    p.add_argument(
-        "--max-background-runs-per-owner",
-        type=int,
-        default=64,
-        metavar="N",
-        help="Of those, how many one API key may have (64 by default); past it a 429 "
-        "'background_runs_per_owner_exceeded'. Without API keys every client is one owner, capped by "
-        "--max-background-runs only.",
-    )
-    p.add_argument(
-        "--background-replay-bytes",
-        type=int,
-        default=64 << 20,
-        metavar="BYTES",
-        help="What background runs keep of their streams for GET ?stream=true (64 MiB by default): each run its "
-        "latest BYTES / --max-background-runs (at least 64 KiB), ended runs at most BYTES together, oldest "
-        "dropped first.",
-    )
-    p.add_argument(
-        "--upload-timeout",
-        type=float,
-        default=600.0,
-        metavar="SECONDS",
-        help="Longest a file upload's body may take to arrive (other bodies have --client-timeout).",
-    )
-    p.add_argument(
-        "--claim-lease",
-        type=int,
-        default=15,
-        metavar="SECONDS",
-        help="How long a replica's claim on a batch or a background response holds without renewal (renewed every "
-        "second or two): past it, another replica takes the work over. Shorter takes over a dead replica's work "
-        "sooner; longer tolerates longer pauses (a stalled host, a store outage) before the work moves.",
-    )
+    limits_args.add_declared(p, "state")  # what the store, files and background runs may hold, and for how long
     p.add_argument(
         "--disable-response-store",
         action="store_true",
@@ -226,21 +121,4 @@ def server_config(args: argparse.Namespace) -> dict[str, Any]:
     spec = store_spec(args)
     if spec and not spec.startswith(("postgres://", "postgresql://", "sqlite:", "memory")):
         spec = str(Path(spec).expanduser())
-    return {
-        "state_store": spec,
-        "store_responses": bool(spec),
-        "response_store_ttl_s": args.response_store_ttl,
-        "state_store_max_bytes": args.state_store_max_bytes,
-        "state_store_max_bytes_per_owner": args.state_store_max_bytes_per_owner,
-        "state_store_max_item_bytes": args.state_store_max_item_bytes,
-        "state_store_max_chain_bytes": args.state_store_max_chain_bytes,
-        "files_dir": files_dir(args, spec),
-        "max_file_bytes": args.max_file_bytes,
-        "files_max_total_bytes": args.files_max_total_bytes,
-        "max_background_runs": args.max_background_runs,
-        "max_background_runs_per_owner": args.max_background_runs_per_owner,
-        "background_replay_bytes": args.background_replay_bytes,
-        "files_max_bytes_per_owner": args.files_max_bytes_per_owner,
-        "upload_timeout_s": args.upload_timeout,
-        "claim_lease_s": args.claim_lease,
-    }
+    return {"state": {"store": spec, "store_responses": bool(spec), "files_dir": files_dir(args, spec)}}

@@ -65,7 +65,7 @@ def resolve(args: argparse.Namespace) -> str | None:
 
 
 def server_config(args: argparse.Namespace) -> dict[str, Any]:
-    """What the Rust front end takes (rust/config.rs)."""
+    """What the Rust front end takes (rust/config.rs): the endpoint and its protocol, or None when tracing is off."""
     if args.otlp_traces_endpoint is None:
-        return {}
-    return {"otlp_traces_endpoint": args.otlp_traces_endpoint, "otlp_traces_protocol": args.otlp_traces_protocol}
+        return {"otlp_traces": None}
+    return {"otlp_traces": (args.otlp_traces_endpoint, args.otlp_traces_protocol)}

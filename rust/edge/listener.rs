@@ -13,6 +13,7 @@
 
 use crate::client_io::{ClientIo, DeadlineBody, LongerDeadline};
 use crate::edge::tls::Tls;
+use crate::limits::{MAX_HYPER_HEAD_BYTES, MAX_HYPER_HEADERS};
 use axum::Router;
 use futures_util::FutureExt;
 use hyper::server::conn::http1;
@@ -27,9 +28,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 
-/// hyper's own bounds on a request head, well above `head_limits`' (hyper's defaults: 100 headers, ~400 KiB).
-const HYPER_MAX_HEADERS: usize = 4 * crate::http::head_limits::MAX_HEADERS;
-const HYPER_MAX_BUF: usize = 400 << 10;
 /// How long to back off when `accept` fails for want of resources (EMFILE, ENOMEM) before trying again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -93,7 +91,7 @@ pub async fn serve<L: Listener>(
     // a keep-alive connection waits for its next request.
     http.timer(TokioTimer::new()).header_read_timeout(client_timeout);
     // Past these hyper answers a bare 431 itself; below them `head_limits` answers in the door's envelope.
-    http.max_headers(HYPER_MAX_HEADERS).max_buf_size(HYPER_MAX_BUF);
+    http.max_headers(MAX_HYPER_HEADERS).max_buf_size(MAX_HYPER_HEAD_BYTES);
     let app = tower::util::MapRequest::new(app, move |mut req: axum::http::Request<hyper::body::Incoming>| {
         let longer = deadlines.longer(&req);
         if let Some(longer) = &longer {

@@ -8,6 +8,7 @@ use super::stored::{answer, bad_query, list_page};
 use super::traced::{TraceParent, answered, stored_context};
 use crate::doors::Door;
 use crate::error::ApiError;
+use crate::limits::MAX_BATCHES_PAGE;
 use crate::owner::Owner;
 use crate::store::conversations::checked_metadata;
 use crate::store::files::EXPIRES_AFTER_S;
@@ -22,8 +23,6 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Instant;
-
-const PAGE_MAX: usize = 100;
 
 /// Traced, its span is the one the batch's lines link to: kept with the batch (`trace_context`).
 pub async fn create(
@@ -63,7 +62,7 @@ pub async fn create(
         // Its lines, checked now rather than by the runner: a file kept before --max-batch-line-bytes was lowered,
         // or one of more requests than a batch runs, is this request's 400, not a batch that fails later.
         let (_, content) = store.file_content(input_file_id, &owner).await?;
-        let max_line = st.config.max_batch_line_bytes;
+        let max_line = st.config.limits.max_batch_line_bytes;
         if let Err(e) = scan(content, max_line, object::lines_max(endpoint)).await {
             return Err(match e {
                 Refused::Io(_) => ApiError::Store,
@@ -119,8 +118,8 @@ pub async fn list(
     answer(async {
         let Query(q) = q.map_err(bad_query)?;
         let limit = q.limit.unwrap_or(20);
-        if !(1..=PAGE_MAX).contains(&limit) {
-            return Err(ApiError::bad_param("limit", format!("'limit' must be between 1 and {PAGE_MAX}.")));
+        if !(1..=MAX_BATCHES_PAGE).contains(&limit) {
+            return Err(ApiError::bad_param("limit", format!("'limit' must be between 1 and {MAX_BATCHES_PAGE}.")));
         }
         let page = store(&st)?
             .db

@@ -12,6 +12,7 @@
 use super::AppState;
 use crate::error::ApiError;
 use crate::json_bounds::{self, JsonBounds};
+use crate::limits::MAX_INLINE_CHECK_BYTES;
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{FromRequest, Request};
 use axum::http::header;
@@ -29,9 +30,9 @@ impl FromRequest<Arc<AppState>> for RawBody {
     async fn from_request(req: Request, st: &Arc<AppState>) -> Result<Self, Infallible> {
         let json = req.headers().get(header::CONTENT_TYPE).map(|v| is_json(v.as_bytes()));
         // Read even a body that will be refused: a keep-alive connection stays usable.
-        let read = collect(req.into_body(), st.config.max_body_bytes).await.map_err(|e| match e {
-            Collect::TooLarge => ApiError::PayloadTooLarge(st.config.max_body_bytes),
-            Collect::Failed(e) if timed_out(e.as_ref()) => ApiError::BodyTimeout(st.config.client_timeout_s),
+        let read = collect(req.into_body(), st.config.limits.max_request_body_bytes).await.map_err(|e| match e {
+            Collect::TooLarge => ApiError::PayloadTooLarge(st.config.limits.max_request_body_bytes),
+            Collect::Failed(e) if timed_out(e.as_ref()) => ApiError::BodyTimeout(st.config.limits.client_timeout_s),
             Collect::Failed(_) => ApiError::bad_request("Could not read the request body."),
         });
         let read = read.and_then(|b| if json.unwrap_or(b.is_empty()) { Ok(b) } else { Err(ApiError::NotJson) });
@@ -45,8 +46,7 @@ impl FromRequest<Arc<AppState>> for RawBody {
 /// The body if its JSON is within the bounds. A large body is walked on a blocking thread: 16 MiB takes some
 /// milliseconds, which a runtime thread owes the connections it serves.
 async fn bounded(body: Bytes, bounds: JsonBounds) -> Result<Bytes, ApiError> {
-    const INLINE_MAX: usize = 256 << 10;
-    let checked = if body.len() <= INLINE_MAX {
+    let checked = if body.len() <= MAX_INLINE_CHECK_BYTES {
         json_bounds::check(&body, bounds).map(|()| body)
     } else {
         let walk = tokio::task::spawn_blocking(move || json_bounds::check(&body, bounds).map(|()| body));

@@ -23,7 +23,7 @@ use axum::response::Response;
 use std::sync::Arc;
 
 pub async fn refuse_foreign_writes(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let Some(origin) = foreign_write(req.method(), req.headers(), &st.config.allowed_origins) else {
+    let Some(origin) = foreign_write(req.method(), req.headers(), &st.config.cors.allowed_origins) else {
         return next.run(req).await;
     };
     let err = ApiError::CrossOrigin(origin);

@@ -7,22 +7,21 @@
 
 use crate::doors::Door;
 use crate::error::ApiError;
+use crate::limits::MAX_DRAIN_BYTES;
 use axum::body::{Body, HttpBody};
 use axum::http::{HeaderValue, header};
 use axum::response::Response;
 use futures_util::StreamExt;
 use std::time::Duration;
 
-/// Most bytes of a refused request's body read to keep its connection (a chat request with a long prompt fits).
-pub const DRAIN_MAX_BYTES: u64 = 64 << 10;
 /// How long its body may take to arrive: a client that sent it is done in milliseconds.
 pub const DRAIN_WAIT: Duration = Duration::from_secs(1);
 
 /// `err` as a response in `door`'s envelope, after reading and dropping a small request body. A body declared or
-/// found larger than `DRAIN_MAX_BYTES`, or one that fails or is not whole within `DRAIN_WAIT`, is left, and the
+/// found larger than `MAX_DRAIN_BYTES`, or one that fails or is not whole within `DRAIN_WAIT`, is left, and the
 /// response says the connection closes.
 pub async fn refuse(body: Body, err: ApiError, door: Door) -> Response {
-    let drained = body.size_hint().lower() <= DRAIN_MAX_BYTES
+    let drained = body.size_hint().lower() <= MAX_DRAIN_BYTES
         && tokio::time::timeout(DRAIN_WAIT, drain(body)).await.unwrap_or(false);
     let mut resp = door.respond(err);
     if !drained {
@@ -38,7 +37,7 @@ async fn drain(body: Body) -> bool {
         match chunk {
             Ok(bytes) => {
                 seen += bytes.len() as u64;
-                if seen > DRAIN_MAX_BYTES {
+                if seen > MAX_DRAIN_BYTES {
                     return false;
                 }
             }
@@ -66,7 +65,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_large_body_is_left_and_the_connection_closed() {
-        let big = vec![b'x'; DRAIN_MAX_BYTES as usize + 1];
+        let big = vec![b'x'; MAX_DRAIN_BYTES as usize + 1];
         let resp = refuse(Body::from(big), ApiError::Unauthorized, Door::Chat).await;
         assert!(closes(&resp));
     }

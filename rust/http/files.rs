@@ -10,6 +10,7 @@ use super::form;
 use super::stored::{answer, bad_query, list_page};
 use crate::client_io::LongerDeadline;
 use crate::error::ApiError;
+use crate::limits::{MAX_FILES_PAGE, MAX_FORM_PART_HEAD_BYTES, MAX_FORM_PARTS, MAX_FORM_TEXT_BYTES};
 use crate::owner::Owner;
 use crate::store::Store;
 use crate::store::files::{EXPIRES_AFTER_S, PURPOSES, Upload, file_object};
@@ -22,12 +23,6 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
 use std::sync::Arc;
-
-/// Most parts an upload's form may have, and the longest text part: nothing but the file is large.
-const PARTS_MAX: usize = 8;
-const TEXT_MAX: usize = 1024;
-/// A page of files: 10,000 at most (OpenAI's limit), all by default.
-const PAGE_MAX: usize = 10_000;
 
 /// `longer`: the upload deadline the listener offers this request, granted here, past the key check and routing.
 pub async fn upload(
@@ -46,9 +41,9 @@ pub async fn upload(
             .map_err(|e| ApiError::bad_request(format!("Expected a multipart form: {e}.")))?;
         let (mut form, budget) = form::multipart(req.into_body(), boundary);
         let (mut file, mut filename, mut fields) = (None::<Upload>, String::new(), Vec::new());
-        for part in 0..PARTS_MAX {
+        for part in 0..MAX_FORM_PARTS {
             if part > 0 {
-                budget.head(form::HEAD_MAX);
+                budget.head(MAX_FORM_PART_HEAD_BYTES);
             }
             let Some(field) = form.next_field().await.map_err(bad_form)? else { break };
             budget.content();
@@ -58,7 +53,7 @@ pub async fn upload(
                 file = Some(store.receive(field, &owner).await?);
             } else {
                 let text = small_text(field).await?.ok_or_else(|| {
-                    ApiError::bad_param(&name, format!("'{name}' is not text of at most {TEXT_MAX} bytes."))
+                    ApiError::bad_param(&name, format!("'{name}' is not text of at most {MAX_FORM_TEXT_BYTES} bytes."))
                 })?;
                 fields.push((name, text));
             }
@@ -90,7 +85,7 @@ pub async fn upload(
         if purpose == "batch" {
             // Each line within --max-batch-line-bytes (it is one request), checked on disk: the upload is dropped,
             // its bytes with it, if one is not.
-            let max_line = st.config.max_batch_line_bytes;
+            let max_line = st.config.limits.max_batch_line_bytes;
             match scan(file.reopen().await?, max_line, usize::MAX).await {
                 Ok(_) => {}
                 Err(Refused::Io(_)) => return Err(ApiError::Store),
@@ -117,9 +112,9 @@ pub async fn list(
 ) -> Response {
     answer(async {
         let Query(q) = q.map_err(bad_query)?;
-        let limit = q.limit.unwrap_or(PAGE_MAX);
-        if !(1..=PAGE_MAX).contains(&limit) {
-            return Err(ApiError::bad_param("limit", format!("'limit' must be between 1 and {PAGE_MAX}.")));
+        let limit = q.limit.unwrap_or(MAX_FILES_PAGE);
+        if !(1..=MAX_FILES_PAGE).contains(&limit) {
+            return Err(ApiError::bad_param("limit", format!("'limit' must be between 1 and {MAX_FILES_PAGE}.")));
         }
         let ascending = match q.order.as_deref() {
             None | Some("desc") => false,
@@ -174,12 +169,12 @@ fn store(st: &AppState) -> Result<&Arc<Store>, ApiError> {
     st.store.as_ref().ok_or_else(|| ApiError::bad_request("This server keeps no files: its state store is off."))
 }
 
-/// A text part, read a chunk at a time up to `TEXT_MAX` bytes (None past it, or not UTF-8): only the file part
+/// A text part, read a chunk at a time up to `MAX_FORM_TEXT_BYTES` bytes (None past it, or not UTF-8): only the file part
 /// may be large, and it goes to disk.
 async fn small_text(mut field: multer::Field<'_>) -> Result<Option<String>, ApiError> {
     let mut text = Vec::new();
     while let Some(chunk) = field.chunk().await.map_err(bad_form)? {
-        if text.len() + chunk.len() > TEXT_MAX {
+        if text.len() + chunk.len() > MAX_FORM_TEXT_BYTES {
             return Ok(None);
         }
         text.extend_from_slice(&chunk);

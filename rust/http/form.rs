@@ -1,5 +1,5 @@
 //! An upload's multipart form (multer), with what comes before each part's content bounded: the preamble before
-//! the first boundary at `PREAMBLE_MAX` bytes, a part's boundary line and headers at `HEAD_MAX`.
+//! the first boundary at `MAX_FORM_PREAMBLE_BYTES` bytes, a part's boundary line and headers at `MAX_FORM_PART_HEAD_BYTES`.
 //!
 //! Why: multer holds everything it reads while it looks for a boundary or the blank line that ends a part's
 //! headers, and has no bound for either (its `SizeLimit` counts the whole stream or a part's content). A body whose
@@ -7,6 +7,7 @@
 //! reaches multer a piece at a time while it reads a head, so it never holds more than the head's budget, and past
 //! it the form fails at once (`HeadTooLong`); a part's content goes through whole, as it comes.
 
+use crate::limits::{MAX_FORM_PART_HEAD_BYTES, MAX_FORM_PREAMBLE_BYTES};
 use axum::body::{Body, Bytes};
 use futures_util::Stream;
 use std::pin::Pin;
@@ -14,10 +15,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 
-/// What may come before the first boundary: clients send nothing there (RFC 7578's preamble is for mail).
-pub const PREAMBLE_MAX: usize = 1 << 10;
-/// A part's boundary line and headers (its name, file name and type: a few hundred bytes from any client).
-pub const HEAD_MAX: usize = 8 << 10;
 /// The body is handed to multer in pieces of this while it reads a head.
 const PIECE: usize = 512;
 
@@ -40,14 +37,16 @@ impl HeadBudget {
 /// A multipart form over `body` whose heads are bounded by the returned budget. Its parts' contents are the
 /// caller's to bound (the file by `--max-file-bytes` as it goes to disk, text parts by their own bound).
 pub fn multipart(body: Body, boundary: String) -> (multer::Multipart<'static>, HeadBudget) {
-    let budget = HeadBudget(Arc::new(AtomicUsize::new(PREAMBLE_MAX + HEAD_MAX)));
+    let budget = HeadBudget(Arc::new(AtomicUsize::new(MAX_FORM_PREAMBLE_BYTES + MAX_FORM_PART_HEAD_BYTES)));
     let stream = Pieces { body: body.into_data_stream(), budget: budget.clone(), rest: Bytes::new(), gave: false };
     (multer::Multipart::new(stream, boundary), budget)
 }
 
 /// A head ran past its budget: the boundary, or the blank line ending a part's headers, never came.
 #[derive(Debug, thiserror::Error)]
-#[error("the preamble (past {PREAMBLE_MAX} bytes) or a part's headers (past {HEAD_MAX}) never ended")]
+#[error(
+    "the preamble (past {MAX_FORM_PREAMBLE_BYTES} bytes) or a part's headers (past {MAX_FORM_PART_HEAD_BYTES}) never ended"
+)]
 pub struct HeadTooLong;
 
 /// Whether the form failed on a head past its budget.

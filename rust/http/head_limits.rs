@@ -6,15 +6,11 @@ use super::AppState;
 use super::drain::refuse;
 use crate::doors::Door;
 use crate::error::ApiError;
+use crate::limits::{MAX_HEAD_BYTES, MAX_HEADERS};
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
 use std::sync::Arc;
-
-/// Headers per request; more is refused.
-pub const MAX_HEADERS: usize = 100;
-/// Bytes of request line and headers; more is refused.
-pub const MAX_HEAD_BYTES: usize = 64 << 10;
 
 pub async fn head_limits(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let headers = req.headers();

@@ -7,9 +7,10 @@ use super::body::RawBody;
 use super::traced::{TraceParent, answered, stored_context};
 use crate::doors::Door;
 use crate::error::ApiError;
+use crate::limits::{MAX_MESSAGE_BATCH_LINES, MAX_MESSAGE_BATCHES_PAGE};
 use crate::owner::Owner;
 use crate::store::{Store, StoredBatch, failed, items};
-use crate::workers::batches::object::{Batch, BatchStatus, MESSAGE_LINES_MAX, MESSAGES};
+use crate::workers::batches::object::{Batch, BatchStatus, MESSAGES};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
@@ -23,9 +24,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Most requests one batch holds (Anthropic's limit; the runner holds a Message Batch's lines to the same).
-const REQUESTS_MAX: usize = MESSAGE_LINES_MAX;
-const PAGE_MAX: usize = 1000;
 /// Batch ids as Anthropic writes them; the store's row is the same batch.
 const PREFIX: &str = "msgbatch_";
 
@@ -44,8 +42,11 @@ pub async fn create(
         let Some(requests) = body.get("requests").and_then(Value::as_array).filter(|r| !r.is_empty()) else {
             return Err(ApiError::bad_param("requests", "'requests' must be a non-empty array."));
         };
-        if requests.len() > REQUESTS_MAX {
-            return Err(ApiError::bad_param("requests", format!("At most {REQUESTS_MAX} requests a batch.")));
+        if requests.len() > MAX_MESSAGE_BATCH_LINES {
+            return Err(ApiError::bad_param(
+                "requests",
+                format!("At most {MAX_MESSAGE_BATCH_LINES} requests a batch."),
+            ));
         }
         let mut lines = String::new();
         let mut seen = std::collections::HashSet::new();
@@ -67,10 +68,10 @@ pub async fn create(
                 return Err(ApiError::bad_param(&format!("requests[{i}].params"), "'params' must be an object."));
             };
             let line = json!({"custom_id": custom_id, "method": "POST", "url": MESSAGES, "body": params}).to_string();
-            if line.len() > st.config.max_batch_line_bytes {
+            if line.len() > st.config.limits.max_batch_line_bytes {
                 return Err(ApiError::bad_param(
                     &format!("requests[{i}].params"),
-                    format!("A request of a batch may be at most {} bytes.", st.config.max_batch_line_bytes),
+                    format!("A request of a batch may be at most {} bytes.", st.config.limits.max_batch_line_bytes),
                 ));
             }
             lines.push_str(&line);
@@ -113,8 +114,11 @@ pub async fn list(
     answer(async {
         let Query(q) = q.map_err(|e| ApiError::bad_request(format!("Invalid query string: {}", e.body_text())))?;
         let limit = q.limit.unwrap_or(20);
-        if !(1..=PAGE_MAX).contains(&limit) {
-            return Err(ApiError::bad_param("limit", format!("'limit' must be between 1 and {PAGE_MAX}.")));
+        if !(1..=MAX_MESSAGE_BATCHES_PAGE).contains(&limit) {
+            return Err(ApiError::bad_param(
+                "limit",
+                format!("'limit' must be between 1 and {MAX_MESSAGE_BATCHES_PAGE}."),
+            ));
         }
         let after = q.after_id.as_deref();
         let page =

@@ -203,16 +203,16 @@ mod tests {
         let st = state(None);
         let health = || Request::get("/health");
         let mut many = health();
-        for i in 0..head_limits::MAX_HEADERS + 1 {
+        for i in 0..crate::limits::MAX_HEADERS + 1 {
             many = many.header(format!("x-h{i}"), "v");
         }
         let (s, _, v) = send(&st, many.body(Body::empty()).unwrap()).await;
         assert_eq!((s, code(&v)), (StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "request_header_fields_too_large"));
-        let big = health().header("x-big", "a".repeat(head_limits::MAX_HEAD_BYTES));
+        let big = health().header("x-big", "a".repeat(crate::limits::MAX_HEAD_BYTES));
         let (s, _, v) = send(&st, big.body(Body::empty()).unwrap()).await;
         assert_eq!(s, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
         assert!(v["error"]["message"].as_str().unwrap().contains("65536 bytes"));
-        let under = health().header("x-big", "a".repeat(head_limits::MAX_HEAD_BYTES - 100));
+        let under = health().header("x-big", "a".repeat(crate::limits::MAX_HEAD_BYTES - 100));
         let (s, _, _) = send(&st, under.body(Body::empty()).unwrap()).await;
         assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "under the limits: /health answers (no rank here)");
     }
@@ -287,7 +287,7 @@ mod tests {
         let keyed = |r: axum::http::request::Builder| r.header("authorization", "Bearer k");
         // 431 from the head limits, before the key is even looked at.
         let mut many = Request::post("/v1/messages");
-        for i in 0..head_limits::MAX_HEADERS + 1 {
+        for i in 0..crate::limits::MAX_HEADERS + 1 {
             many = many.header(format!("x-h{i}"), "v");
         }
         let (s, _, v) = send(&st, many.body(Body::empty()).unwrap()).await;
@@ -316,7 +316,7 @@ mod tests {
         // Every other path keeps the OpenAI envelope.
         for path in ["/v1/chat/completions", "/v1/responses", "/health"] {
             let mut many = Request::post(path);
-            for i in 0..head_limits::MAX_HEADERS + 1 {
+            for i in 0..crate::limits::MAX_HEADERS + 1 {
                 many = many.header(format!("x-h{i}"), "v");
             }
             let (s, _, v) = send(&st, many.body(Body::empty()).unwrap()).await;

@@ -5,6 +5,7 @@
 use super::AppState;
 use crate::doors::Door;
 use crate::error::ApiError;
+use crate::limits::MAX_INPUT_ITEMS_PAGE;
 use crate::owner::Owner;
 use crate::store::StoredResponse;
 use axum::Json;
@@ -16,9 +17,6 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::sync::Arc;
-
-/// Most items one page of `input_items` holds (OpenAI's limit).
-const PAGE_MAX: usize = 100;
 
 pub async fn get_response(
     State(st): State<Arc<AppState>>,
@@ -146,8 +144,8 @@ pub fn list_page(data: Vec<Value>, has_more: bool) -> Value {
 /// (limit, ascending) of a page query, checked.
 pub fn page_bounds(q: &PageQuery) -> Result<(usize, bool), ApiError> {
     let limit = q.limit.unwrap_or(20);
-    if !(1..=PAGE_MAX).contains(&limit) {
-        return Err(ApiError::bad_param("limit", format!("'limit' must be between 1 and {PAGE_MAX}.")));
+    if !(1..=MAX_INPUT_ITEMS_PAGE).contains(&limit) {
+        return Err(ApiError::bad_param("limit", format!("'limit' must be between 1 and {MAX_INPUT_ITEMS_PAGE}.")));
     }
     let ascending = match q.order.as_deref() {
         None | Some("desc") => false,

@@ -86,10 +86,10 @@ pub async fn server_info(State(st): State<Arc<AppState>>) -> Response {
     let mut info = common_info(&st);
     info.extend([
         ("max_num_seqs".into(), json!(c.max_num_seqs)),
-        ("ep_size".into(), json!(c.expert_parallel_size)),
-        ("cp_size".into(), json!(c.context_parallel_size)),
+        ("ep_size".into(), json!(c.engine.expert_parallel_size)),
+        ("cp_size".into(), json!(c.engine.context_parallel_size)),
         ("max_total_tokens".into(), json!(kv_capacity(&st))),
-        ("engine".into(), json!(c.engine)),
+        ("engine".into(), json!(c.engine.engine)),
         ("is_embedding".into(), json!(false)),
         ("disaggregation_mode".into(), json!("null")),
     ]);
@@ -102,7 +102,7 @@ pub async fn model_info(State(st): State<Arc<AppState>>) -> Response {
         ("is_generation".into(), json!(true)),
         ("has_image_understanding".into(), json!(st.media.is_enabled())),
         ("has_audio_understanding".into(), json!(false)),
-        ("model_type".into(), json!(st.config.model_type)),
+        ("model_type".into(), json!(st.config.engine.model_type)),
     ]);
     Json(Value::Object(info)).into_response()
 }
@@ -114,7 +114,7 @@ fn common_info(st: &AppState) -> serde_json::Map<String, Value> {
     let fields = json!({
         "served_model_name": name,
         "served_model_names": c.served_model_names,
-        "model_path": c.model_path.clone().unwrap_or(name),
+        "model_path": c.engine.model_path.clone().unwrap_or(name),
         "max_running_requests": st.admission.capacity(),
         "context_length": c.max_model_len,
         "dp_size": st.dispatcher.ranks.len(),

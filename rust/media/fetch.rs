@@ -2,6 +2,7 @@
 //! from the allowed local directory. Bounded in bytes; the caller bounds the time.
 
 use super::guard::{Policy, Refusal, local_path, within_root};
+use crate::limits::MAX_MEDIA_REDIRECTS;
 use bytes::{Bytes, BytesMut};
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::{StatusCode, Url, redirect};
@@ -10,9 +11,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
-
-/// Redirects followed per fetch, each hop checked like the first URL.
-const MAX_REDIRECTS: usize = 5;
 
 /// Why a fetch failed, before the caller names the request field.
 #[derive(Debug)]
@@ -88,8 +86,8 @@ impl Client {
             .with_no_client_auth();
         let hops = policy.clone();
         let redirects = redirect::Policy::custom(move |attempt| {
-            if attempt.previous().len() > MAX_REDIRECTS {
-                let message = format!("The image URL redirected more than {MAX_REDIRECTS} times.");
+            if attempt.previous().len() > MAX_MEDIA_REDIRECTS {
+                let message = format!("The image URL redirected more than {MAX_MEDIA_REDIRECTS} times.");
                 return attempt.error(Refusal { code: "image_fetch_failed", message });
             }
             match hops.check_url(attempt.url()) {

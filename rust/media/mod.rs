@@ -52,22 +52,22 @@ fn media(param: &str, code: &'static str, message: impl Into<String>, retryable:
 impl Fetcher {
     pub fn new(cfg: &ServerConfig) -> Result<Self, String> {
         let policy = Policy::new(
-            cfg.allow_private_media_urls,
-            &cfg.allowed_media_networks,
-            &cfg.allowed_media_domains,
-            cfg.allowed_local_media_path.as_deref(),
+            cfg.media.allow_private_media_urls,
+            &cfg.media.allowed_media_networks,
+            &cfg.media.allowed_media_domains,
+            cfg.media.allowed_local_media_path.as_deref(),
         )?;
         for net in policy.networks_with_metadata() {
             tracing::warn!(%net, "--allowed-media-networks includes a cloud-metadata address: images may be fetched from it");
         }
-        if !(cfg.media_fetch_timeout_s > 0.0 && cfg.media_fetch_timeout_s.is_finite()) {
-            return Err(format!("--media-fetch-timeout must be positive, got {}", cfg.media_fetch_timeout_s));
+        if !(cfg.limits.media_fetch_timeout_s > 0.0 && cfg.limits.media_fetch_timeout_s.is_finite()) {
+            return Err(format!("--media-fetch-timeout must be positive, got {}", cfg.limits.media_fetch_timeout_s));
         }
-        let timeout = Duration::from_secs_f64(cfg.media_fetch_timeout_s);
+        let timeout = Duration::from_secs_f64(cfg.limits.media_fetch_timeout_s);
         let limits = Limits {
-            images: cfg.max_images_per_request,
-            bytes: cfg.max_image_bytes,
-            total_bytes: cfg.max_image_total_bytes,
+            images: cfg.limits.max_images_per_request,
+            bytes: cfg.limits.max_image_bytes,
+            total_bytes: cfg.limits.max_image_total_bytes,
         };
         Ok(Fetcher { client: fetch::Client::new(Arc::new(policy), timeout, limits.bytes)?, limits, timeout })
     }

@@ -13,9 +13,9 @@ const LIMIT: usize = 1000;
 
 fn cfg(edit: impl FnOnce(&mut ServerConfig)) -> ServerConfig {
     let mut c = ServerConfig::for_tests();
-    c.max_image_bytes = LIMIT;
-    c.max_image_total_bytes = 2 * LIMIT;
-    c.media_fetch_timeout_s = 0.3;
+    c.limits.max_image_bytes = LIMIT;
+    c.limits.max_image_total_bytes = 2 * LIMIT;
+    c.limits.media_fetch_timeout_s = 0.3;
     edit(&mut c);
     c
 }
@@ -85,14 +85,14 @@ async fn serve(ip: [u8; 4]) -> SocketAddr {
 
 #[tokio::test]
 async fn limits_are_checked_before_any_fetch() {
-    let f = fetcher(|c| c.max_images_per_request = 2);
+    let f = fetcher(|c| c.limits.max_images_per_request = 2);
     // Nothing listens on these: a fetch would fail differently.
     let dead = "http://8.8.8.8:1/a.png";
     let three = [inline("a", 1), url("b", dead), url("c", dead)];
     assert_eq!(refused(&f, &three).await, ("too_many_images", "c".into(), false));
     assert_eq!(refused(&f, &[inline("a", LIMIT + 1)]).await, ("image_too_large", "a".into(), false));
     assert_eq!(refused(&f, &[inline("a", LIMIT), inline("b", LIMIT), inline("c", 1)]).await.0, "too_many_images");
-    let f = fetcher(|c| c.max_images_per_request = 3);
+    let f = fetcher(|c| c.limits.max_images_per_request = 3);
     let over_total = [inline("a", LIMIT), inline("b", LIMIT), inline("c", 1)];
     assert_eq!(refused(&f, &over_total).await, ("image_too_large", "c".into(), false));
     assert!(f.fetch(&[inline("a", LIMIT), inline("b", LIMIT)], None).await.unwrap().is_empty());
@@ -100,7 +100,7 @@ async fn limits_are_checked_before_any_fetch() {
     assert_eq!(refused(&f, &[url("b", "not a url")]).await.0, "image_url_invalid");
     assert_eq!(refused(&f, &[url("b", "file:///etc/passwd")]).await, ("image_url_refused", "b".into(), false));
 
-    let off = fetcher(|c| c.max_images_per_request = 0);
+    let off = fetcher(|c| c.limits.max_images_per_request = 0);
     assert!(!off.is_enabled());
     assert_eq!(refused(&off, &[inline("x", 1)]).await, ("images_disabled", "x".into(), false));
     assert!(off.fetch(&[], None).await.unwrap().is_empty());
@@ -118,7 +118,7 @@ async fn loopback_is_refused_by_default_and_fetched_when_allowed() {
     assert_eq!(refused(&strict, &[url("p", &named)]).await.0, "image_url_refused");
     assert!(message(&strict, &[url("p", &named)]).await.contains("resolves to no address"));
 
-    let open = fetcher(|c| c.allow_private_media_urls = true);
+    let open = fetcher(|c| c.media.allow_private_media_urls = true);
     let other = format!("http://{addr}/other.png");
     let refs = [url("a", &img), url("b", &other), url("c", &img), url("d", &named)];
     let got = open.fetch(&refs, None).await.unwrap();
@@ -130,7 +130,7 @@ async fn loopback_is_refused_by_default_and_fetched_when_allowed() {
 async fn every_redirect_hop_is_checked() {
     let target = serve([127, 0, 0, 1]).await;
     let allowed = serve([127, 0, 0, 2]).await;
-    let f = fetcher(|c| c.allowed_media_networks = vec!["127.0.0.2/32".into()]);
+    let f = fetcher(|c| c.media.allowed_media_networks = vec!["127.0.0.2/32".into()]);
     assert_eq!(&f.fetch(&[url("a", &format!("http://{allowed}/img.png"))], None).await.unwrap().len(), &1);
     let hop = format!("http://{allowed}/redirect?to=http://{target}/img.png");
     let (code, param, retry) = refused(&f, &[url("a", &hop)]).await;
@@ -142,8 +142,8 @@ async fn every_redirect_hop_is_checked() {
     assert_eq!(refused(&f, &[url("a", &to_file)]).await.0, "image_url_refused");
     // The domain allowlist too: 127.0.0.2 is allowed by name, a hop to localhost is not.
     let f = fetcher(|c| {
-        c.allow_private_media_urls = true;
-        c.allowed_media_domains = vec!["127.0.0.2".into()];
+        c.media.allow_private_media_urls = true;
+        c.media.allowed_media_domains = vec!["127.0.0.2".into()];
     });
     let to_localhost = format!("http://{allowed}/redirect?to=http://localhost:{}/img.png", target.port());
     assert!(message(&f, &[url("a", &to_localhost)]).await.contains("--allowed-media-domains"));
@@ -158,7 +158,7 @@ async fn every_redirect_hop_is_checked() {
 #[tokio::test]
 async fn sizes_statuses_and_time() {
     let addr = serve([127, 0, 0, 1]).await;
-    let f = fetcher(|c| c.allow_private_media_urls = true);
+    let f = fetcher(|c| c.media.allow_private_media_urls = true);
     let at = |path: &str| [url("p", &format!("http://{addr}{path}"))];
     assert_eq!(refused(&f, &at("/big")).await, ("image_too_large", "p".into(), false));
     assert_eq!(refused(&f, &at("/chunked")).await, ("image_too_large", "p".into(), false));
@@ -172,8 +172,8 @@ async fn sizes_statuses_and_time() {
     assert!(took >= Duration::from_millis(250) && took < Duration::from_secs(2), "{took:?}");
     // The request's own deadline, when earlier, applies.
     let f = fetcher(|c| {
-        c.allow_private_media_urls = true;
-        c.media_fetch_timeout_s = 60.0;
+        c.media.allow_private_media_urls = true;
+        c.limits.media_fetch_timeout_s = 60.0;
     });
     let start = Instant::now();
     let e = f.fetch(&at("/slow"), Some(start + Duration::from_millis(200))).await.unwrap_err();
@@ -188,7 +188,7 @@ async fn sizes_statuses_and_time() {
 #[tokio::test]
 async fn retryable_failures_set_the_header() {
     let addr = serve([127, 0, 0, 1]).await;
-    let f = fetcher(|c| c.allow_private_media_urls = true);
+    let f = fetcher(|c| c.media.allow_private_media_urls = true);
     for (path, header) in [("/500", "true"), ("/404", "false")] {
         let e = f.fetch(&[url("messages[0].content[0].image_url.url", &format!("http://{addr}{path}"))], None).await;
         let resp = e.unwrap_err().into_response();
@@ -214,7 +214,7 @@ async fn local_files_only_under_the_allowed_directory() {
 
     assert_eq!(refused(&fetcher(|_| {}), &[url("p", &a)]).await, ("image_url_refused", "p".into(), false));
 
-    let f = fetcher(|c| c.allowed_local_media_path = Some(root.to_str().unwrap().into()));
+    let f = fetcher(|c| c.media.allowed_local_media_path = Some(root.to_str().unwrap().into()));
     assert_eq!(&f.fetch(&[url("p", &a)], None).await.unwrap()[&a][..], b"LOCAL");
     let root_s = file(&root);
     for escape in [
@@ -236,8 +236,8 @@ async fn local_files_only_under_the_allowed_directory() {
 
 #[test]
 fn bad_options_fail_at_start_up() {
-    assert!(Fetcher::new(&cfg(|c| c.allowed_media_networks = vec!["nope".into()])).is_err());
-    assert!(Fetcher::new(&cfg(|c| c.media_fetch_timeout_s = 0.0)).is_err());
-    assert!(Fetcher::new(&cfg(|c| c.allowed_local_media_path = Some("/nonexistent".into()))).is_err());
+    assert!(Fetcher::new(&cfg(|c| c.media.allowed_media_networks = vec!["nope".into()])).is_err());
+    assert!(Fetcher::new(&cfg(|c| c.limits.media_fetch_timeout_s = 0.0)).is_err());
+    assert!(Fetcher::new(&cfg(|c| c.media.allowed_local_media_path = Some("/nonexistent".into()))).is_err());
     assert_eq!(fetcher(|_| {}).max_images(), 8);
 }

@@ -87,7 +87,7 @@ pub async fn serve(st: &Arc<AppState>, call: Call) -> Result<Answer, ApiError> {
         fetched: fetched.into_iter().collect(),
     };
     let (outlet, reply) = if req.stream {
-        let buf = StreamBuf::new(door, st.config.max_stream_buffer_bytes);
+        let buf = StreamBuf::new(door, st.config.limits.max_stream_buffer_bytes);
         (Outlet::Stream(buf.clone()), Reply::Stream(buf))
     } else {
         let (outlet, rx) = Outlet::unary();

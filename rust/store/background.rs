@@ -18,6 +18,7 @@
 pub use super::background_claims::{CHAIN_WAIT, Claim, Renewed, TakenOver, is_running};
 use super::background_events::{Events, sequence_number};
 use crate::error::ApiError;
+use crate::limits::MIN_REPLAY_WINDOW_BYTES;
 use crate::owner::Owner;
 use bytes::Bytes;
 use futures_util::Stream;
@@ -30,8 +31,6 @@ use tokio::sync::watch;
 
 /// How long an ended run's events stay to be re-read (fewer if newer runs need the room).
 pub const KEEP_AFTER: Duration = Duration::from_secs(600);
-/// The least of a stream a run keeps, whatever the budget (a short answer whole).
-const WINDOW_MIN: usize = 64 << 10;
 /// Room kept for the bytes of an event not yet whole.
 const PARTIAL_ROOM: usize = 16 << 10;
 
@@ -67,7 +66,7 @@ impl Default for Limits {
 impl Limits {
     /// Bytes of its stream one run keeps: its share of the budget when every run is running at once.
     fn window(&self) -> usize {
-        (self.replay_bytes / self.max_runs.max(1)).max(WINDOW_MIN)
+        (self.replay_bytes / self.max_runs.max(1)).max(MIN_REPLAY_WINDOW_BYTES)
     }
 }
 

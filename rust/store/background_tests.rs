@@ -52,7 +52,7 @@ fn a_stop_and_its_holders_end_exclude_each_other() {
 
 #[test]
 fn a_run_keeps_its_window_and_ended_runs_their_budget() {
-    let runs = Runs::new(Limits { max_runs: 1, per_owner: 1, replay_bytes: WINDOW_MIN });
+    let runs = Runs::new(Limits { max_runs: 1, per_owner: 1, replay_bytes: MIN_REPLAY_WINDOW_BYTES });
     let run = runs.start("r1", None, 0).unwrap();
     let event = |i: usize| format!("event: x\ndata: {{\"sequence_number\":{i},\"pad\":\"{}\"}}\n\n", "p".repeat(1000));
     for i in 0..200 {
@@ -60,7 +60,7 @@ fn a_run_keeps_its_window_and_ended_runs_their_budget() {
     }
     let kept_from = run.kept_from().expect("the oldest went");
     assert!(kept_from > 100 && kept_from < 199, "{kept_from}");
-    assert!(run.events.lock().unwrap().bytes <= WINDOW_MIN);
+    assert!(run.events.lock().unwrap().bytes <= MIN_REPLAY_WINDOW_BYTES);
     runs.ended(&run);
     let second = runs.start("r2", None, 0).unwrap();
     second.push(event(0).as_bytes());

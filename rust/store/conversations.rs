@@ -3,21 +3,19 @@
 
 use super::items::{client_items, row};
 use super::queries::conversations::ItemPage;
-use super::responses::CONVERSATION_ITEMS_MAX;
 use super::{Store, StoredConversation, failed, items};
 use crate::error::ApiError;
+use crate::limits::{MAX_CONVERSATION_ADD_ITEMS, MAX_CONVERSATION_ITEMS};
 use crate::owner::Owner;
 use serde_json::{Map, Value, json};
 
-/// Most items one request adds (OpenAI's limit, for `items` on create and on the items route).
-pub const ADD_MAX: usize = 20;
 /// Metadata: at most 16 pairs, keys of at most 64 characters, string values of at most 512 (OpenAI's limits).
 const METADATA_PAIRS: usize = 16;
 const METADATA_KEY: usize = 64;
 const METADATA_VALUE: usize = 512;
 
 impl Store {
-    /// A new conversation of `owner`'s with its first items (checked: at most `ADD_MAX`, each within the item
+    /// A new conversation of `owner`'s with its first items (checked: at most `MAX_CONVERSATION_ADD_ITEMS`, each within the item
     /// cap, and the owner within its share).
     pub async fn create_conversation(
         &self,
@@ -68,7 +66,7 @@ impl Store {
         self.find(id, owner).await?;
         self.room_for(owner).await?;
         let held = self.db.count_items(id).await.map_err(failed)?;
-        if held + rows.len() as i64 > CONVERSATION_ITEMS_MAX {
+        if held + rows.len() as i64 > MAX_CONVERSATION_ITEMS {
             return Err(full(id));
         }
         if !self.db.append_items(id, &rows, items::now()).await.map_err(failed)? {
@@ -116,7 +114,7 @@ impl Store {
             return Err(ApiError::NotFound { what: "Conversation", id: id.to_string(), param });
         }
         let (held, bytes) = self.db.conversation_size(id).await.map_err(failed)?;
-        if held >= CONVERSATION_ITEMS_MAX {
+        if held >= MAX_CONVERSATION_ITEMS {
             return Err(full(id));
         }
         if bytes as u64 > self.retention.chain_max {
@@ -138,10 +136,13 @@ impl Store {
         c.filter(|c| c.owned_by == owner.as_str()).ok_or_else(|| not_found(id))
     }
 
-    /// Items a client adds, checked: at most `ADD_MAX`, each an item no larger than `--state-store-max-item-bytes`.
+    /// Items a client adds, checked: at most `MAX_CONVERSATION_ADD_ITEMS`, each an item no larger than `--state-store-max-item-bytes`.
     fn checked_items(&self, items: &[Value]) -> Result<Vec<(String, String)>, ApiError> {
-        if items.len() > ADD_MAX {
-            return Err(ApiError::bad_param("items", format!("At most {ADD_MAX} items may be added at once.")));
+        if items.len() > MAX_CONVERSATION_ADD_ITEMS {
+            return Err(ApiError::bad_param(
+                "items",
+                format!("At most {MAX_CONVERSATION_ADD_ITEMS} items may be added at once."),
+            ));
         }
         let items = client_items(items).map_err(|(i, why)| ApiError::bad_param(&format!("items[{i}]"), why))?;
         let max = self.retention.item_max;
@@ -191,6 +192,6 @@ fn not_found(id: &str) -> ApiError {
 fn full(id: &str) -> ApiError {
     ApiError::bad_param(
         "conversation",
-        format!("Conversation '{id}' holds {CONVERSATION_ITEMS_MAX} items, the most it may."),
+        format!("Conversation '{id}' holds {MAX_CONVERSATION_ITEMS} items, the most it may."),
     )
 }

@@ -7,6 +7,7 @@
 
 use super::{Store, StoredFile, failed, items};
 use crate::error::ApiError;
+use crate::limits::MAX_FILE_NAME_CHARS;
 use crate::owner::Owner;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
@@ -21,8 +22,6 @@ pub const PURPOSES: &[&str] = &["assistants", "batch", "fine-tune", "vision", "u
 /// How long after its creation a file may be asked to expire (`expires_after`, a batch's `output_expires_after`):
 /// OpenAI's bounds, an hour to 30 days.
 pub const EXPIRES_AFTER_S: std::ops::RangeInclusive<i64> = 3600..=2_592_000;
-/// Longest a file's name is kept (the client's name is metadata only: on disk a file is its id).
-const NAME_MAX: usize = 255;
 
 /// Where uploads go, how large one may be, and how much all may hold.
 pub struct FileRoom {
@@ -166,7 +165,7 @@ impl Store {
             created_at: now,
             expires_at: expires_after.map(|s| now + s),
             bytes: up.bytes as i64,
-            filename: filename.chars().take(NAME_MAX).collect(),
+            filename: filename.chars().take(MAX_FILE_NAME_CHARS).collect(),
             purpose: purpose.to_string(),
             owned_by: up.owner.as_str().to_string(),
         };

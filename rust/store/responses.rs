@@ -23,8 +23,6 @@ use tokio::sync::{mpsc, watch};
 pub(super) const WRITE_QUEUE: usize = 8192;
 /// Most responses one transaction writes.
 const WRITE_BATCH: usize = 256;
-/// Most items a conversation holds: one that would grow past it takes no more (a 400 for the client who adds).
-pub const CONVERSATION_ITEMS_MAX: i64 = 10_000;
 
 /// A response on its way to the store.
 pub(super) struct Write {

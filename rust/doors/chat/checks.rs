@@ -2,10 +2,8 @@
 //! their content parts, tools, `response_format`, and the thinking switch of `chat_template_kwargs`.
 
 use crate::error::ApiError;
+pub use crate::limits::MAX_MESSAGES;
 use serde_json::{Map, Value};
-
-/// Most messages one request may carry (a conversation this long is a mistake or an attack).
-pub const MAX_MESSAGES: usize = 4096;
 
 /// Chat's tools: function tools only, each a `function` with a name (deepseek-recipe's own errors would not name
 /// the field).

@@ -7,9 +7,11 @@
 mod table;
 
 use crate::error::ApiError;
+use crate::limits::MAX_OUTPUT_TOKENS;
+pub use crate::limits::MAX_TOP_LOGPROBS;
 use serde_json::{Map, Value};
 
-pub use table::{MAX_STOP, check};
+pub use table::check;
 
 /// The body as JSON: what a door's parse starts from (a batch line comes parsed already).
 pub fn json_body(raw: &[u8]) -> Result<Value, ApiError> {
@@ -32,9 +34,6 @@ pub fn model_of(v: &Value, served: &[String]) -> Result<String, ApiError> {
     Ok(model)
 }
 
-/// Upper bound deepseek-recipe accepts for max_tokens.
-const MAX_TOKENS_LIMIT: u64 = 393_216;
-
 /// An optional boolean (absent or null: false), refused in words naming `param`.
 pub fn opt_bool(obj: &Map<String, Value>, key: &str, param: &str) -> Result<bool, ApiError> {
     match obj.get(key) {
@@ -44,15 +43,15 @@ pub fn opt_bool(obj: &Map<String, Value>, key: &str, param: &str) -> Result<bool
     }
 }
 
-/// An optional token count (`max_tokens` and its kin): an integer in [1, `MAX_TOKENS_LIMIT`].
+/// An optional token count (`max_tokens` and its kin): an integer in [1, `MAX_OUTPUT_TOKENS`].
 pub fn opt_u64(obj: &Map<String, Value>, key: &str) -> Result<Option<u64>, ApiError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => match integer(v) {
-            Some(n) if (1..=MAX_TOKENS_LIMIT as i64).contains(&n) => Ok(Some(n as u64)),
+            Some(n) if (1..=MAX_OUTPUT_TOKENS as i64).contains(&n) => Ok(Some(n as u64)),
             _ => Err(ApiError::bad_param(
                 key,
-                format!("Invalid '{key}': expected an integer in [1, {MAX_TOKENS_LIMIT}], got {}.", brief(v)),
+                format!("Invalid '{key}': expected an integer in [1, {MAX_OUTPUT_TOKENS}], got {}.", brief(v)),
             )),
         },
     }
@@ -95,9 +94,6 @@ pub fn pin_thinking(obj: &mut Map<String, Value>, on: bool) {
     };
     obj.insert("thinking".into(), thinking);
 }
-
-/// Most logprob alternatives per token a request may ask for (OpenAI's limit, and deepseek-recipe's).
-pub const MAX_TOP_LOGPROBS: i64 = 20;
 
 /// An optional count of logprob alternatives (`top_logprobs`, Completions' integer `logprobs`): [0, 20].
 pub fn top_logprobs(obj: &Map<String, Value>, key: &str) -> Result<Option<u32>, ApiError> {

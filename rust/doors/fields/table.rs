@@ -31,10 +31,8 @@ enum Kind {
     StrOrList(usize),
 }
 
+use crate::limits::MAX_STOP_SEQUENCES;
 use Kind::*;
-
-/// deepseek-recipe's limit on stop strings.
-pub const MAX_STOP: usize = 16;
 
 const FIELDS: &[(&str, Kind)] = &[
     ("temperature", Num { min: 0.0, max: 2.0, open_min: false }),
@@ -43,7 +41,7 @@ const FIELDS: &[(&str, Kind)] = &[
     ("frequency_penalty", Num { min: -2.0, max: 2.0, open_min: false }),
     ("repetition_penalty", Num { min: 0.0, max: f64::MAX, open_min: true }),
     ("min_p", Num { min: 0.0, max: 1.0, open_min: false }),
-    ("stop", StrOrList(MAX_STOP)),
+    ("stop", StrOrList(MAX_STOP_SEQUENCES)),
     ("logit_bias", LogitBias),
     ("user", Str),
     ("safety_identifier", Str),
@@ -182,7 +180,7 @@ mod tests {
             (json!({"presence_penalty": -3}), "presence_penalty"),
             (json!({"frequency_penalty": true}), "frequency_penalty"),
             (json!({"stop": 5}), "stop"),
-            (json!({"stop": vec!["a"; MAX_STOP + 1]}), "stop"),
+            (json!({"stop": vec!["a"; MAX_STOP_SEQUENCES + 1]}), "stop"),
             (json!({"logit_bias": 2.4e135}), "logit_bias"),
             (json!({"logit_bias": {"x": 1}}), "logit_bias"),
             (json!({"logit_bias": {"5": 101}}), "logit_bias"),

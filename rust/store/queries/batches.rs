@@ -2,7 +2,6 @@
 
 use crate::store::db::{Db, on_pool};
 use crate::store::{StoreError, StoredBatch};
-use crate::workers::batches::object::{Batch, BatchStatus};
 
 /// A runner's claim on a batch, its fencing token: the owner (the replica's runner) and the generation it took the
 /// claim under. Every write the holder makes names both, so one that lost its claim has its writes refused.
@@ -10,29 +9,6 @@ use crate::workers::batches::object::{Batch, BatchStatus};
 pub struct Claim<'a> {
     pub owner: &'a str,
     pub generation: i64,
-}
-
-impl StoredBatch {
-    /// The row of a new batch: its status and creation time are the batch's.
-    pub fn new(batch: &Batch, trace_context: Option<String>, owned_by: &str) -> StoredBatch {
-        StoredBatch {
-            id: batch.id.clone(),
-            created_at: batch.created_at,
-            status: batch.status.to_string(),
-            batch: batch.to_text(),
-            trace_context,
-            owned_by: owned_by.to_string(),
-        }
-    }
-
-    /// The Batch object this row keeps, with the row's status: the column every claim and cancel is checked
-    /// against (the two are always written together). A row that does not read as one is the store's error.
-    pub fn load(&self) -> Result<Batch, StoreError> {
-        let undecodable = |e: Box<dyn std::error::Error + Send + Sync>| StoreError::Db(sqlx::Error::Decode(e));
-        let mut batch: Batch = serde_json::from_str(&self.batch).map_err(|e| undecodable(Box::new(e)))?;
-        batch.status = self.status.parse().map_err(|e| undecodable(Box::new(e)))?;
-        Ok(batch)
-    }
 }
 
 impl Db {
@@ -52,16 +28,16 @@ impl Db {
     pub async fn set_batch(
         &self,
         id: &str,
-        was: BatchStatus,
-        batch: &Batch,
+        was: &str,
+        status: &str,
+        text: &str,
         claim: Option<Claim<'_>>,
     ) -> Result<bool, StoreError> {
         let q = "UPDATE batches SET status = $2, batch = $3 WHERE id = $1 AND status = $4 \
                  AND ($5 = '' OR (owner = $5 AND claim_gen = $6))";
         let (owner, generation) = claim.map_or(("", 0), |c| (c.owner, c.generation));
-        let (status, text, was) = (batch.status.as_str(), batch.to_text(), was.as_str());
         let n = on_pool!(self, |pool| {
-            let q = sqlx::query(q).bind(id).bind(status).bind(&text).bind(was).bind(owner).bind(generation);
+            let q = sqlx::query(q).bind(id).bind(status).bind(text).bind(was).bind(owner).bind(generation);
             q.execute(pool).await?.rows_affected()
         });
         Ok(n > 0)
@@ -70,17 +46,10 @@ impl Db {
     /// Move a batch to `cancelling` (any replica, holding no claim: its runner reads the status), only if neither
     /// its status nor its object changed since they were read (`was`, `was_batch`: the row's text as read): a
     /// runner's counts written meanwhile are never put back. Whether it was moved.
-    pub async fn cancel_batch(
-        &self,
-        id: &str,
-        was: BatchStatus,
-        was_batch: &str,
-        batch: &Batch,
-    ) -> Result<bool, StoreError> {
+    pub async fn cancel_batch(&self, id: &str, was: &str, was_batch: &str, text: &str) -> Result<bool, StoreError> {
         let q = "UPDATE batches SET status = 'cancelling', batch = $2 WHERE id = $1 AND status = $3 AND batch = $4";
-        let (text, was) = (batch.to_text(), was.as_str());
         let n = on_pool!(self, |pool| {
-            let q = sqlx::query(q).bind(id).bind(&text).bind(was).bind(was_batch);
+            let q = sqlx::query(q).bind(id).bind(text).bind(was).bind(was_batch);
             q.execute(pool).await?.rows_affected()
         });
         Ok(n > 0)
@@ -260,6 +229,7 @@ impl Db {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workers::batches::object::{Batch, BatchStatus};
 
     #[tokio::test]
     async fn a_claim_taken_over_has_every_write_of_its_old_holder_refused() {
@@ -280,7 +250,9 @@ mod tests {
         let b = Claim { owner: "b", generation: second };
         assert!(!db.renew_batch("batch_1", a, 140).await.unwrap(), "a's renewal finds its claim lost");
         assert!(!db.put_results("batch_1", a, &[(1, true, "stale".into())]).await.unwrap());
-        assert!(!db.set_batch("batch_1", BatchStatus::InProgress, &batch, Some(a)).await.unwrap());
+        assert!(
+            !db.set_batch("batch_1", "in_progress", batch.status.as_str(), &batch.to_text(), Some(a)).await.unwrap()
+        );
         assert!(!db.release_batch("batch_1", a).await.unwrap());
         assert!(!db.holds_batch("batch_1", a).await.unwrap() && db.holds_batch("batch_1", b).await.unwrap());
         assert_eq!(db.done_lines("batch_1").await.unwrap(), (vec![0], 0), "nothing of a's was written");
@@ -296,8 +268,8 @@ mod tests {
         let (read, mut cancelling) = (batch.to_text(), batch.clone());
         cancelling.set_status(BatchStatus::Cancelling, 130).unwrap();
         let in_progress = BatchStatus::InProgress;
-        assert!(!db.cancel_batch("batch_1", in_progress, "{\"old\":1}", &cancelling).await.unwrap());
-        assert!(db.cancel_batch("batch_1", in_progress, &read, &cancelling).await.unwrap());
+        assert!(!db.cancel_batch("batch_1", in_progress.as_str(), "{\"old\":1}", &cancelling.to_text()).await.unwrap());
+        assert!(db.cancel_batch("batch_1", in_progress.as_str(), &read, &cancelling.to_text()).await.unwrap());
         assert_eq!(db.get_batch("batch_1").await.unwrap().unwrap().load().unwrap(), cancelling);
     }
 }

@@ -1,5 +1,6 @@
 //! Stored responses' rows.
 
+use crate::limits::MAX_CHAIN_DEPTH;
 use crate::store::db::{Db, Held, on_held, on_pool};
 use crate::store::{StoreError, StoredResponse};
 
@@ -63,7 +64,7 @@ impl Db {
                    FROM responses r JOIN chain c ON r.id = c.previous_response_id \
                    WHERE NOT c.copied AND c.depth < $2) \
                  SELECT id, previous_response_id, bytes, copied FROM chain ORDER BY depth";
-        Ok(on_pool!(self, |pool| sqlx::query_as(q).bind(id).bind(CHAIN_DEPTH_MAX).fetch_all(pool).await?))
+        Ok(on_pool!(self, |pool| sqlx::query_as(q).bind(id).bind(MAX_CHAIN_DEPTH).fetch_all(pool).await?))
     }
 
     /// The responses of a chain, by id, in the order given.
@@ -108,9 +109,6 @@ impl Db {
         Ok(on_pool!(self, |pool| sqlx::query_scalar::<_, i64>(q).bind(owner).fetch_one(pool).await?))
     }
 }
-
-/// Longest chain walked: far past any session (each turn is a request), short of a walk that never ends.
-pub const CHAIN_DEPTH_MAX: i64 = 100_000;
 
 /// One response of a chain, as `chain_sizes` reads it.
 #[derive(Debug, sqlx::FromRow)]

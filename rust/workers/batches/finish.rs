@@ -54,7 +54,10 @@ impl Runner {
                 tracing::error!(batch_id = %id, "a batch did not end: {e}");
                 return Ok(None);
             }
-            self.store.db.set_batch(id, was, batch, Some(lease.claim)).await?;
+            self.store
+                .db
+                .set_batch(id, was.as_str(), batch.status.as_str(), &batch.to_text(), Some(lease.claim))
+                .await?;
         }
         Ok(Some(status))
     }

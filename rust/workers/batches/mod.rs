@@ -50,7 +50,7 @@ pub async fn cancel(store: &Store, id: &str) -> Result<Option<Batch>, crate::sto
             return Ok(Some(read));
         }
         // No claim named: any replica may ask. Only over the object as read, so a runner's counts are never put back.
-        if store.db.cancel_batch(id, read.status, &row.batch, &batch).await? {
+        if store.db.cancel_batch(id, read.status.as_str(), &row.batch, &batch.to_text()).await? {
             store.batch_bell.notify_one();
             return Ok(Some(batch));
         }

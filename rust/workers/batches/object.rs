@@ -5,6 +5,8 @@
 pub use super::status::BatchStatus;
 use crate::doors::Door;
 use crate::json_bounds::{self, JsonBounds};
+use crate::limits::{MAX_BATCH_LINES, MAX_MESSAGE_BATCH_LINES};
+use crate::store::{StoreError, StoredBatch};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
@@ -12,9 +14,6 @@ use serde_json::{Map, Value, json};
 pub const ENDPOINTS: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/responses"];
 /// Anthropic's Message Batches run on the same lane, with this endpoint (`http/message_batches.rs`).
 pub const MESSAGES: &str = "/v1/messages";
-/// Most lines one batch runs: OpenAI's limit, and Anthropic's for a Message Batch.
-pub const LINES_MAX: usize = 50_000;
-pub const MESSAGE_LINES_MAX: usize = 100_000;
 /// A batch is given this long to finish (`completion_window`, OpenAI's only one), then it expires.
 pub const WINDOW_S: i64 = 86_400;
 
@@ -169,7 +168,7 @@ pub fn door(endpoint: &str) -> Option<Door> {
 /// Most lines a batch on `endpoint` runs: a Message Batch's were refused past OpenAI's 50,000 (every request of
 /// one with 50,001 errored), though Anthropic allows 100,000.
 pub fn lines_max(endpoint: &str) -> usize {
-    if endpoint == MESSAGES { MESSAGE_LINES_MAX } else { LINES_MAX }
+    if endpoint == MESSAGES { MAX_MESSAGE_BATCH_LINES } else { MAX_BATCH_LINES }
 }
 
 /// One input line, checked: (custom_id, body), or why not (OpenAI's line errors: a code and a message). Its JSON
@@ -204,6 +203,31 @@ pub fn result_line(custom_id: &str, request_id: &str, status: u16, body: &[u8]) 
         "response": {"status_code": status, "request_id": request_id, "body": body}, "error": null,
     });
     line.to_string()
+}
+
+/// A Batch as the store keeps it: a row of its own (`store::StoredBatch`), whose status column the claims and
+/// cancels are checked against.
+impl StoredBatch {
+    /// The row of a new batch: its status and creation time are the batch's.
+    pub fn new(batch: &Batch, trace_context: Option<String>, owned_by: &str) -> StoredBatch {
+        StoredBatch {
+            id: batch.id.clone(),
+            created_at: batch.created_at,
+            status: batch.status.to_string(),
+            batch: batch.to_text(),
+            trace_context,
+            owned_by: owned_by.to_string(),
+        }
+    }
+
+    /// The Batch object this row keeps, with the row's status: the column every claim and cancel is checked
+    /// against (the two are always written together). A row that does not read as one is the store's error.
+    pub fn load(&self) -> Result<Batch, StoreError> {
+        let undecodable = |e: Box<dyn std::error::Error + Send + Sync>| StoreError::Db(sqlx::Error::Decode(e));
+        let mut batch: Batch = serde_json::from_str(&self.batch).map_err(|e| undecodable(Box::new(e)))?;
+        batch.status = self.status.parse().map_err(|e| undecodable(Box::new(e)))?;
+        Ok(batch)
+    }
 }
 
 #[cfg(test)]

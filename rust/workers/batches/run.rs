@@ -131,7 +131,7 @@ impl Runner {
                 return Ok(());
             }
             // Only while this run holds the claim, and never over a cancel asked meanwhile (then: again).
-            if !self.store.db.set_batch(id, was, &batch, Some(claim)).await? {
+            if !self.store.db.set_batch(id, was.as_str(), batch.status.as_str(), &batch.to_text(), Some(claim)).await? {
                 if self.again(id, claim).await? {
                     continue;
                 }
@@ -231,7 +231,7 @@ impl Runner {
     /// The input file's lines, none read past `--max-batch-line-bytes`.
     async fn input(&self, batch: &Batch, whose: &Owner) -> Result<InputLines<tokio::fs::File>, String> {
         let (_, file) = self.store.file_content(&batch.input_file_id, whose).await.map_err(|e| e.to_string())?;
-        Ok(InputLines::new(file, self.st.config.max_batch_line_bytes))
+        Ok(InputLines::new(file, self.st.config.limits.max_batch_line_bytes))
     }
 
     /// What the batch's results may still grow by: the room left under the files total and under its owner's
@@ -398,7 +398,12 @@ impl Runner {
     async fn record(&self, id: &str, batch: &mut Batch, total: i64, claim: Claim<'_>) -> Result<bool, StoreError> {
         let (done, failed) = self.store.db.done_lines(id).await?;
         batch.set_counts(total, done.len() as i64 - failed, failed);
-        if self.store.db.set_batch(id, batch.status, batch, Some(claim)).await? {
+        if self
+            .store
+            .db
+            .set_batch(id, batch.status.as_str(), batch.status.as_str(), &batch.to_text(), Some(claim))
+            .await?
+        {
             return Ok(true);
         }
         self.store.db.holds_batch(id, claim).await
