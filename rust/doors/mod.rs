@@ -23,6 +23,7 @@ use axum::response::Response;
 use bytes::BytesMut;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
+#[cfg(test)]
 use std::sync::LazyLock;
 
 pub use request::{Body, GenerateRequest, Keeping};
@@ -39,10 +40,12 @@ pub struct Served<'a> {
     pub pins: &'a HashMap<String, bool>,
 }
 
+#[cfg(test)]
 static NO_PINS: LazyLock<HashMap<String, bool>> = LazyLock::new(HashMap::new);
 
+/// Names that pin nothing: the doors' own tests.
+#[cfg(test)]
 impl<'a> From<&'a [String]> for Served<'a> {
-    /// Names that pin nothing.
     fn from(names: &'a [String]) -> Self {
         Served { names, pins: &NO_PINS }
     }
