@@ -7,8 +7,12 @@
 //!   (tower-http's) restarts with every chunk, so a body trickled a byte at a time was never cut either.
 //!   A request that may take longer (an upload) gets a `LongerDeadline` it holds until a handler grants it, after
 //!   the key check and routing: a request nobody has let in gets no more than the ordinary deadline.
+//! - Closing, `ClientIo` lingers: it sends its FIN, then reads and drops what the client still sends, for at most
+//!   `MAX_LINGER_S`, until the client closes or goes quiet. A client still sending a body we refused would
+//!   otherwise get a reset in place of the answer (the kernel resets a socket closed on unread bytes, and the
+//!   client's kernel may drop the answer it holds unread).
 
-use crate::limits::MIN_WRITE_PROGRESS_BYTES;
+use crate::limits::{MAX_LINGER_QUIET_S, MAX_LINGER_S, MIN_WRITE_PROGRESS_BYTES};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use std::io::{self, IoSlice};
@@ -26,11 +30,51 @@ pub struct ClientIo<T> {
     timeout: Duration,
     /// Since the socket stopped taking everything it was offered: the deadline, and the bytes taken since.
     stalled: Option<(Pin<Box<Sleep>>, usize)>,
+    /// Once our side is shut: how long we go on reading what the client sends.
+    linger: Option<Linger>,
+}
+
+struct Linger {
+    /// `MAX_LINGER_S` after the FIN.
+    until: Pin<Box<Sleep>>,
+    /// `MAX_LINGER_QUIET_S` after the client last sent anything.
+    quiet: Pin<Box<Sleep>>,
+}
+
+impl Linger {
+    fn new() -> Self {
+        Linger {
+            until: Box::pin(tokio::time::sleep(Duration::from_secs_f64(MAX_LINGER_S))),
+            quiet: Box::pin(tokio::time::sleep(Duration::from_secs_f64(MAX_LINGER_QUIET_S))),
+        }
+    }
+
+    /// Read and drop what `io` has until the client closes, goes quiet or the linger ends (`Ready`), or nothing
+    /// is there yet (`Pending`, woken by the socket or a deadline).
+    fn poll_drain<T: AsyncRead + Unpin>(&mut self, cx: &mut Context<'_>, io: &mut T) -> Poll<()> {
+        let mut scratch = [0u8; 16 << 10];
+        while !self.until.is_elapsed() {
+            let mut buf = ReadBuf::new(&mut scratch);
+            match Pin::new(&mut *io).poll_read(cx, &mut buf) {
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => return Poll::Ready(()), // the client closed too
+                Poll::Ready(Ok(())) => {
+                    let quiet = Instant::now() + Duration::from_secs_f64(MAX_LINGER_QUIET_S);
+                    self.quiet.as_mut().reset(quiet);
+                }
+                Poll::Ready(Err(_)) => return Poll::Ready(()),
+                Poll::Pending => {
+                    let ended = self.until.as_mut().poll(cx).is_ready() || self.quiet.as_mut().poll(cx).is_ready();
+                    return if ended { Poll::Ready(()) } else { Poll::Pending };
+                }
+            }
+        }
+        Poll::Ready(())
+    }
 }
 
 impl<T> ClientIo<T> {
     pub fn new(inner: T, timeout: Duration) -> Self {
-        ClientIo { inner, timeout, stalled: None }
+        ClientIo { inner, timeout, stalled: None, linger: None }
     }
 
     /// Account for a write that took `written` of `offered` bytes (`None`: the socket took nothing yet), and fail
@@ -73,7 +117,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for ClientIo<T> {
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for ClientIo<T> {
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for ClientIo<T> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
         let written = match &polled {
@@ -109,7 +153,13 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ClientIo<T> {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        let ClientIo { inner, linger, .. } = &mut *self;
+        if linger.is_none() {
+            // The FIN first: the client sees the answer end whatever comes after.
+            ready!(Pin::new(&mut *inner).poll_shutdown(cx))?;
+        }
+        ready!(linger.get_or_insert_with(Linger::new).poll_drain(cx, inner));
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -286,5 +336,48 @@ mod tests {
             io.write_all(&chunk).await.expect("a reader taking 4 KiB every 100 ms keeps up");
         }
         reader.await.unwrap();
+    }
+
+    /// A client still sending its body when we close: what it sends is read (past what the pipe buffers), it sees
+    /// our FIN, and the close waits for it; one that never stops is left at `MAX_LINGER_S`, a quiet one at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_closing_connection_reads_what_its_client_still_sends_for_a_bounded_time() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let linger = Duration::from_secs_f64(MAX_LINGER_S);
+        let quiet = Duration::from_secs_f64(MAX_LINGER_QUIET_S);
+        let (server, mut client) = tokio::io::duplex(4096);
+        let sender = tokio::spawn(async move {
+            for _ in 0..64 {
+                client.write_all(&[1u8; 4096]).await.expect("the closing side reads on");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let mut rest = Vec::new();
+            client.read_to_end(&mut rest).await.expect("the FIN");
+            rest.len()
+        });
+        let started = Instant::now();
+        ClientIo::new(server, linger).shutdown().await.unwrap();
+        assert_eq!(sender.await.unwrap(), 0);
+        assert!(
+            started.elapsed() >= Duration::from_millis(630) && started.elapsed() < linger,
+            "{:?}",
+            started.elapsed()
+        );
+
+        let (server, mut client) = tokio::io::duplex(4096);
+        let endless = tokio::spawn(async move {
+            while client.write_all(&[1u8; 1024]).await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        let started = Instant::now();
+        ClientIo::new(server, linger).shutdown().await.unwrap();
+        assert!(started.elapsed() >= linger && started.elapsed() < linger + quiet, "{:?}", started.elapsed());
+        endless.abort();
+
+        let (server, _client) = tokio::io::duplex(4096);
+        let started = Instant::now();
+        ClientIo::new(server, linger).shutdown().await.unwrap();
+        assert!(started.elapsed() >= quiet && started.elapsed() < 2 * quiet, "{:?}", started.elapsed());
     }
 }

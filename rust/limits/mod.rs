@@ -121,6 +121,12 @@ limits! {
         /// Most bytes of a refused request's body read to keep its connection (a chat request with a long prompt
         /// fits).
         MAX_DRAIN_BYTES: u64 = 64 << 10, Bytes;
+        /// Most seconds a connection we close goes on reading, and dropping, what its client still sends: a body
+        /// refused before it was read is still arriving, and closing on unread bytes resets the connection, which
+        /// can destroy the answer before the client reads it (RFC 9112 §9.6, nginx's lingering_close).
+        MAX_LINGER_S: f64 = 2.0, Seconds;
+        /// Of that, how long a client that sends nothing is waited for (one that has stopped: close at once).
+        MAX_LINGER_QUIET_S: f64 = 0.25, Seconds;
         /// A JSON body this small is checked against the JSON bounds on the runtime thread; larger, on a blocking
         /// one (16 MiB takes some milliseconds).
         MAX_INLINE_CHECK_BYTES: usize = 256 << 10, Bytes;
