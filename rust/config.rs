@@ -1,109 +1,116 @@
-//! Server settings, handed over from the Python launcher as a dict.
+//! Server settings, as the Python launcher builds them (`_native.ServerConfig` and its groups, typed in
+//! `_native.pyi`).
 
-use pyo3::FromPyObject;
+use crate::py_record::py_record;
 use std::time::Duration;
 
-#[derive(Debug, Clone, FromPyObject)]
-#[pyo3(from_item_all)]
-pub struct ServerConfig {
-    pub host: String,
-    pub port: u16,
-    pub served_model_names: Vec<String>,
-    /// Served names that pin the thinking mode (`--served-model-name NAME=thinking|no-thinking`): name -> on.
-    pub thinking_pins: std::collections::HashMap<String, bool>,
-    pub max_model_len: u32,
-    pub max_num_seqs: u32,
-    /// What one client, request or upload may cost (`crate::limits`, every one as the flags set it).
-    pub limits: crate::limits::Limits,
-    pub log_level: String,
-    pub exit_on_rank_failure_s: f64,
-    pub drain_timeout_s: f64,
-    pub http_workers: usize,
-    pub codec_threads: usize,
-    /// How long a long prompt waits after it is encoded for others to go to the ranks with it (`gather`); 0: off.
-    pub dispatch_gather_ms: f64,
-    /// Prompts shorter than this (tokens) never wait.
-    pub dispatch_gather_min_tokens: usize,
-    pub api_key: Option<String>,
-    pub log_format: String,
-    /// Longest silence on an SSE stream before a keep-alive comment.
-    pub sse_keep_alive_s: f64,
-    /// Shortest gap between two token events of one stream: tokens that arrive sooner wait and leave together.
-    /// Below an engine's step time it never delays a token; it bounds a fast engine's event rate per stream.
-    pub stream_interval_ms: f64,
-    /// Where and how clients connect: TLS, a Unix socket, a path prefix (`rust/edge/`).
-    pub edge: crate::edge::EdgeConfig,
-    /// Which browser origins may call the API (`edge_args`).
-    pub cors: CorsConfig,
-    /// Where state is kept (`state_args`).
-    pub state: StateConfig,
-    /// Where images may be fetched from (`media_args`; how many and how large are `limits`).
-    pub media: MediaConfig,
-    /// The engine behind the ranks, as the worker metadata routes report it.
-    pub engine: EngineConfig,
-    /// Seconds a rank with requests in flight may go without a heartbeat before the server declares it hung,
-    /// kills every rank and exits non-zero; 0 disables the watchdog.
-    pub watchdog_timeout_s: f64,
-    /// Whether the wait queue honours a request's `priority` (`--scheduling-policy priority`); else first come,
-    /// first served, whatever a client asks.
-    pub priority_scheduling: bool,
-    /// The OpenAPI document served at /openapi.json (read at start-up).
-    pub openapi: Option<String>,
-    /// Where to export OpenTelemetry traces (`--otlp-traces-endpoint` or the `OTEL_EXPORTER_OTLP_*` variables, as
-    /// the launcher resolved them) and over which protocol (`http/protobuf` or `grpc`); None: tracing is off and
-    /// costs nothing.
-    pub otlp_traces: Option<(String, String)>,
+py_record! {
+    /// Everything the front end is told at start-up, grouped by concern.
+    #[derive(Debug, Clone)]
+    pub struct ServerConfig {
+        pub host: String,
+        pub port: u16,
+        pub served_model_names: Vec<String>,
+        /// Served names that pin the thinking mode (`--served-model-name NAME=thinking|no-thinking`): name -> on.
+        pub thinking_pins: std::collections::HashMap<String, bool>,
+        pub max_model_len: u32,
+        pub max_num_seqs: u32,
+        /// What one client, request or upload may cost (`crate::limits`, every one as the flags set it).
+        pub limits: crate::limits::Limits,
+        pub log_level: String,
+        pub exit_on_rank_failure_s: f64,
+        pub drain_timeout_s: f64,
+        pub http_workers: usize,
+        pub codec_threads: usize,
+        /// How long a long prompt waits after it is encoded for others to go to the ranks with it (`gather`); 0: off.
+        pub dispatch_gather_ms: f64,
+        /// Prompts shorter than this (tokens) never wait.
+        pub dispatch_gather_min_tokens: usize,
+        pub api_key: Option<String>,
+        pub log_format: String,
+        /// Longest silence on an SSE stream before a keep-alive comment.
+        pub sse_keep_alive_s: f64,
+        /// Shortest gap between two token events of one stream: tokens that arrive sooner wait and leave together.
+        /// Below an engine's step time it never delays a token; it bounds a fast engine's event rate per stream.
+        pub stream_interval_ms: f64,
+        /// Where and how clients connect: TLS, a Unix socket, a path prefix (`rust/edge/`).
+        pub edge: crate::edge::EdgeConfig,
+        /// Which browser origins may call the API (`edge_args`).
+        pub cors: CorsConfig,
+        /// Where state is kept (`state_args`).
+        pub state: StateConfig,
+        /// Where images may be fetched from (`media_args`; how many and how large are `limits`).
+        pub media: MediaConfig,
+        /// The engine behind the ranks, as the worker metadata routes report it.
+        pub engine: EngineConfig,
+        /// Seconds a rank with requests in flight may go without a heartbeat before the server declares it hung,
+        /// kills every rank and exits non-zero; 0 disables the watchdog.
+        pub watchdog_timeout_s: f64,
+        /// Whether the wait queue honours a request's `priority` (`--scheduling-policy priority`); else first come,
+        /// first served, whatever a client asks.
+        pub priority_scheduling: bool,
+        /// The OpenAPI document served at /openapi.json (read at start-up).
+        pub openapi: Option<String>,
+        /// Where to export OpenTelemetry traces (`--otlp-traces-endpoint` or the `OTEL_EXPORTER_OTLP_*` variables, as
+        /// the launcher resolved them) and over which protocol (`http/protobuf` or `grpc`); None: tracing is off and
+        /// costs nothing.
+        pub otlp_traces: Option<(String, String)>,
+    }
 }
 
-/// CORS (`--allowed-origins` and its kin).
-#[derive(Debug, Clone, Default, FromPyObject)]
-#[pyo3(from_item_all)]
-pub struct CorsConfig {
-    /// Browser origins allowed to call the API (CORS); empty: CORS is off. `*`: any origin.
-    pub allowed_origins: Vec<String>,
-    pub allowed_methods: Vec<String>,
-    pub allowed_headers: Vec<String>,
-    pub allow_credentials: bool,
+py_record! {
+    /// CORS (`--allowed-origins` and its kin).
+    #[derive(Debug, Clone, Default)]
+    pub struct CorsConfig {
+        /// Browser origins allowed to call the API (CORS); empty: CORS is off. `*`: any origin.
+        pub allowed_origins: Vec<String>,
+        pub allowed_methods: Vec<String>,
+        pub allowed_headers: Vec<String>,
+        pub allow_credentials: bool,
+    }
 }
 
-/// The state store and the files directory (`--state-store`, `--files-dir`, `--disable-response-store`).
-#[derive(Debug, Clone, Default, FromPyObject)]
-#[pyo3(from_item_all)]
-pub struct StateConfig {
-    /// The state store (`--state-store`): a SQLite path or URL, `memory`, or a PostgreSQL URL; empty: none.
-    pub store: String,
-    /// Keep Responses that do not say `store: false` (off: `--disable-response-store`).
-    pub store_responses: bool,
-    /// Where uploaded files' contents are kept (`--files-dir`, a volume the replicas share); empty: no files.
-    pub files_dir: String,
+py_record! {
+    /// The state store and the files directory (`--state-store`, `--files-dir`, `--disable-response-store`).
+    #[derive(Debug, Clone, Default)]
+    pub struct StateConfig {
+        /// The state store (`--state-store`): a SQLite path or URL, `memory`, or a PostgreSQL URL; empty: none.
+        pub store: String,
+        /// Keep Responses that do not say `store: false` (off: `--disable-response-store`).
+        pub store_responses: bool,
+        /// Where uploaded files' contents are kept (`--files-dir`, a volume the replicas share); empty: no files.
+        pub files_dir: String,
+    }
 }
 
-/// Image fetching (rust/media): where from (the amounts are `Limits`').
-#[derive(Debug, Clone, Default, FromPyObject)]
-#[pyo3(from_item_all)]
-pub struct MediaConfig {
-    /// Image fetching (rust/media). Hosts images may be fetched from (every redirect hop too); empty: any host.
-    /// An entry `*.example.com` matches the subdomains of example.com, not example.com itself.
-    pub allowed_media_domains: Vec<String>,
-    /// CIDRs fetched from even though not public (the precise way to reach a private image store).
-    pub allowed_media_networks: Vec<String>,
-    /// Fetch from loopback, private and link-local addresses too; cloud-metadata addresses stay refused.
-    pub allow_private_media_urls: bool,
-    /// A directory whose files `file://` image URLs may name; `None` refuses `file://`.
-    pub allowed_local_media_path: Option<String>,
+py_record! {
+    /// Image fetching (rust/media): where from (the amounts are `Limits`').
+    #[derive(Debug, Clone, Default)]
+    pub struct MediaConfig {
+        /// Image fetching (rust/media). Hosts images may be fetched from (every redirect hop too); empty: any host.
+        /// An entry `*.example.com` matches the subdomains of example.com, not example.com itself.
+        pub allowed_media_domains: Vec<String>,
+        /// CIDRs fetched from even though not public (the precise way to reach a private image store).
+        pub allowed_media_networks: Vec<String>,
+        /// Fetch from loopback, private and link-local addresses too; cloud-metadata addresses stay refused.
+        pub allow_private_media_urls: bool,
+        /// A directory whose files `file://` image URLs may name; `None` refuses `file://`.
+        pub allowed_local_media_path: Option<String>,
+    }
 }
 
-/// What the worker metadata routes (`/server_info`, `/model_info`) report.
-#[derive(Debug, Clone, FromPyObject)]
-#[pyo3(from_item_all)]
-pub struct EngineConfig {
-    /// What the worker metadata routes (`/server_info`, `/model_info`) report: MODEL as given, the checkpoint's
-    /// `model_type`, the engine and its parallel sizes.
-    pub model_path: Option<String>,
-    pub model_type: Option<String>,
-    pub engine: String,
-    pub expert_parallel_size: u32,
-    pub context_parallel_size: u32,
+py_record! {
+    /// What the worker metadata routes (`/server_info`, `/model_info`) report.
+    #[derive(Debug, Clone)]
+    pub struct EngineConfig {
+        /// What the worker metadata routes (`/server_info`, `/model_info`) report: MODEL as given, the checkpoint's
+        /// `model_type`, the engine and its parallel sizes.
+        pub model_path: Option<String>,
+        pub model_type: Option<String>,
+        pub engine: String,
+        pub expert_parallel_size: u32,
+        pub context_parallel_size: u32,
+    }
 }
 
 impl ServerConfig {

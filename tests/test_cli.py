@@ -65,18 +65,18 @@ def test_media_options_reach_the_server_config(tmp_path: Path) -> None:
         [*argv, "--allowed-local-media-path", str(tmp_path), "--max-images-per-request", "0"]
     )
     assert check_args(args) is None
-    conf = server_config(args)["media"]
-    limits = limits_args.server_config(args, 1024)["limits"]
-    assert conf["allowed_media_domains"] == ["a.example", "*.cdn.example", "b.example"]
-    assert conf["allowed_media_networks"] == ["10.0.0.0/8"]
-    assert (conf["allowed_local_media_path"], limits["max_images_per_request"]) == (str(tmp_path.resolve()), 0)
-    defaults = server_config(_checked([]))["media"]
-    assert defaults == {
-        "allowed_media_domains": [],
-        "allowed_media_networks": [],
-        "allow_private_media_urls": False,
-        "allowed_local_media_path": None,
-    }
+    conf = server_config(args)
+    limits = limits_args.server_config(args, 1024)
+    assert conf.allowed_media_domains == ["a.example", "*.cdn.example", "b.example"]
+    assert conf.allowed_media_networks == ["10.0.0.0/8"]
+    assert (conf.allowed_local_media_path, limits.max_images_per_request) == (str(tmp_path.resolve()), 0)
+    defaults = server_config(_checked([]))
+    assert (
+        defaults.allowed_media_domains,
+        defaults.allowed_media_networks,
+        defaults.allow_private_media_urls,
+        defaults.allowed_local_media_path,
+    ) == ([], [], False, None)
     for bad in (["--allowed-media-networks", "10.0.0.0/255.0.0.0"], ["--allowed-media-domains", "a.*.example"]):
         assert check_args(build_parser().parse_args(bad)) is not None, bad
 

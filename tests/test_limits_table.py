@@ -6,7 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from deepinfer_server import _native, limits_args
+from deepinfer_server._native import Limits
 from deepinfer_server.cli import build_parser
 from deepinfer_server.grammar import GrammarLimits
 
@@ -62,11 +65,10 @@ def test_every_settable_limit_reaches_the_server_config() -> None:
     from deepinfer_server.cli import check_args
 
     assert check_args(args) is None
-    sent = limits_args.server_config(args, 4096)["limits"]
-    assert sent.keys() == {limit.name for limit in SETTABLE}
+    sent = limits_args.server_config(args, 4096)
     derived = {limit.name for limit in SETTABLE if limit.derived}
     assert {limit.name: limit.default for limit in SETTABLE if limit.name not in derived} == {
-        k: v for k, v in sent.items() if k not in derived
+        limit.name: getattr(sent, limit.name) for limit in SETTABLE if limit.name not in derived
     }
 
 
@@ -99,3 +101,19 @@ def test_no_limit_constant_is_declared_outside_rust_limits() -> None:
         names = {n for n in const.findall(path.read_text(encoding="utf-8")) if {"MAX", "MIN"} & set(n.split("_"))}
         found = names - RING_FORMAT.get(rel, set())
         assert not found, f"{rel}: {sorted(found)} belong in rust/limits"
+
+
+def test_a_setting_misspelt_missing_or_mistyped_fails_where_it_is_built() -> None:
+    from deepinfer_server.cli import check_args
+
+    args = build_parser().parse_args([])
+    assert check_args(args) is None
+    sent = limits_args.server_config(args, 4096)
+    values = {limit.name: getattr(sent, limit.name) for limit in SETTABLE}
+    assert Limits(**values).max_json_depth == values["max_json_depth"]
+    with pytest.raises(TypeError, match="max_json_deep"):
+        Limits(**{**values, "max_json_deep": 3})
+    with pytest.raises(TypeError, match="max_json_depth"):
+        Limits(**{k: v for k, v in values.items() if k != "max_json_depth"})
+    with pytest.raises(TypeError, match="max_json_depth"):
+        Limits(**{**values, "max_json_depth": "deep"})

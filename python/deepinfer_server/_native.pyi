@@ -374,7 +374,7 @@ class Doorbell:
         """Sleep until the bell rings after `seen` was read (True) or `timeout` seconds pass (False)."""
 
 def serve(
-    config: dict[str, Any],
+    config: ServerConfig,
     codec: Any,
     decode_batch: Callable[[DecodeBatch], None],
     rings: Sequence[tuple[Ring, Ring]],
@@ -413,3 +413,237 @@ class Limit:
     def derived(self) -> str | None: ...
 
 LIMITS: tuple[Limit, ...]
+
+# --- the server's settings (rust/config.rs, built with rust/py_record.rs): what the launcher hands `serve` ---
+
+@final
+class Limits:
+    """The limits an operator sets by flag, every one (`LIMITS` declares them: name, default, flag, unit)."""
+
+    def __new__(
+        cls,
+        *,
+        max_request_body_bytes: int,
+        max_json_elements: int,
+        max_json_depth: int,
+        max_batch_line_bytes: int,
+        client_timeout_s: float,
+        max_connections: int,
+        max_stream_buffer_bytes: int,
+        max_grammar_bytes: int,
+        grammar_cpu_s: float,
+        max_grammar_cache_bytes: int,
+        request_timeout_s: float,
+        max_queued_requests: int,
+        queue_timeout_s: float,
+        media_fetch_timeout_s: float,
+        max_images_per_request: int,
+        max_image_bytes: int,
+        max_image_total_bytes: int,
+        response_store_ttl_s: float,
+        max_state_store_bytes: int,
+        max_state_store_bytes_per_owner: int,
+        max_state_store_item_bytes: int,
+        max_state_store_chain_bytes: int,
+        max_file_bytes: int,
+        max_files_total_bytes: int,
+        max_files_bytes_per_owner: int,
+        max_background_runs: int,
+        max_background_runs_per_owner: int,
+        max_background_replay_bytes: int,
+        upload_timeout_s: float,
+        claim_lease_s: int,
+    ) -> Limits: ...
+    max_request_body_bytes: int
+    max_json_elements: int
+    max_json_depth: int
+    max_batch_line_bytes: int
+    client_timeout_s: float
+    max_connections: int
+    max_stream_buffer_bytes: int
+    max_grammar_bytes: int
+    grammar_cpu_s: float
+    max_grammar_cache_bytes: int
+    request_timeout_s: float
+    max_queued_requests: int
+    queue_timeout_s: float
+    media_fetch_timeout_s: float
+    max_images_per_request: int
+    max_image_bytes: int
+    max_image_total_bytes: int
+    response_store_ttl_s: float
+    max_state_store_bytes: int
+    max_state_store_bytes_per_owner: int
+    max_state_store_item_bytes: int
+    max_state_store_chain_bytes: int
+    max_file_bytes: int
+    max_files_total_bytes: int
+    max_files_bytes_per_owner: int
+    max_background_runs: int
+    max_background_runs_per_owner: int
+    max_background_replay_bytes: int
+    upload_timeout_s: float
+    claim_lease_s: int
+
+@final
+class TlsFiles:
+    """The files and the client-certificate policy, as the command line gives them."""
+
+    def __new__(
+        cls,
+        *,
+        certfile: str,
+        keyfile: str,
+        ca_certs: str | None,
+        cert_reqs: int,
+    ) -> TlsFiles: ...
+    certfile: str
+    keyfile: str
+    ca_certs: str | None
+    cert_reqs: int
+
+@final
+class EdgeConfig:
+    """`--ssl-*`, `--uds` and `--root-path`, as `edge_args.server_config` builds them (`None` when an option is off)."""
+
+    def __new__(
+        cls,
+        *,
+        tls: TlsFiles | None,
+        uds: str | None,
+        root_path: str | None,
+    ) -> EdgeConfig: ...
+    tls: TlsFiles | None
+    uds: str | None
+    root_path: str | None
+
+@final
+class ServerConfig:
+    """Everything the front end is told at start-up, grouped by concern."""
+
+    def __new__(
+        cls,
+        *,
+        host: str,
+        port: int,
+        served_model_names: list[str],
+        thinking_pins: dict[str, bool],
+        max_model_len: int,
+        max_num_seqs: int,
+        limits: Limits,
+        log_level: str,
+        exit_on_rank_failure_s: float,
+        drain_timeout_s: float,
+        http_workers: int,
+        codec_threads: int,
+        dispatch_gather_ms: float,
+        dispatch_gather_min_tokens: int,
+        api_key: str | None,
+        log_format: str,
+        sse_keep_alive_s: float,
+        stream_interval_ms: float,
+        edge: EdgeConfig,
+        cors: CorsConfig,
+        state: StateConfig,
+        media: MediaConfig,
+        engine: EngineConfig,
+        watchdog_timeout_s: float,
+        priority_scheduling: bool,
+        openapi: str | None,
+        otlp_traces: tuple[str, str] | None,
+    ) -> ServerConfig: ...
+    host: str
+    port: int
+    served_model_names: list[str]
+    thinking_pins: dict[str, bool]
+    max_model_len: int
+    max_num_seqs: int
+    limits: Limits
+    log_level: str
+    exit_on_rank_failure_s: float
+    drain_timeout_s: float
+    http_workers: int
+    codec_threads: int
+    dispatch_gather_ms: float
+    dispatch_gather_min_tokens: int
+    api_key: str | None
+    log_format: str
+    sse_keep_alive_s: float
+    stream_interval_ms: float
+    edge: EdgeConfig
+    cors: CorsConfig
+    state: StateConfig
+    media: MediaConfig
+    engine: EngineConfig
+    watchdog_timeout_s: float
+    priority_scheduling: bool
+    openapi: str | None
+    otlp_traces: tuple[str, str] | None
+
+@final
+class CorsConfig:
+    """CORS (`--allowed-origins` and its kin)."""
+
+    def __new__(
+        cls,
+        *,
+        allowed_origins: list[str],
+        allowed_methods: list[str],
+        allowed_headers: list[str],
+        allow_credentials: bool,
+    ) -> CorsConfig: ...
+    allowed_origins: list[str]
+    allowed_methods: list[str]
+    allowed_headers: list[str]
+    allow_credentials: bool
+
+@final
+class StateConfig:
+    """The state store and the files directory (`--state-store`, `--files-dir`, `--disable-response-store`)."""
+
+    def __new__(
+        cls,
+        *,
+        store: str,
+        store_responses: bool,
+        files_dir: str,
+    ) -> StateConfig: ...
+    store: str
+    store_responses: bool
+    files_dir: str
+
+@final
+class MediaConfig:
+    """Image fetching (rust/media): where from (the amounts are `Limits`')."""
+
+    def __new__(
+        cls,
+        *,
+        allowed_media_domains: list[str],
+        allowed_media_networks: list[str],
+        allow_private_media_urls: bool,
+        allowed_local_media_path: str | None,
+    ) -> MediaConfig: ...
+    allowed_media_domains: list[str]
+    allowed_media_networks: list[str]
+    allow_private_media_urls: bool
+    allowed_local_media_path: str | None
+
+@final
+class EngineConfig:
+    """What the worker metadata routes (`/server_info`, `/model_info`) report."""
+
+    def __new__(
+        cls,
+        *,
+        model_path: str | None,
+        model_type: str | None,
+        engine: str,
+        expert_parallel_size: int,
+        context_parallel_size: int,
+    ) -> EngineConfig: ...
+    model_path: str | None
+    model_type: str | None
+    engine: str
+    expert_parallel_size: int
+    context_parallel_size: int

@@ -17,7 +17,8 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any
+
+from deepinfer_server._native import CorsConfig, EdgeConfig, TlsFiles
 
 OPENAPI = Path(__file__).with_name("openapi.json")
 # A Unix socket path must fit sockaddr_un's sun_path (108 bytes with its terminating NUL).
@@ -187,22 +188,24 @@ def resolve_cors(args: argparse.Namespace) -> str | None:
     return None
 
 
-def server_config(args: argparse.Namespace) -> dict[str, Any]:
-    """What the Rust front end takes (rust/config.rs; `edge` is rust/edge/mod.rs's `EdgeConfig`)."""
+def edge_config(args: argparse.Namespace) -> EdgeConfig:
+    """How clients reach the Rust front end (rust/edge/mod.rs's `EdgeConfig`)."""
     tls = None
     if args.ssl_certfile is not None:
-        tls = {
-            "certfile": args.ssl_certfile,
-            "keyfile": args.ssl_keyfile,
-            "ca_certs": args.ssl_ca_certs,
-            "cert_reqs": args.ssl_cert_reqs,
-        }
-    return {
-        "cors": {
-            "allowed_origins": [o.rstrip("/") for o in args.allowed_origins],
-            "allowed_methods": args.allowed_methods,
-            "allowed_headers": args.allowed_headers,
-            "allow_credentials": args.allow_credentials,
-        },
-        "edge": {"tls": tls, "uds": args.uds, "root_path": args.root_path},
-    }
+        tls = TlsFiles(
+            certfile=args.ssl_certfile,
+            keyfile=args.ssl_keyfile,
+            ca_certs=args.ssl_ca_certs,
+            cert_reqs=args.ssl_cert_reqs,
+        )
+    return EdgeConfig(tls=tls, uds=args.uds, root_path=args.root_path)
+
+
+def cors_config(args: argparse.Namespace) -> CorsConfig:
+    """Which browser origins may call the API (rust/config.rs)."""
+    return CorsConfig(
+        allowed_origins=[o.rstrip("/") for o in args.allowed_origins],
+        allowed_methods=args.allowed_methods,
+        allowed_headers=args.allowed_headers,
+        allow_credentials=args.allow_credentials,
+    )

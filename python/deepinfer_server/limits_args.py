@@ -11,9 +11,8 @@ from __future__ import annotations
 import argparse
 import logging
 import resource
-from typing import Any
 
-from deepinfer_server._native import LIMITS, Limit
+from deepinfer_server._native import LIMITS, Limit, Limits
 from deepinfer_server.grammar import GrammarLimits
 
 log = logging.getLogger("deepinfer_server")
@@ -110,8 +109,8 @@ def grammar_limits(args: argparse.Namespace) -> GrammarLimits:
     return GrammarLimits(args.max_grammar_bytes, args.grammar_cpu_seconds, args.grammar_cache_bytes)
 
 
-def server_config(args: argparse.Namespace, open_files: int) -> dict[str, Any]:
-    """`limits`: every settable limit the Rust front end takes (`rust/limits`'s `Limits`), by its declared name."""
+def server_config(args: argparse.Namespace, open_files: int) -> Limits:
+    """Every settable limit the Rust front end takes (`rust/limits`'s `Limits`), by its declared name."""
     values = {limit.name: getattr(args, dest(limit)) for limit in LIMITS if limit.flag is not None}
     values["max_connections"] = max_connections(args, open_files)
-    return {"limits": values}
+    return Limits(**values)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-from typing import Any
 
 from deepinfer_server import limits_args
+from deepinfer_server._native import MediaConfig
 
 
 def add_arguments(p: argparse._ArgumentGroup) -> None:
@@ -95,13 +95,11 @@ def resolve(args: argparse.Namespace) -> str | None:
     return None
 
 
-def server_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The media entries of the Rust server's config dict (rust/config.rs; its limits are `limits_args`')."""
-    return {
-        "media": {
-            "allowed_media_domains": args.allowed_media_domains,
-            "allowed_media_networks": args.allowed_media_networks,
-            "allow_private_media_urls": args.allow_private_media_urls,
-            "allowed_local_media_path": args.allowed_local_media_path,
-        }
-    }
+def server_config(args: argparse.Namespace) -> MediaConfig:
+    """Where the Rust server may fetch images from (rust/config.rs; how many and how large are `limits_args`')."""
+    return MediaConfig(
+        allowed_media_domains=args.allowed_media_domains,
+        allowed_media_networks=args.allowed_media_networks,
+        allow_private_media_urls=args.allow_private_media_urls,
+        allowed_local_media_path=args.allowed_local_media_path,
+    )

@@ -14,9 +14,9 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from deepinfer_server import limits_args
+from deepinfer_server._native import StateConfig
 
 log = logging.getLogger("deepinfer_server")
 
@@ -116,9 +116,9 @@ def files_dir(args: argparse.Namespace, spec: str) -> str:
     return str(Path(spec.removeprefix("sqlite://").removeprefix("sqlite:").split("?", 1)[0]).parent / "files")
 
 
-def server_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The store entries of the Rust server's config dict (rust/config.rs)."""
+def server_config(args: argparse.Namespace) -> StateConfig:
+    """Where the Rust server keeps its state (rust/config.rs)."""
     spec = store_spec(args)
     if spec and not spec.startswith(("postgres://", "postgresql://", "sqlite:", "memory")):
         spec = str(Path(spec).expanduser())
-    return {"state": {"store": spec, "store_responses": bool(spec), "files_dir": files_dir(args, spec)}}
+    return StateConfig(store=spec, store_responses=bool(spec), files_dir=files_dir(args, spec))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
 from urllib.parse import urlsplit
 
 PROTOCOLS = ("http/protobuf", "grpc")
@@ -64,8 +63,8 @@ def resolve(args: argparse.Namespace) -> str | None:
     return None
 
 
-def server_config(args: argparse.Namespace) -> dict[str, Any]:
+def server_config(args: argparse.Namespace) -> tuple[str, str] | None:
     """What the Rust front end takes (rust/config.rs): the endpoint and its protocol, or None when tracing is off."""
     if args.otlp_traces_endpoint is None:
-        return {"otlp_traces": None}
-    return {"otlp_traces": (args.otlp_traces_endpoint, args.otlp_traces_protocol)}
+        return None
+    return (args.otlp_traces_endpoint, args.otlp_traces_protocol)

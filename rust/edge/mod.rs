@@ -7,23 +7,25 @@ pub mod root_path;
 pub mod tls;
 pub mod uds;
 
+use crate::py_record::py_record;
 use axum::Router;
-use pyo3::FromPyObject;
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
 use tokio::net::{TcpListener, UnixListener};
 
-/// `--ssl-*`, `--uds` and `--root-path`, as `edge_args.server_config` hands them over (every key, `None` when
-/// the option is off).
-#[derive(Debug, Clone, Default, FromPyObject)]
-#[pyo3(from_item_all)]
-pub struct EdgeConfig {
-    pub tls: Option<tls::TlsFiles>,
-    /// Serve on this Unix socket instead of `host:port`.
-    pub uds: Option<String>,
-    /// A path prefix the routes also answer under (`/prefix`, normalised: no trailing slash); `None`: no prefix.
-    pub root_path: Option<String>,
+py_record! {
+    /// `--ssl-*`, `--uds` and `--root-path`, as `edge_args.server_config` builds them (`None` when an option is
+    /// off).
+    #[derive(Debug, Clone, Default)]
+    pub struct EdgeConfig {
+        pub tls: Option<tls::TlsFiles>,
+        /// Serve on this Unix socket instead of `host:port`.
+        pub uds: Option<String>,
+        /// A path prefix the routes also answer under (`/prefix`, normalised: no trailing slash); `None`: no
+        /// prefix.
+        pub root_path: Option<String>,
+    }
 }
 
 /// A bound listening socket; a Unix socket's file is removed when this is dropped.

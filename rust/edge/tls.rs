@@ -8,6 +8,7 @@
 //! ones get the new certificate. New files that do not load (half written, a key that does not match) leave the
 //! current config in place and are logged, once per change.
 
+use crate::py_record::py_record;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use rustls::pki_types::pem::{self, PemObject};
@@ -22,17 +23,16 @@ use tokio_rustls::TlsAcceptor;
 /// How often the files are checked for a change: a stat of each, nothing read unless one changed.
 pub const POLL: Duration = Duration::from_secs(2);
 
-/// The files and the client-certificate policy, as the command line gives them.
-#[derive(Debug, Clone, FromPyObject)]
-#[pyo3(from_item_all)]
-pub struct TlsFiles {
-    pub certfile: String,
-    pub keyfile: String,
-    #[pyo3(default)]
-    pub ca_certs: Option<String>,
-    /// 0: no client certificate asked for; 1: asked for and verified when sent; 2: required.
-    #[pyo3(default)]
-    pub cert_reqs: u8,
+py_record! {
+    /// The files and the client-certificate policy, as the command line gives them.
+    #[derive(Debug, Clone)]
+    pub struct TlsFiles {
+        pub certfile: String,
+        pub keyfile: String,
+        pub ca_certs: Option<String>,
+        /// 0: no client certificate asked for; 1: asked for and verified when sent; 2: required.
+        pub cert_reqs: u8,
+    }
 }
 
 /// What a file looked like when last read: (modified, size, inode), or `None` while it is missing.

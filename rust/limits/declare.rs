@@ -18,12 +18,13 @@ macro_rules! limits {
             $( $(#[doc = $fdoc:literal])+ $name:ident: $fty:ty = $value:expr, $funit:ident; )+
         }
     ) => {
-        /// The limits an operator sets by flag, as the launcher hands them over (every one, always: no default
-        /// here but `DEFAULT`, which is the flags' own).
-        #[derive(Debug, Clone, pyo3::FromPyObject)]
-        #[pyo3(from_item_all)]
-        pub struct Limits {
-            $( $(#[doc = $doc])+ pub $field: $ty, )+
+        crate::py_record::py_record! {
+            /// The limits an operator sets by flag, as the launcher hands them over (every one, always: no
+            /// default here but `DEFAULT`, which is the flags' own).
+            #[derive(Debug, Clone)]
+            pub struct Limits {
+                $( $(#[doc = $doc])+ pub $field: $ty, )+
+            }
         }
 
         impl Limits {
