@@ -141,11 +141,12 @@ async fn open_store(
         chain_max: config.limits.max_state_store_chain_bytes,
     };
     let retention = crate::store::retention::Retention::new(ttl, bounds);
-    let runs = crate::store::background::Limits {
+    let runs = crate::workers::background::Limits {
         max_runs: config.limits.max_background_runs.max(1),
         per_owner: config.limits.max_background_runs_per_owner.max(1),
         replay_bytes: config.limits.max_background_replay_bytes,
     };
+    let runs = Arc::new(crate::workers::background::Runs::new(runs));
     let store =
         crate::store::Store::new(db, files, retention, runs, config.limits.claim_lease_s.max(3), runtime.clone());
     store.keep_within_bounds();

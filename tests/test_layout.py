@@ -92,9 +92,20 @@ def test_no_layer_of_the_crate_imports_itself_back() -> None:
     found = circles(graph)
     # Each circle named with the uses that close it, to say where to cut.
     assert not found, [{m: sorted(graph[m] & c) for m in sorted(c)} for c in found]
-    # Downward only: no layer below HTTP reaches up into it, and the path reaches no worker.
+    # Downward only: no layer below HTTP reaches up into it (the workers included), and only HTTP and the server
+    # reach a worker: the path and the store below them keep none of a worker's state by name.
     assert not [m for m, deps in graph.items() if "http" in deps and m not in {"server"}], graph
-    assert not {d for d in graph["path"] if d.startswith("workers")}
+    above = {"http", "server", "workers/batches", "workers/background"}
+    assert not {m: sorted(d) for m, deps in graph.items() if m not in above and (d := workers(deps))}
+
+
+def workers(deps: set[str]) -> set[str]:
+    return {d for d in deps if d.startswith("workers")}
+
+
+def test_the_layer_check_sees_a_lower_layer_reach_a_worker() -> None:
+    graph = {"store": {"workers/background", "db"}, "path": {"store"}}
+    assert workers(graph["store"]) == {"workers/background"} and not workers(graph["path"])
 
 
 def test_the_checker_finds_a_circle() -> None:

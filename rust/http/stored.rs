@@ -28,7 +28,7 @@ pub async fn get_response(
         let Query(q) = q.map_err(bad_query)?;
         // Its owner's only, running or not (a background response is stored from the moment it is queued).
         let r = find(&st, &id, &owner).await?;
-        let run = st.store.as_ref().and_then(|s| s.runs.get(&id));
+        let run = st.store.as_ref().and_then(|s| crate::workers::background::runs::of(s).get(&id));
         if q.stream == Some(true) {
             // A background response's stream, from after `starting_after`, while this replica keeps it.
             let Some(run) = run else {

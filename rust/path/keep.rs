@@ -10,6 +10,7 @@ use crate::error::ApiError;
 use crate::store::responses::{Echo, Keep};
 use crate::stream::Deliver;
 use axum::body::Bytes;
+use std::sync::Arc;
 
 /// A stored Responses request, or one that continues a chain or a conversation: its input continued, and what its
 /// response will be recorded with (None for a request that neither stores nor continues).
@@ -46,7 +47,7 @@ pub(super) fn echo(keep: Option<&Keep>, background: bool) -> Option<Echo> {
 pub(super) fn on_finish(
     st: &AppState,
     keep: Option<Keep>,
-    run: Option<BackgroundRun>,
+    run: Option<Arc<dyn BackgroundRun>>,
     response_id: &str,
     stream: bool,
     echo: Option<Echo>,
@@ -56,14 +57,14 @@ pub(super) fn on_finish(
     Some(Box::new(move |last: Bytes, deliver: Deliver| {
         // A background run's request has ended: its place in the lane is free before it reads as ended.
         if let Some(bg) = &run {
-            bg.run.release();
+            bg.release();
         }
         let last = match &echo {
             Some(e) => Bytes::from(e.apply(&last)),
             None => last,
         };
         if let Some(bg) = run {
-            (bg.record)(&store, bg.run, keep, last, deliver);
+            bg.record(&store, keep, last, deliver);
         } else if keep.writes() {
             store.record_then(rid, keep, last, stream, deliver);
         } else {

@@ -5,7 +5,6 @@
 use crate::admission::Permit;
 use crate::doors::{Door, GenerateRequest};
 use crate::store::Store;
-use crate::store::background::Run;
 use crate::store::responses::Keep;
 use crate::stream::Deliver;
 use crate::trace::Traced;
@@ -20,15 +19,19 @@ pub enum Origin {
     /// A batch line, in the slot its batch's lane took for it (`crate::workers::batches`).
     BatchLine(Permit),
     /// A background response's run (`crate::workers::background`), admitted here like a client's request.
-    Background(BackgroundRun),
+    Background(Arc<dyn BackgroundRun>),
 }
 
-/// A background response's run, and how its worker records its end: under the run's claim, by whoever ends it
-/// first, never by the batched writer.
-#[derive(Clone)]
-pub struct BackgroundRun {
-    pub run: Arc<Run>,
-    pub record: fn(&Arc<Store>, Arc<Run>, Keep, Bytes, Deliver),
+/// A background response's run as the path sees it (its worker's `workers::background::Run`): the id its Response
+/// has, and how its worker records its end: under the run's claim, by whoever ends it first, never by the batched
+/// writer.
+pub trait BackgroundRun: Send + Sync {
+    /// The Response's id.
+    fn id(&self) -> &str;
+    /// Its request has ended: its place in the lane is free.
+    fn release(&self);
+    /// Write its final Response (`keep`, whose last bytes are `last`), then `deliver` them.
+    fn record(self: Arc<Self>, store: &Arc<Store>, keep: Keep, last: Bytes, deliver: Deliver);
 }
 
 /// One request on its way down the path.

@@ -65,7 +65,7 @@ pub async fn serve(st: &Arc<AppState>, call: Call) -> Result<Answer, ApiError> {
     let fetched = if has_images { st.media.fetch(&req.images, deadline).await? } else { Default::default() };
     let id = st.dispatcher.next_id();
     let response_id = match &run {
-        Some(bg) => bg.run.id.clone(),
+        Some(bg) => bg.id().to_string(),
         // The counter keeps ids unique; 64 random bits keep a stored response's id from being guessed.
         None => format!("{}{id:x}{:016x}", door.id_prefix(), crate::ids::random_u64()),
     };

@@ -8,7 +8,8 @@
 //!   time).
 //! - `queries`: the SQL, one module per kind of record, written once for both databases.
 //! - `items`: input and output items as the store keeps them (ids given, text made parts).
-//! - `background`: background responses' live streams, while they run here.
+//! - `background`: background responses' claims as the store keeps them, and the wait of a request that continues
+//!   one still running (their runs are the worker's: `crate::workers::background`).
 //! - `files`: uploaded files, their rows and their contents on disk.
 //! - `responses`: what the request path needs on top: chains and conversations spliced before a request's input,
 //!   and finished responses written in batches, waited for by the next request that names them.
@@ -16,8 +17,6 @@
 //! - `hand_over`: the drain's release of the claims this replica holds.
 
 pub mod background;
-mod background_claims;
-mod background_events;
 pub mod conversations;
 pub mod db;
 pub mod files;
@@ -49,8 +48,11 @@ pub struct Store {
     writing: Mutex<HashMap<String, watch::Receiver<Written>>>,
     writer: mpsc::Sender<responses::Write>,
     runtime: tokio::runtime::Handle,
-    /// Background responses running here (or finished, kept for replay).
-    pub runs: Arc<background::Runs>,
+    /// The background worker's registry of the runs on this replica (`crate::workers::background::runs::of`), kept
+    /// here for the store's lifetime; the store itself never reads it.
+    pub runs: Arc<dyn std::any::Any + Send + Sync>,
+    /// Rung by the background worker as a run here has written its final state: a chain waiting on it goes on.
+    pub run_ended: tokio::sync::Notify,
     /// Where uploaded files' contents go; None: no files.
     pub files: Option<files::FileRoom>,
     /// Rung when a batch is created or cancelled here: the batch runner looks at once (`crate::batches`).
@@ -70,7 +72,7 @@ impl Store {
         db: Db,
         files: Option<files::FileRoom>,
         retention: retention::Retention,
-        runs: background::Limits,
+        runs: Arc<dyn std::any::Any + Send + Sync>,
         lease_s: i64,
         runtime: tokio::runtime::Handle,
     ) -> Arc<Self> {
@@ -81,7 +83,8 @@ impl Store {
             writing: Mutex::new(HashMap::new()),
             writer,
             runtime,
-            runs: Arc::new(background::Runs::new(runs)),
+            runs,
+            run_ended: tokio::sync::Notify::new(),
             files,
             batch_bell: tokio::sync::Notify::new(),
             retention,

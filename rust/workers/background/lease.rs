@@ -15,10 +15,11 @@
 //!   draining replica takes over no run.
 
 use super::run::{cancel_here, hand_over, run_in_background, stop};
+use super::runs::{self, Stage};
 use crate::doors::Door;
 use crate::error::ApiError;
 use crate::path::AppState;
-use crate::store::background::{Claim, Stage, is_running};
+use crate::store::background::{Claim, is_running};
 use crate::store::hand_over::Phase;
 use crate::store::{Store, failed, items};
 use bytes::Bytes;
@@ -50,7 +51,7 @@ pub fn start(st: Arc<AppState>, store: Arc<Store>) {
 /// asked to, and release a claim held with no run here (its run ended without writing its end).
 async fn renew(store: &Arc<Store>) {
     // Runs whose claim was in the store before the renewal: each must be among those renewed.
-    let mine = store.runs.claimed();
+    let mine = runs::of(store).claimed();
     let now = items::now();
     let renewed = match store.db.renew_runs(&store.instance, now + store.lease_s).await {
         Ok(renewed) => renewed,
@@ -61,7 +62,7 @@ async fn renew(store: &Arc<Store>) {
         stop(store, run, false).await;
     }
     for r in &renewed {
-        let here = store.runs.get(&r.id).filter(|run| run.generation == r.claim_gen && !run.finished());
+        let here = runs::of(store).get(&r.id).filter(|run| run.generation == r.claim_gen && !run.finished());
         match here {
             Some(run) if r.deleted => stop(store, &run, true).await,
             Some(run) if r.cancel_asked => {
@@ -69,7 +70,7 @@ async fn renew(store: &Arc<Store>) {
             }
             Some(_) => {}
             None if mine.iter().any(|run| run.id == r.id) => {} // it ended as the claims were renewed
-            None if store.runs.get(&r.id).is_some_and(|run| !run.finished()) => {} // claimed as they were renewed
+            None if runs::of(store).get(&r.id).is_some_and(|run| !run.finished()) => {} // claimed as they were renewed
             None => {
                 if let Err(e) = store.db.release_run(&r.id, &store.instance, r.claim_gen).await {
                     tracing::warn!(response_id = %r.id, "could not release a background response's claim: {e}");
@@ -108,7 +109,7 @@ async fn hand_over_on_drain(store: Arc<Store>) {
             continue;
         }
         let _writing = store.hand_over.handing(); // the drain waits for these releases
-        for run in store.runs.claimed() {
+        for run in runs::of(&store).claimed() {
             if (now == Phase::Cut || run.stage() == Stage::Waiting) && run.stop() {
                 hand_over(&store, &run).await;
             }
@@ -129,7 +130,7 @@ async fn resume(st: &Arc<AppState>, store: &Arc<Store>, id: String, body: String
         return;
     }
     // Full here: released at once for another replica. Its owner is not known here: it counts in all only.
-    let Ok(run) = store.runs.start(&id, None, generation) else {
+    let Ok(run) = runs::of(store).start(&id, None, generation) else {
         let _ = store.db.release_run(&id, &store.instance, generation).await;
         return;
     };

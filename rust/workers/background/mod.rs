@@ -1,6 +1,6 @@
 //! Background responses (Responses' `background: true`): the client gets the queued Response at once (or, with
 //! `stream: true`, its stream), and the request then runs through the one request path like any other, admission
-//! included, as a stream whose events are kept (`store::background`) for `GET /v1/responses/{id}?stream=true&
+//! included, as a stream whose events are kept (`runs`) for `GET /v1/responses/{id}?stream=true&
 //! starting_after=N`. The Response is in the store from the moment it is queued, so any replica answers `GET`;
 //! `POST /v1/responses/{id}/cancel` stops it on the replica that runs it, asked through any (`lease`,
 //! which also runs it again elsewhere if its replica dies).
@@ -11,9 +11,12 @@
 //!
 //! Traced, the `POST` has its own short span, and the run a trace of its own linked to it (`crate::trace`).
 
+mod events;
 mod lease;
 mod queued;
 mod run;
+pub mod runs;
 
 pub use lease::start as keep_claims;
 pub use run::{cancel, start};
+pub use runs::{Limits, Run, Runs};

@@ -3,10 +3,11 @@
 
 use super::lease::cancel_elsewhere;
 use super::queued::queued_response;
+use super::runs::{self, Run};
 use crate::doors::{Door, GenerateRequest};
 use crate::error::ApiError;
 use crate::path::{Answer, AppState, BackgroundRun, Call, Origin, Unary, serve};
-use crate::store::background::{Run, is_running};
+use crate::store::background::is_running;
 use crate::store::responses::{Keep, response_text};
 use crate::store::{Store, StoredResponse, failed, items};
 use crate::stream::Deliver;
@@ -51,8 +52,8 @@ pub async fn start(
         })?;
     }
     let response_id = format!("{}{:016x}", door.id_prefix(), crate::ids::random_u64());
-    // A place in the background lane, or its own 429 (`store::background`).
-    let run = store.runs.start(&response_id, Some(&req.owner), 0)?;
+    // A place in the background lane, or its own 429 (`runs`).
+    let run = runs::of(&store).start(&response_id, Some(&req.owner), 0)?;
     let mut body: Value = serde_json::from_slice(&req.body).map_err(|_| ApiError::Internal)?;
     let queued = queued_response(&body, &response_id);
     let row = StoredResponse {
@@ -72,7 +73,7 @@ pub async fn start(
     let until = items::now() + store.lease_s;
     let kept = std::str::from_utf8(&body).map_err(|_| ApiError::Internal)?;
     if let Err(e) = store.db.queue_run(&row, kept, &store.instance, until).await {
-        store.runs.forget(&response_id);
+        runs::of(&store).forget(&response_id);
         return Err(failed(e));
     }
     run.set_claimed();
@@ -134,7 +135,7 @@ pub(super) async fn run_in_background(
         let served = match door.parse(&body, (&st.config).into()) {
             Ok(mut req) => {
                 req.owner = owner.clone();
-                let origin = Origin::Background(BackgroundRun { run: run.clone(), record: record_then });
+                let origin = Origin::Background(run.clone());
                 let request_id = request_id.clone();
                 serve(&st, Call { door, req, origin, arrival, request_id, traced }).await
             }
@@ -190,7 +191,7 @@ pub(super) async fn run_in_background(
         }
     }
     unfinished.disarm();
-    store.runs.ended(&run);
+    ended(&store, &run);
 }
 
 /// Write the Response as it runs (`in_progress`), so any replica reads it so; false if the run's claim is gone.
@@ -204,6 +205,27 @@ async fn mark_running(store: &Store, run: &Run, latest: &[u8]) -> bool {
             true // the store is down, not the claim: its final write says
         }
     }
+}
+
+impl BackgroundRun for Run {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn release(&self) {
+        Run::release(self);
+    }
+
+    fn record(self: Arc<Self>, store: &Arc<Store>, keep: Keep, last: Bytes, deliver: Deliver) {
+        record_then(store, self, keep, last, deliver);
+    }
+}
+
+/// The run has ended here (its final state written, or not its to write): its events kept for replay, and a
+/// chain waiting on it told (`Store::until_ended`).
+fn ended(store: &Store, run: &Run) {
+    runs::of(store).ended(run);
+    store.run_ended.notify_waiters();
 }
 
 /// A background run's request has finished (called where it finishes, on its rank's thread): its final Response
@@ -267,7 +289,7 @@ pub(super) async fn hand_over(store: &Store, run: &Run) {
         Ok(_) => tracing::info!(response_id = %run.id, "a background response was handed over by the drain"),
         Err(e) => tracing::warn!(response_id = %run.id, "could not hand over a background response: {e}"),
     }
-    store.runs.ended(run);
+    ended(store, run);
 }
 
 /// `POST /v1/responses/{id}/cancel` for a background response: stopped if it runs here, recorded as cancelled;
@@ -275,7 +297,7 @@ pub(super) async fn hand_over(store: &Store, run: &Run) {
 /// handed over) is asked of that replica.
 /// The answer is the Response's JSON.
 pub async fn cancel(store: &Arc<Store>, id: &str) -> Result<Option<String>, ApiError> {
-    let Some(run) = store.runs.get(id) else { return cancel_elsewhere(store, id).await };
+    let Some(run) = runs::of(store).get(id) else { return cancel_elsewhere(store, id).await };
     if let Some(cancelled) = cancel_here(store, &run).await {
         return Ok(Some(cancelled.to_string()));
     }
@@ -294,7 +316,7 @@ pub(super) async fn cancel_here(store: &Store, run: &Run) -> Option<Value> {
     }
     run.release(); // before it reads as cancelled
     let cancelled = end_as(store, run, "cancelled", None).await;
-    store.runs.ended(run);
+    ended(store, run);
     Some(cancelled)
 }
 
@@ -311,7 +333,7 @@ pub(super) async fn stop(store: &Store, run: &Run, deleted: bool) {
     } else {
         tracing::info!(response_id = %run.id, "a background response's claim was lost: stopped here");
     }
-    store.runs.ended(run);
+    ended(store, run);
 }
 
 /// Record the Response as it stands with `status` (and its error), under the run's claim, and tell readers of its

@@ -1,4 +1,4 @@
-//! A background run's kept stream (`store::background`): its whole SSE events, the latest `window` bytes of them.
+//! A background run's kept stream (`workers::background::runs`): its whole SSE events, the latest `window` bytes of them.
 
 use bytes::Bytes;
 use std::collections::VecDeque;

@@ -1,4 +1,4 @@
-//! Unit tests of `store::background`: replay, caps, stages, windows.
+//! Unit tests of `workers::background::runs`: replay, caps, stages, windows.
 use super::*;
 use futures_util::StreamExt;
 
