@@ -32,6 +32,7 @@ from deepinfer_server._native import (
     Output,
     Ring,
     RingError,
+    SubmitInput,
 )
 from ring_records import drained
 
@@ -246,7 +247,17 @@ def test_request_records_round_trip(ring_path: Any, ops: list[tuple[Any, ...]]) 
             if op[0] == "submit":
                 _, rid, prompt, max_tokens, temp, top_p, top_k, seed, ignore_eos, as_bytes = op
                 arg = b"".join(struct.pack("<I", t) for t in prompt) if as_bytes else prompt
-                prod.push_submit(rid, arg, max_tokens, temp, top_p, top_k, seed, ignore_eos, timeout=0)
+                submit = SubmitInput(
+                    request_id=rid,
+                    prompt=arg,
+                    max_tokens=max_tokens,
+                    temperature=temp,
+                    top_p=top_p,
+                    top_k=top_k,
+                    seed=seed,
+                    ignore_eos=ignore_eos,
+                )
+                prod.push_submit(submit, timeout=0)
                 expected.append(
                     (
                         1,

@@ -75,7 +75,8 @@ def test_a_lockstep_rank_maps_every_shared_file_before_it_reports_ready(ring_pat
         while outputs.aux(_native.AUX_STATE) != _native.STATE_READY and proc.poll() is None:
             assert time.monotonic() < deadline, "the rank never became ready"
             time.sleep(0.01)
-        requests.push_submit(1, [100, 101, 102], 3, ignore_eos=True)  # still served through the unlinked files
+        # Still served through the unlinked files.
+        requests.push_submit(_native.SubmitInput(request_id=1, prompt=[100, 101, 102], max_tokens=3, ignore_eos=True))
         bell.ring()
         assert outputs.wait(10.0), f"no output; the rank exited with {proc.poll()}"
         got = outputs.drain_tokens()

@@ -19,6 +19,8 @@ from deepinfer_server._native import (
     Ring,
     RingClosed,
     RingError,
+    SubmitImages,
+    SubmitInput,
 )
 from ring_records import drained
 
@@ -43,10 +45,23 @@ def test_request_round_trip(ring_path) -> None:
     p = ring_path()
     prod = Ring.create(p, 1 << 16)
     cons = Ring.open(p)
-    prod.push_submit(7, [1, 2, 3, 2**32 - 1], 128, 0.7, 0.95, 40, 1234, True)
-    prod.push_submit(8, (5).to_bytes(4, "little") + (6).to_bytes(4, "little"), 16, 0.0, 1.0, -1, None, False)
-    prod.push_submit(9, [], 1)
-    prod.push_submit(11, [4, 5], 1, logprobs=2, prompt_logprobs=True)
+    s = SubmitInput
+    prod.push_submit(
+        s(
+            request_id=7,
+            prompt=[1, 2, 3, 2**32 - 1],
+            max_tokens=128,
+            temperature=0.7,
+            top_p=0.95,
+            top_k=40,
+            seed=1234,
+            ignore_eos=True,
+        )
+    )
+    two = (5).to_bytes(4, "little") + (6).to_bytes(4, "little")
+    prod.push_submit(s(request_id=8, prompt=two, max_tokens=16, temperature=0.0, top_p=1.0, top_k=-1))
+    prod.push_submit(s(request_id=9, prompt=[], max_tokens=1))
+    prod.push_submit(s(request_id=11, prompt=[4, 5], max_tokens=1, logprobs=2, prompt_logprobs=True))
     prod.push_abort(7)
     prod.push_shutdown()
     assert prod.used_bytes > 0
@@ -62,15 +77,17 @@ def test_request_round_trip(ring_path) -> None:
     ]
     assert cons.drain_requests() == []
     # A request's images travel as a file name and sizes, never their bytes.
-    pics = ("/dev/shm/deepinfer-x-media/chatcmpl-1", 650, [(1036, 1036, 2006), (8, 9, 10)])
-    prod.push_submit(10, [129264, 5, 129264], 4, images=pics)
+    pics = SubmitImages(
+        path="/dev/shm/deepinfer-x-media/chatcmpl-1", extra_tokens=650, sizes=[(1036, 1036, 2006), (8, 9, 10)]
+    )
+    prod.push_submit(s(request_id=10, prompt=[129264, 5, 129264], max_tokens=4, images=pics))
     (got_images,) = drained(cons)
-    assert got_images[-1] == (pics[0], 650, [[1036, 1036, 2006], [8, 9, 10]]) and got_images[2] == [129264, 5, 129264]
+    assert got_images[-1] == (pics.path, 650, [[1036, 1036, 2006], [8, 9, 10]]) and got_images[2] == [129264, 5, 129264]
     assert prod.used_bytes == 0
     with pytest.raises(ValueError):
-        prod.push_submit(1, b"abc", 1)
+        s(request_id=1, prompt=b"abc", max_tokens=1)
     with pytest.raises(OverflowError):
-        prod.push_submit(1, [-1], 1)
+        s(request_id=1, prompt=[-1], max_tokens=1)
 
 
 def test_tokens_round_trip(ring_path) -> None:
@@ -267,7 +284,17 @@ def test_two_processes_10k_requests(ring_path) -> None:
                 req.push_abort(i)
                 expected.append(Output(request_id=i, tokens=[], finish=3))
                 continue
-            req.push_submit(i, prompt, i % 300 + 1, 0.5, 0.9, i % 50, seed, bool(i % 3 == 0), timeout=10)
+            submit = SubmitInput(
+                request_id=i,
+                prompt=prompt,
+                max_tokens=i % 300 + 1,
+                temperature=0.5,
+                top_p=0.9,
+                top_k=i % 50,
+                seed=seed,
+                ignore_eos=bool(i % 3 == 0),
+            )
+            req.push_submit(submit, timeout=10)
             tail = [i % 300 + 1, i % 50, seed or 0, int(i % 3 == 0)]
             expected.append(Output(request_id=i, tokens=prompt[::-1] + tail, finish=FINISH_STOP))
         rt.join(60)

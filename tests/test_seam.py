@@ -95,9 +95,9 @@ def test_the_codec_answers_with_the_records() -> None:
     bad = codec.prepare(_native.PrepareInput(door=_native.DOOR_CHAT, body=bad_body, response_id="c", model=MODEL))
     assert isinstance(bad, _native.Refusal) and bad.status == 400
     assert json.loads(bad.body)["error"]["param"] == "temperature"
-    counted = codec.count_tokens(raw, _native.DOOR_CHAT)
+    counted = codec.count_tokens(_native.CallInput(door=_native.DOOR_CHAT, body=raw))
     assert isinstance(counted, str) and json.loads(counted)["input_tokens"] == len(got.prompt_ids)
-    refused = codec.detokenize(b'{"tokens": [-1]}', _native.DOOR_CHAT)
+    refused = codec.detokenize(_native.CallInput(door=_native.DOOR_CHAT, body=b'{"tokens": [-1]}'))
     assert isinstance(refused, _native.Refusal) and json.loads(refused.body)["error"]["param"] == "tokens"
     assert codec.check_constraint(_native.ConstraintInput(door=_native.DOOR_CHAT, body=raw)) is None
 
@@ -106,7 +106,19 @@ def test_a_rank_reads_typed_records(tmp_path: Path) -> None:
     path = str(tmp_path / "ring")
     prod = _native.Ring.create(path, 1 << 16)
     cons = _native.Ring.open(path)
-    prod.push_submit(7, [1, 2], 9, 0.5, 0.9, 3, 11, True, logprobs=2, prompt_logprobs=True)
+    submit_input = _native.SubmitInput(
+        request_id=7,
+        prompt=[1, 2],
+        max_tokens=9,
+        temperature=0.5,
+        top_p=0.9,
+        top_k=3,
+        seed=11,
+        ignore_eos=True,
+        logprobs=2,
+        prompt_logprobs=True,
+    )
+    prod.push_submit(submit_input)
     prod.push_abort(7)
     prod.push_shutdown()
     submit, abort, shutdown = cons.drain_requests()

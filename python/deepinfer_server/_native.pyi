@@ -122,6 +122,19 @@ class ConstraintInput:
     def parallel_tools(self) -> bool: ...
 
 @final
+class CallInput:
+    """The request of the codec's other calls (`Codec.tokenize`, `detokenize`, `count_tokens`): its door, its body,
+    and the images the front end fetched for it."""
+
+    def __new__(cls, *, door: int, body: bytes, images: dict[str, bytes] | None = None) -> CallInput: ...
+    @property
+    def door(self) -> int: ...
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def images(self) -> dict[str, bytes] | None: ...
+
+@final
 class DecodeBatch:
     """A decode batch (rust/codec/decode.rs), a column per field and a row per request: Rust builds one per batch,
     and `decode_batch` sets its answers (`states`, `outputs`) on it, a row per request."""
@@ -240,6 +253,82 @@ class Submit:
     @property
     def images(self) -> tuple[str, int, list[list[int]]] | None: ...
 
+# What Python pushes onto a request ring (rust/ring/py/submit_input.rs).
+@final
+class SubmitConstraint:
+    """A request's grammar as a rank enforces it."""
+
+    def __new__(
+        cls, *, schema_type: int, schema: str, triggers: Sequence[int], bound: int | None
+    ) -> SubmitConstraint: ...
+    @property
+    def schema_type(self) -> int:
+        """`SCHEMA_*`."""
+    @property
+    def schema(self) -> str: ...
+    @property
+    def triggers(self) -> list[int]: ...
+    @property
+    def bound(self) -> int | None: ...
+
+@final
+class SubmitImages:
+    """A request's images as a rank reads them: their file, the prompt tokens beyond the placeholders, and each
+    image's (width, height, bytes)."""
+
+    def __new__(cls, *, path: str, extra_tokens: int, sizes: Sequence[Sequence[int]]) -> SubmitImages: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def extra_tokens(self) -> int: ...
+    @property
+    def sizes(self) -> list[list[int]]: ...
+
+@final
+class SubmitInput:
+    """A generation request as Python pushes it (`Ring.push_submit`); a rank reads it back as a `Submit`."""
+
+    def __new__(
+        cls,
+        *,
+        request_id: int,
+        prompt: bytes | Sequence[int],
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = ...,
+        seed: int | None = None,
+        ignore_eos: bool = False,
+        logprobs: int | None = None,
+        prompt_logprobs: bool = False,
+        constraint: SubmitConstraint | None = None,
+        images: SubmitImages | None = None,
+    ) -> SubmitInput: ...
+    @property
+    def request_id(self) -> int: ...
+    @property
+    def prompt(self) -> list[int]: ...
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def top_p(self) -> float: ...
+    @property
+    def top_k(self) -> int: ...
+    @property
+    def seed(self) -> int | None: ...
+    @property
+    def ignore_eos(self) -> bool: ...
+    @property
+    def logprobs(self) -> int | None: ...
+    @property
+    def prompt_logprobs(self) -> bool: ...
+    @property
+    def constraint(self) -> SubmitConstraint | None: ...
+    @property
+    def images(self) -> SubmitImages | None: ...
+
 @final
 class Abort:
     """Stop generating a request."""
@@ -320,22 +409,7 @@ class Ring:
     def set_aux(self, i: int, v: int) -> None: ...
     def wait(self, timeout: float | None = None) -> bool: ...
     def wait_drained(self, max_used: int, timeout: float | None = None) -> bool: ...
-    def push_submit(
-        self,
-        request_id: int,
-        prompt: bytes | Sequence[int],
-        max_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = ...,
-        seed: int | None = None,
-        ignore_eos: bool = False,
-        timeout: float | None = None,
-        logprobs: int | None = None,
-        constraint: ConstraintTuple | None = None,
-        images: ImagesTuple | None = None,
-        prompt_logprobs: bool = False,
-    ) -> None: ...
+    def push_submit(self, submit: SubmitInput, timeout: float | None = None) -> None: ...
     def push_abort(self, request_id: int, timeout: float | None = None) -> None: ...
     def push_shutdown(self, timeout: float | None = None) -> None: ...
     def drain_requests(self, max_bytes: int = ...) -> list[Submit | Abort | Shutdown]: ...

@@ -27,7 +27,7 @@ from deepseek_recipe import (
 )
 
 from deepinfer_server import refusals
-from deepinfer_server._native import ConstraintInput, DecodeBatch, PrepareInput
+from deepinfer_server._native import CallInput, ConstraintInput, DecodeBatch, PrepareInput
 from deepinfer_server.decoding import FINISHED, RUNNING, STOPPED_EARLY
 from deepinfer_server.doors import DOORS, ChatDoor, CompletionsDoor, MessagesDoor, ResponsesDoor
 from deepinfer_server.doors.base import Context, Prepared, Prompt
@@ -47,6 +47,7 @@ __all__ = [
     "RESPONSES",
     "RUNNING",
     "STOPPED_EARLY",
+    "CallInput",
     "Codec",
     "ConstraintInput",
     "PrepareInput",
@@ -125,9 +126,10 @@ class Codec:
         prepare then finds the grammar in the cache."""
         return DOORS[request.door].check_constraint(self.ctx, request.body, request.forced_tool, request.parallel_tools)
 
-    def tokenize(self, body: bytes, protocol: int, images: dict[str, bytes] | None = None) -> str | Refusal:
+    def tokenize(self, request: CallInput) -> str | Refusal:
         """vLLM's `POST /tokenize`: a chat body's prompt IDs (what its request would count), or a raw prompt's. An
         image is one placeholder ID in `tokens`; `count` adds the tokens the engine expands it to."""
+        body, images = request.body, request.images
         d = json.loads(body)
         extra = 0
         if "messages" in d:
@@ -147,17 +149,17 @@ class Codec:
         out = {"count": len(ids) + extra, "max_model_len": self.max_model_len, "tokens": ids, "token_strs": None}
         return json.dumps(out)
 
-    def detokenize(self, body: bytes, protocol: int) -> str | Refusal:
+    def detokenize(self, request: CallInput) -> str | Refusal:
         """vLLM's `POST /detokenize`."""
-        tokens, n = json.loads(body).get("tokens"), self.vocab.vocab_size
+        tokens, n = json.loads(request.body).get("tokens"), self.vocab.vocab_size
         if not isinstance(tokens, list) or not all(type(t) is int and 0 <= t < n for t in tokens):
             return Refusal(400, error_body(f"'tokens' must be a list of token IDs below {n}", param="tokens"))
         return json.dumps({"prompt": self.vocab.text_of(tokens)}, ensure_ascii=False)
 
-    def count_tokens(self, body: bytes, protocol: int, images: dict[str, bytes] | None = None) -> str | Refusal:
+    def count_tokens(self, request: CallInput) -> str | Refusal:
         """`POST /v1/messages/count_tokens`: the prompt length of a request (its images' tokens included), from the
         encoder that serves it."""
-        prompt = DOORS[protocol].prompt_tokens(self.ctx, body, images)
+        prompt = DOORS[request.door].prompt_tokens(self.ctx, request.body, request.images)
         if not isinstance(prompt, Prompt):
             return prompt
         return json.dumps({"input_tokens": len(prompt.ids) + prompt.image_tokens})

@@ -16,7 +16,7 @@ use crate::error::ApiError;
 use prepare::{fetched_to_py, forced_args};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use seam::{Answer, PyConstraintInput, PyRefusal};
+use seam::{Answer, PyCallInput, PyConstraintInput, PyRefusal};
 use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::thread;
 use std::time::Duration;
@@ -138,7 +138,7 @@ impl Codec {
         answer.map_or(Ok(()), |refused| Err(refused.into()))
     }
 
-    /// Call a method of the Python `Codec` on the codec pool (counting tokens, rendering): `(body, door)` in,
+    /// Call a method of the Python `Codec` on the codec pool (counting tokens, rendering): a `CallInput` in,
     /// the body of its answer out, or its refusal as the request's error.
     pub async fn call(
         &self,
@@ -150,13 +150,12 @@ impl Codec {
         let pool = if fetched.is_some() { Pool::Images } else { Pool::Text };
         let job = move |codec: &Codec| {
             Python::attach(|py| {
-                let body = PyBytes::new(py, &body);
-                let out = match fetched.as_deref() {
-                    None => codec.codec.bind(py).call_method1(method, (body, door.code())),
-                    Some(f) => fetched_to_py(py, f)
-                        .and_then(|images| codec.codec.bind(py).call_method1(method, (body, door.code(), images))),
-                }
-                .map_err(|e| internal(py, e))?;
+                let body = PyBytes::new(py, &body).unbind();
+                let images =
+                    fetched.as_deref().map(|f| fetched_to_py(py, f)).transpose().map_err(|e| internal(py, e))?;
+                let input = PyCallInput { door: door.code(), body, images: images.map(Bound::unbind) };
+                let input = Bound::new(py, input).map_err(|e| internal(py, e))?;
+                let out = codec.codec.bind(py).call_method1(method, (input,)).map_err(|e| internal(py, e))?;
                 out.extract::<Answer>().map_err(|e| internal(py, e))?.accepted()
             })
         };

@@ -1,7 +1,8 @@
 //! What crosses between Rust and the Python codec, as typed records defined once, here (and the decode batch's in
 //! decode.rs), and exported through `_native` (stubs in `_native.pyi`, which mypy checks the codec against and
 //! `mypy.stubtest` checks against this module):
-//! - `PrepareInput`, `ConstraintInput`: what Rust asks `Codec.prepare` and `Codec.check_constraint`;
+//! - `PrepareInput`, `ConstraintInput`, `CallInput`: what Rust asks `Codec.prepare`, `Codec.check_constraint` and
+//!   the codec's other calls (`tokenize`, `detokenize`, `count_tokens`);
 //! - `Prepared`: a request converted and encoded, with its decoder;
 //! - `Refusal`: a request the codec will not run, with its status and error envelope;
 //! - the codes the two sides share: each door's protocol code (`doors::Door::code`) and the decode states.
@@ -94,6 +95,29 @@ impl PyConstraintInput {
 
     fn __repr__(&self) -> String {
         format!("ConstraintInput(door={}, ...)", self.door)
+    }
+}
+
+/// What Rust asks the codec's other calls (`Codec.tokenize`, `detokenize` and `count_tokens`): the request's door
+/// and body, and the images the front end fetched for it (URL -> bytes), if it has any.
+#[pyclass(name = "CallInput", module = "deepinfer_server._native", frozen, get_all)]
+pub struct PyCallInput {
+    pub(super) door: u8,
+    pub(super) body: Py<PyBytes>,
+    pub(super) images: Option<Py<PyDict>>,
+}
+
+#[pymethods]
+impl PyCallInput {
+    #[new]
+    #[pyo3(signature = (*, door, body, images=None))]
+    fn new(door: u8, body: Py<PyBytes>, images: Option<Py<PyDict>>) -> PyResult<Self> {
+        known_door(door)?;
+        Ok(PyCallInput { door, body, images })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("CallInput(door={}, ...)", self.door)
     }
 }
 
@@ -241,6 +265,7 @@ impl PyRefusal {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPrepareInput>()?;
     m.add_class::<PyConstraintInput>()?;
+    m.add_class::<PyCallInput>()?;
     m.add_class::<PyPrepared>()?;
     m.add_class::<PyDecodeBatch>()?;
     m.add_class::<PyRefusal>()?;

@@ -5,7 +5,7 @@
 //! One module per job: [`ring`] (the ring), [`entries`] (the `Output` records
 //! a rank publishes, parsed as they are built), [`step`] (a step's plain rows
 //! as columns, published beside them), [`requests`] (the typed records a rank
-//! reads), [`logprobs`] (records' logprobs as Python reads them, which the
+//! reads), [`submit_input`] (the typed request Python pushes), [`logprobs`] (records' logprobs as Python reads them, which the
 //! server's codec uses too), [`lockstep`] and
 //! [`doorbell`]; this one holds their errors and GIL-free waits.
 
@@ -16,6 +16,7 @@ pub mod logprobs;
 mod requests;
 mod ring;
 mod step;
+mod submit_input;
 
 use std::io;
 use std::time::{Duration, Instant};
@@ -47,6 +48,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLockstep>()?;
     m.add_class::<PyDoorbell>()?;
     m.add_class::<requests::PySubmit>()?;
+    m.add_class::<submit_input::PySubmitInput>()?;
+    m.add_class::<submit_input::SubmitConstraint>()?;
+    m.add_class::<submit_input::SubmitImages>()?;
     m.add_class::<requests::PyAbort>()?;
     m.add_class::<requests::PyShutdown>()?;
     m.add_class::<entries::PyOutput>()?;

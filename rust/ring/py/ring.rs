@@ -9,12 +9,13 @@ use pyo3::exceptions::{PyIndexError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
-use super::entries::{PyOutput, prompt_ids};
+use super::entries::PyOutput;
 use super::requests::{PyAbort, PyShutdown, PySubmit};
 use super::step::PyStepOutputs;
+use super::submit_input::PySubmitInput;
 use super::{RingError, SIGNAL_POLL, blocking, duration, io_err, ring_err, wait_until};
 use crate::ring::layout::AUX_WORDS;
-use crate::ring::records::{self, Constraint, ImageSet, Request, Submit};
+use crate::ring::records::{self, Request};
 use crate::ring::status::monotonic_us;
 use crate::ring::{Ring, RingError as CoreError};
 
@@ -141,46 +142,10 @@ impl PyRing {
 
     // ------------------------------------------------------- request side
 
-    #[pyo3(signature = (request_id, prompt, max_tokens, temperature=1.0, top_p=1.0, top_k=-1, seed=None, ignore_eos=false, timeout=None, logprobs=None, constraint=None, images=None, prompt_logprobs=false))]
-    #[allow(clippy::too_many_arguments)]
-    fn push_submit(
-        &self,
-        py: Python<'_>,
-        request_id: u64,
-        prompt: &Bound<'_, PyAny>,
-        max_tokens: u32,
-        temperature: f32,
-        top_p: f32,
-        top_k: i32,
-        seed: Option<u64>,
-        ignore_eos: bool,
-        timeout: Option<f64>,
-        logprobs: Option<u32>,
-        constraint: Option<(u32, String, Vec<u32>, Option<u32>)>,
-        images: Option<(String, u32, Vec<[u32; 3]>)>,
-        prompt_logprobs: bool,
-    ) -> PyResult<()> {
-        let prompt = prompt_ids(prompt)?;
-        let constraint = constraint.map(|(schema_type, schema, triggers, bound)| Constraint {
-            schema_type,
-            schema,
-            triggers,
-            bound,
-        });
-        let s = Submit {
-            request_id,
-            prompt: prompt.as_slice(),
-            max_tokens,
-            temperature,
-            top_p,
-            top_k,
-            seed,
-            ignore_eos,
-            logprobs,
-            prompt_logprobs,
-            constraint,
-            images: images.map(|(path, extra_tokens, sizes)| ImageSet { path, extra_tokens, sizes }),
-        };
+    /// Push a generation request, built as a `SubmitInput` (named fields, typed where Python builds it).
+    #[pyo3(signature = (submit, timeout=None))]
+    fn push_submit(&self, py: Python<'_>, submit: &Bound<'_, PySubmitInput>, timeout: Option<f64>) -> PyResult<()> {
+        let s = submit.get().record();
         let s = &s;
         self.push_with(py, records::SUBMIT, s.encoded_len(), timeout, move |b| s.write(b))
     }
