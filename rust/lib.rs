@@ -29,6 +29,7 @@ pub mod server;
 pub mod store;
 pub mod stream;
 pub mod supervisor;
+pub mod timing;
 pub mod trace;
 pub mod ttft;
 pub mod watchdog;
@@ -47,6 +48,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     ring::py::register(m)?;
     codec::seam::register(m)?;
     limits::register(m)?;
+    timing::register(m)?;
     m.add_class::<limits::Limits>()?;
     m.add_class::<config::ServerConfig>()?;
     m.add_class::<config::CorsConfig>()?;

@@ -487,6 +487,8 @@ class Limit:
     def derived(self) -> str | None: ...
 
 LIMITS: tuple[Limit, ...]
+# The timing settings that are not limits: each flag and its default (rust/timing.rs).
+TIMING_DEFAULTS: dict[str, float]
 
 # --- the server's settings (rust/config.rs, built with rust/py_record.rs): what the launcher hands `serve` ---
 

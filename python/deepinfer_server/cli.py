@@ -8,15 +8,15 @@ import sys
 from collections.abc import Sequence
 
 from deepinfer_server import __version__, edge_args, limits_args, media_args, state_args, trace_args
+from deepinfer_server._native import TIMING_DEFAULTS
 from deepinfer_server.engine import sim_config
 from deepinfer_server.engine.registry import ENGINES, Stepping
 from deepinfer_server.prompt_encoder import CHOICES as PROMPT_ENCODERS
 
 API_KEY_ENV = "DEEPINFER_SERVER_API_KEY"
 
-# --dispatch-gather-ms when the ranks step together: a closed loop's burst of 8k-token prompts reaches the ranks
-# over 5-15 ms here; a 10 ms window split it in some runs (BENCHMARKS.md, the replay).
-DEFAULT_GATHER_MS = 20.0
+# --dispatch-gather-ms when the ranks step together (rust/timing.rs, where every timing default is declared).
+DEFAULT_GATHER_MS = TIMING_DEFAULTS["--dispatch-gather-ms"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,16 +81,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--exit-on-rank-failure",
         type=float,
-        default=3.0,
+        default=TIMING_DEFAULTS["--exit-on-rank-failure"],
         help="Seconds between a rank failure (health turns 503 at once) and exiting with status 1.",
     )
     p.add_argument(
-        "--sse-keep-alive", type=float, default=15.0, help="Seconds of silence before an SSE keep-alive comment."
+        "--sse-keep-alive",
+        type=float,
+        default=TIMING_DEFAULTS["--sse-keep-alive"],
+        help="Seconds of silence before an SSE keep-alive comment.",
     )
     p.add_argument(
         "--stream-interval-ms",
         type=float,
-        default=3.0,
+        default=TIMING_DEFAULTS["--stream-interval-ms"],
         help="Shortest gap between two token events of one stream; tokens that come sooner leave together in the "
         "next event (fewer, fuller writes when the engine outpaces the client). Below the engine's step time it "
         "never delays a token. 0 sends tokens as they come.",
@@ -130,8 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="How long a long prompt waits, once encoded, for other long prompts to go to the ranks with it, so "
         "that a burst's prefills share one engine step instead of queueing behind each other's (ranks that step "
-        "together pause every rank's decode for each prefill step). Default: 20 when the ranks step together "
-        "(--engine deepinfer, --sim-lockstep), else 0 (off).",
+        "together pause every rank's decode for each prefill step). "
+        f"Default: {DEFAULT_GATHER_MS:g} when the ranks step together (--engine deepinfer, --sim-lockstep), else 0 "
+        "(off).",
     )
     p.add_argument(
         "--dispatch-gather-min-tokens",
@@ -139,11 +143,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=4096,
         help="Prompts shorter than this never wait for --dispatch-gather-ms: their prefill costs less than the wait.",
     )
-    p.add_argument("--drain-timeout", type=float, default=30.0, help="Seconds to finish in-flight requests on SIGTERM.")
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=TIMING_DEFAULTS["--drain-timeout"],
+        help="Seconds to finish in-flight requests on SIGTERM.",
+    )
     p.add_argument(
         "--watchdog-timeout",
         type=float,
-        default=300.0,
+        default=TIMING_DEFAULTS["--watchdog-timeout"],
         help="Seconds a rank with requests in flight may go without a heartbeat (one per engine step) before the "
         "server declares it hung, kills every rank and exits with status 1; 0 disables it. The default allows a "
         "first-step JIT compile and a 1M-token prefill.",
