@@ -11,6 +11,7 @@ use crate::limits::{MAX_MESSAGE_BATCH_LINES, MAX_MESSAGE_BATCHES_PAGE};
 use crate::owner::Owner;
 use crate::store::{Store, StoredBatch, failed, items};
 use crate::workers::batches::object::{Batch, BatchStatus, MESSAGES};
+use crate::workers::batches::result::{MessageOutcome, MessageResult, ResultLine};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
@@ -174,18 +175,11 @@ pub async fn results(State(st): State<Arc<AppState>>, Path(id): Path<String>, ow
         if !batch.status.ended() {
             return Err(ApiError::bad_request("The message batch has not ended: its results are not ready."));
         }
-        let mut by_id: HashMap<String, Value> = HashMap::new();
+        let mut by_id: HashMap<String, MessageOutcome> = HashMap::new();
         for file in [&batch.output_file_id, &batch.error_file_id].into_iter().flatten() {
             for line in read_file(store, file, &owner).await?.lines() {
-                let Ok(r) = serde_json::from_str::<Value>(line) else { continue };
-                let custom_id = r["custom_id"].as_str().unwrap_or_default().to_string();
-                let body = r["response"]["body"].clone();
-                let result = if r["response"]["status_code"] == 200 {
-                    json!({"type": "succeeded", "message": body})
-                } else {
-                    json!({"type": "errored", "error": body})
-                };
-                by_id.insert(custom_id, result);
+                let Ok(r) = serde_json::from_str::<ResultLine>(line) else { continue };
+                by_id.insert(r.custom_id.clone(), MessageOutcome::of(r));
             }
         }
         let never = if batch.status == BatchStatus::Expired { "expired" } else { "canceled" };
@@ -193,8 +187,8 @@ pub async fn results(State(st): State<Arc<AppState>>, Path(id): Path<String>, ow
         for line in read_file(store, &batch.input_file_id, &owner).await?.lines() {
             let Ok(r) = serde_json::from_str::<Value>(line) else { continue };
             let custom_id = r["custom_id"].as_str().unwrap_or_default().to_string();
-            let result = by_id.remove(&custom_id).unwrap_or_else(|| json!({"type": never}));
-            out.push_str(&json!({"custom_id": custom_id, "result": result}).to_string());
+            let result = by_id.remove(&custom_id).unwrap_or_else(|| MessageOutcome::never(never));
+            out.push_str(&serde_json::to_string(&MessageResult { custom_id, result }).map_err(|_| ApiError::Internal)?);
             out.push('\n');
         }
         Ok(([(header::CONTENT_TYPE, "application/binary")], out).into_response())

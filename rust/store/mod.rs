@@ -17,6 +17,7 @@
 //! - `hand_over`: the drain's release of the claims this replica holds.
 
 pub mod background;
+pub mod batch_status;
 pub mod conversations;
 pub mod db;
 pub mod files;
@@ -215,7 +216,9 @@ pub struct StoredFile {
 pub struct StoredBatch {
     pub id: String,
     pub created_at: i64,
-    pub status: String,
+    /// The status column: the same text as the Batch object's `status` (the two are always written together).
+    #[sqlx(try_from = "String")]
+    pub status: batch_status::BatchStatus,
     pub batch: String,
     /// The span of the request that created it (`crate::trace::stored`), which its lines' spans link to; None
     /// when traces were off.

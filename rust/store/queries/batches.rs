@@ -16,7 +16,7 @@ impl Db {
         let q = "INSERT INTO batches (id, created_at, status, batch, trace_context, owned_by) \
                  VALUES ($1, $2, $3, $4, $5, $6)";
         on_pool!(self, |pool| {
-            let q = sqlx::query(q).bind(&b.id).bind(b.created_at).bind(&b.status).bind(&b.batch);
+            let q = sqlx::query(q).bind(&b.id).bind(b.created_at).bind(b.status.as_str()).bind(&b.batch);
             q.bind(&b.trace_context).bind(&b.owned_by).execute(pool).await?;
         });
         Ok(())

@@ -2,7 +2,8 @@
 //! line's slot.
 
 use super::input::InputLines;
-use super::object::{Line, parse_line, result_line};
+use super::object::{Line, parse_line};
+use super::result::ResultLine;
 use super::traced::LineTraces;
 use crate::admission::Permit;
 use crate::doors::{Body, Door};
@@ -88,5 +89,6 @@ pub(super) async fn run_line(
             (e.status().as_u16(), Bytes::from(door.envelope(&e)))
         }
     };
-    Some((status == 200, result_line(custom_id, &request_id, status, &bytes)))
+    let line = ResultLine::new(custom_id, &request_id, status, &bytes);
+    Some((line.succeeded(), line.to_text()))
 }

@@ -9,6 +9,7 @@
 //!
 //! - `input`: the input file's lines, each read only up to `--max-batch-line-bytes`;
 //! - `object`: the Batch object (`Batch`), the input lines' checks, the output lines;
+//! - `result`: the result lines it writes (OpenAI's), and a Message Batch's view of them (Anthropic's);
 //! - `status`: a batch's status (`BatchStatus`) and the moves between them, each stamping its time;
 //! - `finish`: a batch's end: its results files and final status;
 //! - `lane`: the batch lane's slots, dealt round-robin to the batches running here;
@@ -22,6 +23,7 @@ pub mod input;
 mod lane;
 mod line;
 pub mod object;
+pub mod result;
 mod run;
 pub mod status;
 mod traced;

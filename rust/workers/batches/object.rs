@@ -1,6 +1,5 @@
 //! The Batch object (OpenAI's Batch API, typed: `Batch`, its status machine in `status.rs`) and the input file's
-//! lines: what a batch is asked to run, checked before it runs, and the output and error lines it writes, keyed by
-//! `custom_id`.
+//! lines: what a batch is asked to run, checked before it runs (the lines it writes are `result.rs`'s).
 
 pub use super::status::BatchStatus;
 use crate::doors::Door;
@@ -8,7 +7,7 @@ use crate::json_bounds::{self, JsonBounds};
 use crate::limits::{MAX_BATCH_LINES, MAX_MESSAGE_BATCH_LINES};
 use crate::store::{StoreError, StoredBatch};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 /// What a batch may serve: the doors OpenAI's Batch API names.
 pub const ENDPOINTS: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/responses"];
@@ -195,16 +194,6 @@ pub fn parse_line(text: &str, endpoint: &str, bounds: JsonBounds) -> Result<(Str
     Ok((custom_id, Value::Object(body.clone())))
 }
 
-/// A line's output (or error) line: the response's status and body, keyed by `custom_id`.
-pub fn result_line(custom_id: &str, request_id: &str, status: u16, body: &[u8]) -> String {
-    let body: Value = serde_json::from_slice(body).unwrap_or_else(|_| json!(String::from_utf8_lossy(body)));
-    let line = json!({
-        "id": crate::ids::random_id("batch_req"), "custom_id": custom_id,
-        "response": {"status_code": status, "request_id": request_id, "body": body}, "error": null,
-    });
-    line.to_string()
-}
-
 /// A Batch as the store keeps it: a row of its own (`store::StoredBatch`), whose status column the claims and
 /// cancels are checked against.
 impl StoredBatch {
@@ -213,7 +202,7 @@ impl StoredBatch {
         StoredBatch {
             id: batch.id.clone(),
             created_at: batch.created_at,
-            status: batch.status.to_string(),
+            status: batch.status,
             batch: batch.to_text(),
             trace_context,
             owned_by: owned_by.to_string(),
@@ -223,9 +212,9 @@ impl StoredBatch {
     /// The Batch object this row keeps, with the row's status: the column every claim and cancel is checked
     /// against (the two are always written together). A row that does not read as one is the store's error.
     pub fn load(&self) -> Result<Batch, StoreError> {
-        let undecodable = |e: Box<dyn std::error::Error + Send + Sync>| StoreError::Db(sqlx::Error::Decode(e));
-        let mut batch: Batch = serde_json::from_str(&self.batch).map_err(|e| undecodable(Box::new(e)))?;
-        batch.status = self.status.parse().map_err(|e| undecodable(Box::new(e)))?;
+        let undecodable = |e: serde_json::Error| StoreError::Db(sqlx::Error::Decode(Box::new(e)));
+        let mut batch: Batch = serde_json::from_str(&self.batch).map_err(undecodable)?;
+        batch.status = self.status;
         Ok(batch)
     }
 }
@@ -233,6 +222,7 @@ impl StoredBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     const B: JsonBounds = JsonBounds { elements: 100, depth: 8 };
 

@@ -151,7 +151,7 @@ impl Runner {
             return Ok(false);
         }
         let current = self.store.db.get_batch(id).await?.map(|b| b.status);
-        Ok(current.as_deref() == Some(BatchStatus::Cancelling.as_str()))
+        Ok(current == Some(BatchStatus::Cancelling))
     }
 
     /// Let the claim go as the drain begins, so another replica takes the batch at its next look; `handing` keeps
@@ -371,7 +371,7 @@ impl Runner {
                 }
                 room = self.room(whose).await?;
                 let status = self.store.db.get_batch(id).await?.map(|b| b.status);
-                if status.as_deref() == Some(BatchStatus::Cancelling.as_str()) {
+                if status == Some(BatchStatus::Cancelling) {
                     break Stop::Cancel;
                 }
                 if items::now() > expires_at {
