@@ -1,7 +1,7 @@
 """The timing settings that are not limits (`--drain-timeout` and its kin: the operator tunes them, no client
 controls them) are declared once, in rust/timing.rs (`_native.TIMING_DEFAULTS`): the flags take their defaults
-from it, `ServerConfig::for_tests` starts from it (checked by its Rust test), and this file checks the flags, the
-launcher's config and the README's options table against it."""
+from it, `ServerConfig::for_tests` starts from it (checked by its Rust test), and this file checks the flags and
+the README's options table against it."""
 
 from __future__ import annotations
 
