@@ -14,7 +14,7 @@ import codecs
 import json
 import struct
 from collections.abc import Callable, Sequence
-from typing import Protocol, Union, cast
+from typing import TYPE_CHECKING, Protocol, Union, cast
 
 from deepseek_recipe import (
     ChatCompletionChunk,
@@ -34,6 +34,9 @@ from deepseek_recipe import (
 from deepinfer_server import _native
 from deepinfer_server.engine.base import TokenLogprob
 from deepinfer_server.vocabulary import Vocabulary
+
+if TYPE_CHECKING:
+    from deepinfer_server.token_ids import TokenIds
 
 # Decode results, read by Rust (rust/codec/decode.rs `DecodeState`, which defines them).
 RUNNING, FINISHED, STOPPED_EARLY = _native.DECODE_RUNNING, _native.DECODE_FINISHED, _native.DECODE_STOPPED_EARLY
@@ -236,6 +239,7 @@ class BaseDecoder:
         "text",
         "text_ids",
         "think_end_id",
+        "token_ids",
         "token_strings",
     )
 
@@ -272,13 +276,14 @@ class BaseDecoder:
         self.fingerprint = vocab.fingerprint
         self.ignore_eos = ignore_eos
         self.done = False
+        self.token_ids: TokenIds | None = None  # vLLM's token-ID extensions, when asked for (a door sets it)
 
     def start(self) -> list[str]:
         """Events to send before any token (streams only): the role delta, `message_start`, `response.created`."""
         usage = PromptUsage(prompt_tokens=self.n_prompt, prompt_cache_hit_tokens=0)
         ready = InferenceChunk.ready(prompt_usage=usage, system_fingerprint=self.fingerprint)
         out = self._emit(self.proc.push(ready), last=False)
-        return out if isinstance(out, list) else []
+        return self._dress(out) if isinstance(out, list) else []
 
     def push(
         self,
@@ -297,6 +302,8 @@ class BaseDecoder:
             return FINISHED, []
         if prompt_logprobs is not None:
             self._take_prompt_logprobs(prompt_logprobs)
+        if self.token_ids is not None:  # the engine's own IDs, EOS included
+            self.token_ids.take(tokens, logprobs)
         if self.ignore_eos:
             if self.eos_id in tokens:
                 keep = [i for i, t in enumerate(tokens) if t != self.eos_id]
@@ -319,6 +326,8 @@ class BaseDecoder:
                 chunks.extend(self._push_tokens(tokens, logprobs))
         state = RUNNING
         if proc.finished:  # a stop sequence matched: the rank must be told to abort
+            if self.token_ids is not None:
+                self.token_ids.stop_cut()
             chunks += proc.finish()
             state = FINISHED if finish in _ENGINE_FINISH else STOPPED_EARLY
         elif finish in _ENGINE_FINISH:
@@ -332,7 +341,7 @@ class BaseDecoder:
         if state != RUNNING:
             self.done = True
             proc.close()
-        return state, self._emit(chunks, last=state != RUNNING)
+        return state, self._dress(self._emit(chunks, last=state != RUNNING))
 
     def _push_tokens(self, tokens: list[int], logprobs: list[TokenLogprob] | None) -> Sequence[object]:
         """Push one batch's token IDs up to its last whole character (`Tail` says why)."""
@@ -381,6 +390,10 @@ class BaseDecoder:
 
     def _emit(self, chunks: Sequence[object], last: bool) -> list[str] | str:
         raise NotImplementedError
+
+    def _dress(self, out: list[str] | str) -> list[str] | str:
+        """The wire output with the token IDs asked for (`token_ids`), as the door places them."""
+        return out
 
 
 # What a DSML tag starts with: a tool call cut off inside one leaves its start held back by deepseek-recipe, which

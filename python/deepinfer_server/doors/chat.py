@@ -30,6 +30,7 @@ class ChatDoor(ConversationDoor):
     code = _native.DOOR_CHAT
     schema_param = "response_format"
     takes_prompt_logprobs = True
+    takes_token_ids = True
 
     def convert(self, body: bytes, options: ConversionOptions) -> Converted:
         c = ChatCompletionRequest(body).convert(options)
@@ -144,6 +145,12 @@ class ChatDecoder(BaseDecoder):
             tail = self._usage_tail()
             out = [js[:-13] + tail if js.endswith('"usage":null}') else js for js in out]
         return out
+
+    def _dress(self, out: list[str] | str) -> list[str] | str:
+        ids = self.token_ids
+        if ids is None:
+            return out
+        return ids.dress_chat_body(out) if isinstance(out, str) else ids.dress_chat_chunks(out)
 
     def _mend_logprobs(self, js: str) -> str:
         """A chunk or response with its logprobs' token strings spelling the text (`TokenStrings`)."""
