@@ -282,8 +282,8 @@ class BaseDecoder:
         """Events to send before any token (streams only): the role delta, `message_start`, `response.created`."""
         usage = PromptUsage(prompt_tokens=self.n_prompt, prompt_cache_hit_tokens=0)
         ready = InferenceChunk.ready(prompt_usage=usage, system_fingerprint=self.fingerprint)
-        out = self._emit(self.proc.push(ready), last=False)
-        return self._dress(out) if isinstance(out, list) else []
+        out = self._dress(self._emit(self.proc.push(ready), last=False))
+        return out if isinstance(out, list) else []
 
     def push(
         self,

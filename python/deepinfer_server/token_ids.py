@@ -183,8 +183,8 @@ class TokenIds:
             for choice in d.get("choices") or []:
                 if ids is None:
                     ids, entries = self._flush()
-                    if self.logprobs:
-                        choice["logprobs"] = {"content": entries, "refusal": None}
+                    if self.logprobs:  # none for a chunk without tokens (the role's), as before
+                        choice["logprobs"] = {"content": entries, "refusal": None} if entries else None
                     here = ids
                 else:
                     if self.logprobs:
