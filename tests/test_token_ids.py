@@ -152,9 +152,7 @@ def test_completions_ids_json_and_stream(server: Server, http: httpx.Client) -> 
     """Completions: both ID lists in the choice (the prompt's on a stream's first chunk), legacy logprob tokens
     named `token_id:N`."""
     body: dict[str, Any] = {"prompt": "The cafe", "max_tokens": 12, "seed": 5, "logprobs": 2}
-    r = server.client().completions.create(
-        model=MODEL, extra_body={**IDS, "return_tokens_as_token_ids": True}, **body
-    )
+    r = server.client().completions.create(model=MODEL, extra_body={**IDS, "return_tokens_as_token_ids": True}, **body)
     choice = r.choices[0]
     extra = choice.model_extra or {}
     ids = extra["token_ids"]

@@ -371,7 +371,8 @@ class _Logprobs:
         """The output ended: an unfinished character at its end becomes U+FFFD, as in the text, spelled by the last
         token (so the tokens still add up to the text)."""
         rest = str(self.utf8.decode(b"", True))
-        if not rest or not self.entries:
+        if not rest or not self.entries or self.as_ids:  # a `token_id:N` name spells no text
+            self.offset += len(rest) if self.as_ids else 0
             return
         text, value, top, offset = self.entries[-1]
         spelled = None if top is None else {(text + rest if name == text else name): v for name, v in top.items()}
