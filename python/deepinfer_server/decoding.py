@@ -14,7 +14,7 @@ import codecs
 import json
 import struct
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, Union, cast
+from typing import Protocol, Union, cast
 
 from deepseek_recipe import (
     ChatCompletionChunk,
@@ -34,9 +34,6 @@ from deepseek_recipe import (
 from deepinfer_server import _native
 from deepinfer_server.engine.base import TokenLogprob
 from deepinfer_server.vocabulary import Vocabulary
-
-if TYPE_CHECKING:
-    from deepinfer_server.token_ids import TokenIds
 
 # Decode results, read by Rust (rust/codec/decode.rs `DecodeState`, which defines them).
 RUNNING, FINISHED, STOPPED_EARLY = _native.DECODE_RUNNING, _native.DECODE_FINISHED, _native.DECODE_STOPPED_EARLY
@@ -64,6 +61,13 @@ class Decoder(Protocol):
         prompt_logprobs: list[float] | None = None,
     ) -> tuple[int, list[str] | str]:
         """One batch of engine tokens -> (state, output): a stream's events, or a non-stream's whole body."""
+
+
+# What the shared decoder tells a request's token IDs (token_ids.py `TokenIds`; the door places them, `_dress`).
+class TokenIdsOut(Protocol):
+    def take(self, tokens: list[int], logprobs: list[TokenLogprob] | None) -> None: ...
+
+    def stop_cut(self) -> None: ...
 
 
 class TokenStrings:
@@ -276,7 +280,7 @@ class BaseDecoder:
         self.fingerprint = vocab.fingerprint
         self.ignore_eos = ignore_eos
         self.done = False
-        self.token_ids: TokenIds | None = None  # vLLM's token-ID extensions, when asked for (a door sets it)
+        self.token_ids: TokenIdsOut | None = None  # vLLM's token-ID extensions, when asked for (a door sets it)
 
     def start(self) -> list[str]:
         """Events to send before any token (streams only): the role delta, `message_start`, `response.created`."""
@@ -392,8 +396,7 @@ class BaseDecoder:
         raise NotImplementedError
 
     def _dress(self, out: list[str] | str) -> list[str] | str:
-        """The wire output with the token IDs asked for (`token_ids`), as the door places them."""
-        return out
+        return out  # a door adds the token IDs asked for (`token_ids`) where its wire format has them
 
 
 # What a DSML tag starts with: a tool call cut off inside one leaves its start held back by deepseek-recipe, which

@@ -23,6 +23,7 @@ from deepinfer_server.decoding import BaseDecoder, Chunk, Generator, cut_partial
 from deepinfer_server.doors.base import PrepareInput
 from deepinfer_server.doors.conversation import ConversationDoor, Converted
 from deepinfer_server.prompt_logprobs import PromptTokens
+from deepinfer_server.token_ids import TokenIds
 from deepinfer_server.vocabulary import Vocabulary
 
 
@@ -148,7 +149,7 @@ class ChatDecoder(BaseDecoder):
 
     def _dress(self, out: list[str] | str) -> list[str] | str:
         ids = self.token_ids
-        if ids is None:
+        if not isinstance(ids, TokenIds):
             return out
         return ids.dress_chat_body(out) if isinstance(out, str) else ids.dress_chat_chunks(out)
 
