@@ -228,6 +228,11 @@ def test_tool_round_trip_rebuilds_the_conversation(http: httpx.Client, thinking:
         {"role": "tool", "tool_call_id": calls[0]["id"], "content": "sunny, 21 C"},
     ]
     so_far = first["prompt_token_ids"] + choice["token_ids"]
+    streamed = chunks(
+        http, "/v1/chat/completions", messages=history[:1], tools=tools, max_tokens=300, seed=3, **IDS, **thinking
+    )
+    assert streamed[0]["prompt_token_ids"] == first["prompt_token_ids"]
+    assert [t for c in streamed for ch in c["choices"] for t in ch["token_ids"]] == choice["token_ids"]
     markup = text_of(http, choice["token_ids"])
     assert "get_weather" in markup and "Paris" in markup  # the DSML call itself, not its parsed form
     second = post(http, "/v1/chat/completions", messages=history, tools=tools, max_tokens=20, seed=1, **IDS, **thinking)
