@@ -90,6 +90,11 @@ EXTENSIONS = {
     # vLLM's prompt logprobs (`prompt_logprobs`): beside the choices on Chat, in the choice on Completions
     "prompt_logprobs",
     "choices.*.prompt_logprobs",
+    # vLLM's token IDs (`return_token_ids`): the prompt's at the root on Chat, in the choice on Completions (on
+    # a stream's first chunk); the generated ones in each choice (a stream's chunk: that chunk's own)
+    "prompt_token_ids",
+    "choices.*.prompt_token_ids",
+    "choices.*.token_ids",
     # vLLM's model card fields, read by benchmark clients and gateways
     *(f"{where}{key}" for where in ("", "data.*.") for key in ("max_model_len", "root", "parent")),
 }

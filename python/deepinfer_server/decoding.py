@@ -63,6 +63,13 @@ class Decoder(Protocol):
         """One batch of engine tokens -> (state, output): a stream's events, or a non-stream's whole body."""
 
 
+# What the shared decoder tells a request's token IDs (token_ids.py `TokenIds`; the door places them, `_dress`).
+class TokenIdsOut(Protocol):
+    def take(self, tokens: list[int], logprobs: list[TokenLogprob] | None) -> None: ...
+
+    def stop_cut(self) -> None: ...
+
+
 class TokenStrings:
     """Logprob entries' `token` strings that spell the text exactly: a character split across tokens belongs to
     the token that completes it (the ones before it spell ""), while `bytes` keeps each token's own bytes.
@@ -236,6 +243,7 @@ class BaseDecoder:
         "text",
         "text_ids",
         "think_end_id",
+        "token_ids",
         "token_strings",
     )
 
@@ -272,12 +280,13 @@ class BaseDecoder:
         self.fingerprint = vocab.fingerprint
         self.ignore_eos = ignore_eos
         self.done = False
+        self.token_ids: TokenIdsOut | None = None  # vLLM's token-ID extensions, when asked for (a door sets it)
 
     def start(self) -> list[str]:
         """Events to send before any token (streams only): the role delta, `message_start`, `response.created`."""
         usage = PromptUsage(prompt_tokens=self.n_prompt, prompt_cache_hit_tokens=0)
         ready = InferenceChunk.ready(prompt_usage=usage, system_fingerprint=self.fingerprint)
-        out = self._emit(self.proc.push(ready), last=False)
+        out = self._dress(self._emit(self.proc.push(ready), last=False))
         return out if isinstance(out, list) else []
 
     def push(
@@ -297,6 +306,8 @@ class BaseDecoder:
             return FINISHED, []
         if prompt_logprobs is not None:
             self._take_prompt_logprobs(prompt_logprobs)
+        if self.token_ids is not None:  # the engine's own IDs, EOS included
+            self.token_ids.take(tokens, logprobs)
         if self.ignore_eos:
             if self.eos_id in tokens:
                 keep = [i for i, t in enumerate(tokens) if t != self.eos_id]
@@ -319,6 +330,8 @@ class BaseDecoder:
                 chunks.extend(self._push_tokens(tokens, logprobs))
         state = RUNNING
         if proc.finished:  # a stop sequence matched: the rank must be told to abort
+            if self.token_ids is not None:
+                self.token_ids.stop_cut()
             chunks += proc.finish()
             state = FINISHED if finish in _ENGINE_FINISH else STOPPED_EARLY
         elif finish in _ENGINE_FINISH:
@@ -332,7 +345,7 @@ class BaseDecoder:
         if state != RUNNING:
             self.done = True
             proc.close()
-        return state, self._emit(chunks, last=state != RUNNING)
+        return state, self._dress(self._emit(chunks, last=state != RUNNING))
 
     def _push_tokens(self, tokens: list[int], logprobs: list[TokenLogprob] | None) -> Sequence[object]:
         """Push one batch's token IDs up to its last whole character (`Tail` says why)."""
@@ -381,6 +394,9 @@ class BaseDecoder:
 
     def _emit(self, chunks: Sequence[object], last: bool) -> list[str] | str:
         raise NotImplementedError
+
+    def _dress(self, out: list[str] | str) -> list[str] | str:
+        return out  # a door adds the token IDs asked for (`token_ids`) where its wire format has them
 
 
 # What a DSML tag starts with: a tool call cut off inside one leaves its start held back by deepseek-recipe, which

@@ -78,6 +78,7 @@ fn parse(body: Body, served: Served<'_>) -> Result<GenerateRequest, ApiError> {
     if let Some(n) = fields::top_logprobs(obj, "logprobs")? {
         obj.insert("logprobs".into(), Value::from(n));
     }
+    fields::token_id_switches(obj)?;
     // 0 is OpenAI's scoring idiom (with `echo` and `logprobs`): the prompt alone, nothing generated.
     let max_tokens = match obj.get("max_tokens").map(integer) {
         Some(Some(0)) => Some(0),
@@ -179,6 +180,8 @@ mod tests {
             (json!({"model": "m", "prompt": "x", "suffix": "y", "echo": true}), "echo"),
             (json!({"model": "m", "prompt": "x", "temperature": 9}), "temperature"),
             (json!({"model": "m", "prompt": "x", "max_tokens": -1}), "max_tokens"),
+            (json!({"model": "m", "prompt": "x", "return_token_ids": "true"}), "return_token_ids"),
+            (json!({"model": "m", "prompt": "x", "return_tokens_as_token_ids": 0}), "return_tokens_as_token_ids"),
             // Scoring the prompt at another temperature than the model's while generating: refused.
             (json!({"model": "m", "prompt": "x", "echo": true, "logprobs": 1, "temperature": 0}), "temperature"),
             (json!({"model": "m", "prompt": "x", "prompt_logprobs": 0, "top_k": 5, "max_tokens": 9}), "top_k"),

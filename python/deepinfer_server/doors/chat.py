@@ -23,6 +23,7 @@ from deepinfer_server.decoding import BaseDecoder, Chunk, Generator, cut_partial
 from deepinfer_server.doors.base import PrepareInput
 from deepinfer_server.doors.conversation import ConversationDoor, Converted
 from deepinfer_server.prompt_logprobs import PromptTokens
+from deepinfer_server.token_ids import TokenIds
 from deepinfer_server.vocabulary import Vocabulary
 
 
@@ -30,6 +31,7 @@ class ChatDoor(ConversationDoor):
     code = _native.DOOR_CHAT
     schema_param = "response_format"
     takes_prompt_logprobs = True
+    takes_token_ids = True
 
     def convert(self, body: bytes, options: ConversionOptions) -> Converted:
         c = ChatCompletionRequest(body).convert(options)
@@ -144,6 +146,12 @@ class ChatDecoder(BaseDecoder):
             tail = self._usage_tail()
             out = [js[:-13] + tail if js.endswith('"usage":null}') else js for js in out]
         return out
+
+    def _dress(self, out: list[str] | str) -> list[str] | str:
+        ids = self.token_ids
+        if not isinstance(ids, TokenIds):
+            return out
+        return ids.dress_chat_body(out) if isinstance(out, str) else ids.dress_chat_chunks(out)
 
     def _mend_logprobs(self, js: str) -> str:
         """A chunk or response with its logprobs' token strings spelling the text (`TokenStrings`)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import codecs
 import json
 import time
+from typing import cast
 
 from deepinfer_server import _native
 from deepinfer_server.decoding import FINISHED, RUNNING, STOPPED_EARLY
@@ -16,6 +17,7 @@ from deepinfer_server.engine.base import TokenLogprob
 from deepinfer_server.prompt_encoder import PromptTooLong
 from deepinfer_server.prompt_logprobs import LegacyEntry, PromptTokens
 from deepinfer_server.refusals import Refusal, error_body, too_long
+from deepinfer_server.token_ids import Asked, TokenIds
 from deepinfer_server.vocabulary import Vocabulary
 
 
@@ -68,6 +70,10 @@ class CompletionsDoor(Door):
             vllm_prompt_logprobs=vllm_prompt,
             discard=max_tokens == 0,
         )
+        if (asked := Asked.of(body)).any:
+            decoder.token_ids = TokenIds(vocab, ids, asked, False, stops, None)
+            if decoder.logprobs is not None:
+                decoder.logprobs.as_ids = asked.as_ids
         temperature, top_p = d.get("temperature"), d.get("top_p")
         if scored:  # the model's own distribution (the front end turned top-k off and checked the rest)
             temperature = top_p = None
@@ -148,6 +154,7 @@ class CompletionDecoder:
         "stop",
         "stream",
         "text",
+        "token_ids",
         "top",
         "usage_head",
     )
@@ -194,12 +201,21 @@ class CompletionDecoder:
         # A stream's echo waits for the prompt's logprobs when they were asked for (they come with the first token).
         self.echo_due = stream and bool(echo) and self.scored
         self.done = False
+        self.token_ids: TokenIds | None = None  # vLLM's `return_token_ids`, when asked for
+
+    def _dress(self, out: list[str] | str) -> list[str] | str:
+        ids = self.token_ids
+        if ids is None:
+            return out
+        return ids.dress_completion_body(out) if isinstance(out, str) else ids.dress_completion_chunks(out)
 
     def start(self) -> list[str]:
         """A stream's echoed prompt, before any token (stop strings apply to generated text only)."""
         if not self.stream or not self.echo or self.echo_due:
             return []
-        return [f'{self.head}{_json(self.echo)},"logprobs":null,"finish_reason":null}}]}}']
+        return cast(
+            list[str], self._dress([f'{self.head}{_json(self.echo)},"logprobs":null,"finish_reason":null}}]}}'])
+        )
 
     def push(
         self,
@@ -219,6 +235,8 @@ class CompletionDecoder:
         if self.discard:
             tokens, logprobs = [], None
             finish = _native.FINISH_LENGTH if finish == _native.FINISH_STOP else finish
+        if self.token_ids is not None:  # the engine's own IDs, EOS included
+            self.token_ids.take(tokens, None)
         if self.ignore_eos:
             keep = [i for i, t in enumerate(tokens) if t != self.eos_id]
             self.dropped_eos += len(tokens) - len(keep)
@@ -243,6 +261,8 @@ class CompletionDecoder:
             if self.logprobs is not None:
                 self.logprobs.end()
         out, reason = self._take(ended)
+        if reason == "stop" and self.token_ids is not None:  # a stop string matched
+            self.token_ids.stop_cut()
         state = RUNNING
         if reason == "stop" and not ended:
             state = STOPPED_EARLY  # a stop string matched: the rank must be told to abort
@@ -253,7 +273,7 @@ class CompletionDecoder:
         emitted = self._emit(out, reason)
         if echoed and isinstance(emitted, list):
             emitted = echoed + emitted
-        return state, emitted
+        return state, self._dress(emitted)
 
     def _prompt_logprobs(self, values: list[float]) -> list[str]:
         """Take the prompt's logprobs: into the echo's logprobs, and/or vLLM's `prompt_logprobs`. A stream's
@@ -320,7 +340,7 @@ class _Logprobs:
     went out. A token's string is the text it adds: a character split across tokens belongs to the token that
     completes it. Tokens past a stop string, whose text never goes out, are not reported."""
 
-    __slots__ = ("_bytes", "done", "entries", "offset", "out", "utf8", "visible")
+    __slots__ = ("_bytes", "as_ids", "done", "entries", "offset", "out", "utf8", "visible")
 
     def __init__(self, vocab: Vocabulary, echo_len: int) -> None:
         self._bytes = vocab.bytes_of  # a token's bytes
@@ -330,6 +350,7 @@ class _Logprobs:
         self.entries: list[LegacyEntry] = []  # not sent yet
         self.out: list[LegacyEntry] = []
         self.done = False
+        self.as_ids = False  # vLLM's `return_tokens_as_token_ids`: tokens named `token_id:N`
 
     def visible_prompt(self, entries: list[LegacyEntry]) -> None:
         """The echoed prompt's entries (its text went out first): ahead of every token's."""
@@ -342,15 +363,16 @@ class _Logprobs:
             top: dict[str, float] = {}
             for alt, alt_value in alternatives:
                 name = text if alt == token else self._bytes(alt).decode("utf-8", "backslashreplace")
-                top.setdefault(name, alt_value)
-            self.entries.append((text, value, top, self.offset))
+                top.setdefault(f"token_id:{alt}" if self.as_ids else name, alt_value)
+            self.entries.append((f"token_id:{token}" if self.as_ids else text, value, top, self.offset))
             self.offset += len(text)
 
     def end(self) -> None:
         """The output ended: an unfinished character at its end becomes U+FFFD, as in the text, spelled by the last
         token (so the tokens still add up to the text)."""
         rest = str(self.utf8.decode(b"", True))
-        if not rest or not self.entries:
+        if not rest or not self.entries or self.as_ids:  # a `token_id:N` name spells no text
+            self.offset += len(rest) if self.as_ids else 0
             return
         text, value, top, offset = self.entries[-1]
         spelled = None if top is None else {(text + rest if name == text else name): v for name, v in top.items()}

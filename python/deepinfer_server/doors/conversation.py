@@ -24,6 +24,7 @@ from deepinfer_server.prompt_encoder import PromptTooLong
 from deepinfer_server.prompt_logprobs import PromptTokens
 from deepinfer_server.refusals import Refusal, error_body, too_long, with_param
 from deepinfer_server.request_grammar import AnswerFormat, FormatBesideTools, converted_answer_format
+from deepinfer_server.token_ids import Asked, TokenIds
 from deepinfer_server.vocabulary import Vocabulary
 
 MakeGenerator = Callable[[str, str], Generator]  # (response id, model) -> the door's chunk generator
@@ -65,6 +66,7 @@ class ConversationDoor(Door):
 
     tool_choice_auto: ClassVar[Any] = "auto"  # how the door spells tool_choice auto
     takes_prompt_logprobs: ClassVar[bool] = False  # vLLM's `prompt_logprobs` (the front end checked it)
+    takes_token_ids: ClassVar[bool] = False  # vLLM's `return_token_ids`, `return_tokens_as_token_ids` (checked too)
 
     # -- the door's own parts ----------------------------------------------------------------------------------
     @abstractmethod
@@ -140,6 +142,11 @@ class ConversationDoor(Door):
             return Refusal(400, error_body(msg, param="prompt_logprobs"))
         prompt = PromptTokens(ctx.vocab, ids) if scored else None
         decoder = self.decoder(ctx.vocab, conv, generator, req, n_prompt, prompt)
+        asked = Asked.of(body) if self.takes_token_ids else Asked()
+        if asked.any:
+            stops = list(conv.parsing_options.stop_sequences or [])
+            logprobs = decoder.logprobs is not None
+            decoder.token_ids = TokenIds(ctx.vocab, ids, asked, logprobs, stops, decoder.think_end_id)
         pictures, blob = encoded.images, None
         if pictures is not None and ctx.images is not None:
             sizes = [(w, h, len(d)) for (w, h), d in zip(pictures.sizes, pictures.data, strict=True)]

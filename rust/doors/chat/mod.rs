@@ -158,6 +158,7 @@ fn parse(body: Body, served: Served<'_>) -> Result<GenerateRequest, ApiError> {
         Some(_) => return Err(ApiError::bad_param("n", "Only n = 1 is supported.")),
     }
     let logprobs = opt_bool(obj, "logprobs", "logprobs")?;
+    fields::token_id_switches(obj)?;
     if let Some(top) = fields::top_logprobs(obj, "top_logprobs")? {
         if !logprobs {
             return Err(ApiError::bad_param("top_logprobs", "Invalid 'top_logprobs': it needs \"logprobs\": true."));
@@ -308,6 +309,9 @@ mod tests {
         assert_eq!(param(json!({"top_logprobs": 2})), "top_logprobs");
         assert_eq!(param(json!({"logprobs": true, "top_logprobs": 21})), "top_logprobs");
         assert_eq!(param(json!({"logprobs": 1})), "logprobs");
+        assert_eq!(param(json!({"return_token_ids": "yes"})), "return_token_ids");
+        assert_eq!(param(json!({"return_tokens_as_token_ids": 1})), "return_tokens_as_token_ids");
+        ok(with(json!({"return_token_ids": true, "return_tokens_as_token_ids": null})));
         let body: Value =
             serde_json::from_slice(&ok(with(json!({"logprobs": true, "top_logprobs": 20.0}))).body).unwrap();
         assert_eq!(body["top_logprobs"], 20);

@@ -43,6 +43,15 @@ pub fn opt_bool(obj: &Map<String, Value>, key: &str, param: &str) -> Result<bool
     }
 }
 
+/// vLLM's token-ID switches (Chat and Completions): `return_token_ids` and `return_tokens_as_token_ids`, each a
+/// boolean; the codec reads them from the body.
+pub fn token_id_switches(obj: &Map<String, Value>) -> Result<(), ApiError> {
+    for key in ["return_token_ids", "return_tokens_as_token_ids"] {
+        opt_bool(obj, key, key)?;
+    }
+    Ok(())
+}
+
 /// An optional token count (`max_tokens` and its kin): an integer in [1, `MAX_OUTPUT_TOKENS`].
 pub fn opt_u64(obj: &Map<String, Value>, key: &str) -> Result<Option<u64>, ApiError> {
     match obj.get(key) {
