@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import IO
 
 import httpx
 
@@ -42,10 +43,14 @@ def start() -> tuple[subprocess.Popen[str], str]:
     for line in proc.stdout:
         m = re.search(r"listening on (http://[\d.]+:\d+)", line)
         if m:
-            out = proc.stdout
-            threading.Thread(target=lambda: [None for _ in out], daemon=True).start()  # keep its log pipe drained
+            threading.Thread(target=drain, args=(proc.stdout,), daemon=True).start()  # keep its log pipe flowing
             return proc, m.group(1)
     raise SystemExit("the server did not start")
+
+
+def drain(out: IO[str]) -> None:
+    for _ in out:
+        pass
 
 
 def p95(xs: list[float]) -> float:

@@ -394,10 +394,8 @@ mod tests {
         let a = Admission::with_queue(1, 0, Some(Duration::from_millis(50)));
         a.pause();
         assert!(a.try_admit().is_err() && a.try_admit_batch().is_none());
-        let waiters: Vec<_> = (0..2).map(|_| tokio::spawn({
-            let a = a.clone();
-            async move { a.admit(0).await.map(drop) }
-        })).collect();
+        let wait = |a: Admission| tokio::spawn(async move { a.admit(0).await.map(drop) });
+        let waiters = [wait(a.clone()), wait(a.clone())];
         tokio::time::sleep(Duration::from_secs(5)).await; // far past the queue timeout
         assert_eq!((a.queued(), a.in_flight()), (2, 0));
         a.resume();

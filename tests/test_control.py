@@ -128,17 +128,20 @@ def test_abort_ends_a_stream_on_the_other_doors(
     srv: Server, http: httpx.Client, path: str, body: dict[str, Any]
 ) -> None:
     rid = f"door-{path}"
-    with httpx.Client(base_url=srv.url, timeout=30) as c:
-        with c.stream("POST", path, json={**body, "stream": True, "ignore_eos": True}, headers={"X-Request-Id": rid}) as r:
-            assert r.status_code == 200
-            lines = r.iter_lines()
-            for line in lines:
-                if "delta" in line:
-                    break
-            t = time.monotonic()
-            assert abort(http, rid=rid)["aborted"] == 1
-            rest = list(lines)
-            assert time.monotonic() - t < 5
+    body = {**body, "stream": True, "ignore_eos": True}
+    with (
+        httpx.Client(base_url=srv.url, timeout=30) as c,
+        c.stream("POST", path, json=body, headers={"X-Request-Id": rid}) as r,
+    ):
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        for line in lines:
+            if "delta" in line:
+                break
+        t = time.monotonic()
+        assert abort(http, rid=rid)["aborted"] == 1
+        rest = list(lines)
+        assert time.monotonic() - t < 5
     tail = "\n".join(rest)
     assert "message_stop" in tail or "response.incomplete" in tail, tail[-500:]
 
@@ -174,8 +177,7 @@ def test_pause_in_place_freezes_running_requests_and_new_ones_wait_until_continu
     with ThreadPoolExecutor(3) as pool:
         # Three new requests on a server with two slots and no queue: paused, they wait (no 429, no 503).
         jobs = [
-            pool.submit(client.chat.completions.create, **CHAT, max_tokens=5, extra_body=NO_THINKING)
-            for _ in range(3)
+            pool.submit(client.chat.completions.create, **CHAT, max_tokens=5, extra_body=NO_THINKING) for _ in range(3)
         ]
         time.sleep(1.0)
         assert len(running.chunks) == seen, "frozen: no token while paused"

@@ -6,8 +6,9 @@ published for its SDKs (Stainless' documented OpenAPI 3.1 spec, API version 2.3.
 is checked here, so a different file fails loudly instead of validating against something else.
 
 Two departures are deliberate and named where they are made (`reduced_spec`): a Completions stream chunk's
-finish_reason may be null, and an aborted request's finish_reason is `abort` (vLLM's and SGLang's). Validation is strict in two ways JSON Schema alone is not: OpenAPI 3.0's `nullable`,
-which the spec still uses in places, is honoured; and a key the schema does not declare is a violation unless it is
+finish_reason may be null, and an aborted request's finish_reason is `abort` (vLLM's and SGLang's). Validation is
+strict in two ways JSON Schema alone is not: OpenAPI 3.0's `nullable`, which the spec still uses in places, is
+honoured; and a key the schema does not declare is a violation unless it is
 a named extension (`EXTENSIONS`, the one place that lists them).
 """
 

@@ -60,7 +60,12 @@ pub async fn pause_generation(State(st): State<Arc<AppState>>, body: RawBody) ->
     let mode = match b.mode.as_deref().unwrap_or("abort") {
         "abort" => PauseMode::Abort,
         "in_place" | "retract" => PauseMode::InPlace,
-        other => return Err(ApiError::bad_param("mode", format!("'mode' must be 'abort', 'in_place' or 'retract', not '{other}'"))),
+        other => {
+            return Err(ApiError::bad_param(
+                "mode",
+                format!("'mode' must be 'abort', 'in_place' or 'retract', not '{other}'"),
+            ));
+        }
     };
     let n = control::pause(&st, mode).await;
     Ok(Json(json!({"status": "ok", "message": "Generation paused.", "num_paused_requests": n})).into_response())
@@ -93,7 +98,8 @@ pub async fn pause(State(st): State<Arc<AppState>>, q: Result<Query<PauseQuery>,
         Some("wait") => PauseMode::Wait,
         Some("keep") => PauseMode::InPlace,
         Some(other) => {
-            return ApiError::bad_param("mode", format!("'mode' must be 'abort', 'wait' or 'keep', not '{other}'")).into_response();
+            return ApiError::bad_param("mode", format!("'mode' must be 'abort', 'wait' or 'keep', not '{other}'"))
+                .into_response();
         }
     };
     control::pause(&st, mode).await;
