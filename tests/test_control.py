@@ -187,7 +187,7 @@ def test_pause_in_place_freezes_running_requests_and_new_ones_wait_until_continu
         loads = http.get("/v1/loads").json()
         assert loads["paused"] is True and loads["loads"][0]["paused"] is True
         assert loads["loads"][0]["num_waiting_reqs"] == 3
-        assert http.get("/get_load").json()["paused"] is True
+        assert http.get("/get_load").json() == {"load": 4}, "the frozen request and the three waiting"
         r = http.post("/continue_generation")
         assert r.status_code == 200 and r.json()["status"] == "ok"
         for j in jobs:

@@ -7,6 +7,7 @@
 use super::AppState;
 use super::body::RawBody;
 use crate::error::ApiError;
+use crate::limits::MAX_CONTROL_ID_BYTES;
 use crate::path::control::{self, PauseMode};
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
@@ -16,9 +17,6 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use std::sync::Arc;
-
-/// The most bytes of a `rid` or a weight version (the `X-Request-Id` an id comes from allows 128).
-const MAX_ID_BYTES: usize = 256;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -33,8 +31,10 @@ pub async fn abort_request(State(st): State<Arc<AppState>>, body: RawBody) -> Re
     let b: AbortBody = parse(body)?;
     let rid = match (b.abort_all, b.rid) {
         (true, _) => None,
-        (false, Some(rid)) if !rid.is_empty() && rid.len() <= MAX_ID_BYTES => Some(rid),
-        (false, Some(_)) => return Err(ApiError::bad_param("rid", format!("'rid' must be 1 to {MAX_ID_BYTES} bytes"))),
+        (false, Some(rid)) if !rid.is_empty() && rid.len() <= MAX_CONTROL_ID_BYTES => Some(rid),
+        (false, Some(_)) => {
+            return Err(ApiError::bad_param("rid", format!("'rid' must be 1 to {MAX_CONTROL_ID_BYTES} bytes")));
+        }
         (false, None) => return Err(ApiError::bad_param("rid", "Send 'rid', or 'abort_all': true.")),
     };
     let n = control::abort(&st, rid.as_deref());
@@ -136,8 +136,11 @@ fn yes() -> bool {
 /// was not generated with.
 pub async fn update_weight_version(State(st): State<Arc<AppState>>, body: RawBody) -> Result<Response, ApiError> {
     let b: WeightVersionBody = parse(body)?;
-    if b.new_version.is_empty() || b.new_version.len() > MAX_ID_BYTES {
-        return Err(ApiError::bad_param("new_version", format!("'new_version' must be 1 to {MAX_ID_BYTES} bytes")));
+    if b.new_version.is_empty() || b.new_version.len() > MAX_CONTROL_ID_BYTES {
+        return Err(ApiError::bad_param(
+            "new_version",
+            format!("'new_version' must be 1 to {MAX_CONTROL_ID_BYTES} bytes"),
+        ));
     }
     if b.abort_all_requests {
         control::abort(&st, None);

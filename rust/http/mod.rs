@@ -240,6 +240,7 @@ mod tests {
             assert_eq!(send(&st, get(open, false)).await.0, StatusCode::OK, "{open} is open");
         }
         let keyed = ["/v1/loads", "/loads", "/server_info", "/get_server_info", "/model_info", "/get_model_info"];
+        let keyed = [&keyed[..], &["/is_paused", "/get_weight_version"]].concat();
         for path in keyed {
             let (s, _, v) = send(&st, get(path, false)).await;
             assert_eq!((s, code(&v)), (StatusCode::UNAUTHORIZED, "invalid_api_key"), "{path}");

@@ -80,8 +80,9 @@ pub async fn loads(State(st): State<Arc<AppState>>, q: Result<Query<LoadsQuery>,
 
 /// vllm-router's power-of-two load: requests this replica holds (admitted and not yet done, or queued).
 pub async fn get_load(State(st): State<Arc<AppState>>) -> Response {
-    let load = st.admission.in_flight() + st.admission.queued();
-    Json(json!({"load": load, "paused": st.admission.is_paused()})).into_response()
+    // vllm-router reads exactly `{"load": n}`; a paused replica's waiting requests count in it (`/v1/loads` says
+    // `paused`).
+    Json(json!({"load": st.admission.in_flight() + st.admission.queued()})).into_response()
 }
 
 pub async fn server_info(State(st): State<Arc<AppState>>) -> Response {
