@@ -281,3 +281,16 @@ def test_an_aborted_waiting_request_is_refused_in_its_doors_envelope(srv: Server
         r = job.result(timeout=5)
     http.post("/continue_generation")
     assert r.status_code == 400 and json.loads(r.text)["error"]["code"] == "request_aborted"
+
+
+def test_a_frozen_request_can_be_aborted(srv: Server, http: httpx.Client) -> None:
+    s = Stream(srv, "frozen-then-aborted")
+    assert s.first.wait(30)
+    http.post("/pause_generation", json={"mode": "in_place"})
+    t = time.monotonic()
+    assert abort(http, rid="frozen-then-aborted")["aborted"] == 1
+    assert s.ended.wait(10) and s.finish_reason() == "abort"
+    # When its last chunk came (the wire check of the whole stream, on the client's side, comes after).
+    assert s.chunks[-1][0] - t < 1, "ended at once, paused or not"
+    http.post("/continue_generation")
+    assert http.get("/get_load").json() == {"load": 0}
