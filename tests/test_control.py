@@ -294,3 +294,17 @@ def test_a_frozen_request_can_be_aborted(srv: Server, http: httpx.Client) -> Non
     assert s.chunks[-1][0] - t < 1, "ended at once, paused or not"
     http.post("/continue_generation")
     assert http.get("/get_load").json() == {"load": 0}
+
+
+def test_sigterm_ends_a_pause_and_the_drain_lets_its_requests_finish() -> None:
+    s = start_server(*ARGS)
+    try:
+        running = Stream(s, "drained-on-sigterm", {**CHAT, "max_tokens": 60})
+        assert running.first.wait(30)
+        assert httpx.post(f"{s.url}/pause_generation", json={"mode": "in_place"}).status_code == 200
+        time.sleep(0.3)
+        code = s.stop()  # SIGTERM: the drain resumes generation and waits for the frozen request
+        assert running.ended.wait(10) and running.finish_reason() == "length"
+        assert code == 0, s.log()[-2000:]
+    finally:
+        s.stop()
