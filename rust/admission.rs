@@ -12,9 +12,15 @@
 //! and its slot is handed to the request the moment the abort frees it. So that this is rare, batch lines leave
 //! free as many slots as clients' requests held at their recent peak, and one more; and while clients are about,
 //! batch lines take at most half of the rest (each sequence in a step makes the step longer for all).
+//!
+//! Paused (`/pause_generation`, vLLM's `/pause`), nothing is admitted: a client's request waits at the gate, with no
+//! 429 and no 503 even with no queue configured, and its queue timeout counts only from the resume (a pause is the
+//! operator's, not the load's). Past the gate it joins the queue even when the queue is off or full: it already
+//! waited. Batch lines take no slot while paused.
 
 use crate::error::ApiError;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -31,6 +37,10 @@ struct Inner {
     state: Mutex<State>,
     /// Rung when a slot becomes free (nobody waited for it): the batch lane deals it at once (`slot_freed`).
     freed: tokio::sync::Notify,
+    /// True while generation is paused; requests wait for it to turn false (`admit`).
+    paused: tokio::sync::watch::Sender<bool>,
+    /// Requests waiting at the paused gate (reported as queued).
+    gated: AtomicUsize,
 }
 
 /// Waiters in admission order: (priority, arrival sequence) → where to hand the slot.
@@ -106,6 +116,15 @@ impl Inner {
     }
 }
 
+/// Counts a request at the paused gate while it waits there.
+struct Gated<'a>(&'a AtomicUsize);
+
+impl Drop for Gated<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Removes a waiter from the queue when its request ends first (timeout, client gone).
 struct Waiting<'a> {
     inner: &'a Inner,
@@ -125,12 +144,23 @@ impl Admission {
     }
 
     pub fn with_queue(capacity: usize, max_queued: usize, queue_timeout: Option<Duration>) -> Self {
-        let inner = Inner { capacity, max_queued, queue_timeout, state: Mutex::default(), freed: Default::default() };
+        let inner = Inner {
+            capacity,
+            max_queued,
+            queue_timeout,
+            state: Mutex::default(),
+            freed: Default::default(),
+            paused: tokio::sync::watch::Sender::new(false),
+            gated: AtomicUsize::new(0),
+        };
         Admission { inner: Arc::new(inner) }
     }
 
-    /// Never waits: a slot now, or 429.
+    /// Never waits: a slot now, or 429 (also while paused: the caller then waits in `admit`).
     pub fn try_admit(&self) -> Result<Permit, ApiError> {
+        if self.is_paused() {
+            return Err(ApiError::Overloaded(self.inner.capacity));
+        }
         let mut st = self.inner.state.lock().unwrap();
         let permit = self.take_free(&mut st).ok_or(ApiError::Overloaded(self.inner.capacity))?;
         st.clients_in_flight();
@@ -140,6 +170,7 @@ impl Admission {
     /// A slot now, or a place in the queue until one frees (429 when the queue is full or the wait times out).
     /// Dropping the future leaves the queue.
     pub async fn admit(&self, priority: i64) -> Result<Permit, ApiError> {
+        let waited = self.wait_resumed().await;
         let (key, rx) = {
             let mut st = self.inner.state.lock().unwrap();
             if let Some(p) = self.take_free(&mut st) {
@@ -149,7 +180,7 @@ impl Admission {
             // A batch line gives its slot up; this request waits only for the line's abort, first in the queue.
             let preempted = st.batch.pop_last().map(|(_, stop)| stop.send(()));
             let priority = if preempted.is_some() { i64::MIN } else { priority };
-            if preempted.is_none() && st.queue.len() >= self.inner.max_queued {
+            if preempted.is_none() && !waited && st.queue.len() >= self.inner.max_queued {
                 return Err(match self.inner.max_queued {
                     0 => ApiError::Overloaded(self.inner.capacity),
                     n => ApiError::QueueFull(n),
@@ -170,6 +201,31 @@ impl Admission {
         handed.map_err(|_| ApiError::Internal)?
     }
 
+    /// Stop admitting: new requests wait at the gate until `resume`.
+    pub fn pause(&self) {
+        self.inner.paused.send_replace(true);
+    }
+
+    pub fn resume(&self) {
+        self.inner.paused.send_replace(false);
+    }
+
+    pub fn is_paused(&self) -> bool {
+        *self.inner.paused.borrow()
+    }
+
+    /// Wait while paused; true if it had to.
+    async fn wait_resumed(&self) -> bool {
+        let mut rx = self.inner.paused.subscribe();
+        if !*rx.borrow_and_update() {
+            return false;
+        }
+        self.inner.gated.fetch_add(1, Ordering::Relaxed);
+        let _gated = Gated(&self.inner.gated); // a request dropped at the gate (client gone) leaves the count
+        let _ = rx.wait_for(|paused| !paused).await; // the sender lives in `Inner`, as long as `self`
+        true
+    }
+
     /// Refuse every waiting request with `why` (the server is shutting down: a gateway retries them elsewhere).
     pub fn refuse_waiting(&self, why: impl Fn() -> ApiError) {
         let waiters = std::mem::take(&mut self.inner.state.lock().unwrap().queue);
@@ -180,6 +236,9 @@ impl Admission {
 
     /// A batch line's slot: only one free while nobody waits; the receiver fires when a client's request takes it.
     pub fn try_admit_batch(&self) -> Option<(Permit, oneshot::Receiver<()>)> {
+        if self.is_paused() {
+            return None;
+        }
         let mut st = self.inner.state.lock().unwrap();
         let reserve = st.reserve();
         if st.in_flight + reserve >= self.inner.capacity {
@@ -222,9 +281,9 @@ impl Admission {
         self.inner.state.lock().unwrap().in_flight
     }
 
-    /// Requests waiting in the queue.
+    /// Requests waiting in the queue, or at the paused gate.
     pub fn queued(&self) -> usize {
-        self.inner.state.lock().unwrap().queue.len()
+        self.inner.state.lock().unwrap().queue.len() + self.inner.gated.load(Ordering::Relaxed)
     }
 
     pub fn capacity(&self) -> usize {
@@ -328,6 +387,22 @@ mod tests {
         drop(held);
         assert_eq!(a.in_flight(), 0);
         assert!(a.try_admit().is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn paused_requests_wait_without_a_queue_and_their_timeout_counts_from_the_resume() {
+        let a = Admission::with_queue(1, 0, Some(Duration::from_millis(50)));
+        a.pause();
+        assert!(a.try_admit().is_err() && a.try_admit_batch().is_none());
+        let wait = |a: Admission| tokio::spawn(async move { a.admit(0).await.map(drop) });
+        let waiters = [wait(a.clone()), wait(a.clone())];
+        tokio::time::sleep(Duration::from_secs(5)).await; // far past the queue timeout
+        assert_eq!((a.queued(), a.in_flight()), (2, 0));
+        a.resume();
+        for w in waiters {
+            w.await.unwrap().unwrap(); // neither a 429 (no queue) nor a queue timeout
+        }
+        assert_eq!((a.queued(), a.in_flight()), (0, 0));
     }
 
     /// Poll a future once: `Some` if it finished.

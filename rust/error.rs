@@ -109,6 +109,9 @@ pub enum ApiError {
     /// A write from a web page of an origin the server does not allow (`http::cross_site`).
     #[error("Requests from origin '{}' are not allowed: name it in --allowed-origins.", clip(.0, MAX_ECHO_BYTES))]
     CrossOrigin(String),
+    /// A request aborted (`/abort_request`, a pause that aborts) before it reached its rank: nothing was generated.
+    #[error("The request was aborted before it started (/abort_request).")]
+    Aborted,
     #[error("Internal server error.")]
     Internal,
 }
@@ -223,6 +226,7 @@ impl ApiError {
             MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed"),
             Unauthorized => (StatusCode::UNAUTHORIZED, "invalid_request_error", "invalid_api_key"),
             CrossOrigin(_) => (StatusCode::FORBIDDEN, "invalid_request_error", "origin_not_allowed"),
+            Aborted => (StatusCode::BAD_REQUEST, "invalid_request_error", "request_aborted"),
             Internal => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal_error"),
         }
     }

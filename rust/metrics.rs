@@ -235,6 +235,7 @@ impl Metrics {
             "rank_failure",
             "rank_hung",
             "shutdown",
+            "abort_request",
         ] {
             m.aborted.with_label_values(&[reason]);
         }

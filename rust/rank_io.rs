@@ -60,8 +60,21 @@ fn run(dispatcher: &Dispatcher, codec: &Codec, rank: usize, interval: Duration) 
     crate::supervisor::lower_thread_priority(DECODE_NICE);
     let mut waiting = Waiting::default();
     loop {
+        let aborted = link.take_aborted();
+        if !aborted.is_empty() {
+            end_aborted(link, &dispatcher.metrics, codec, aborted);
+        }
+        if link.is_frozen() {
+            // Paused in place: read nothing, so the rank stops within its few steps ahead (`RankLink::freeze`).
+            if link.output.is_closed() {
+                return;
+            }
+            link.wait_frozen(IDLE_WAIT);
+            continue;
+        }
         let next_due = waiting.values().min().map(|d| d.saturating_duration_since(Instant::now()));
-        let readable = link.output.wait_readable(Some(next_due.map_or(IDLE_WAIT, |d| d.min(IDLE_WAIT))));
+        let wait = next_due.map_or(IDLE_WAIT, |d| d.min(IDLE_WAIT));
+        let readable = link.output.wait_readable_or_woken(wait, || link.has_work() || link.is_frozen());
         if !readable && waiting.is_empty() {
             if link.output.is_closed() {
                 return;
@@ -236,6 +249,40 @@ fn deliver(
 }
 
 type Work = (Arc<Inflight>, Batch);
+
+/// End requests `/abort_request` took off this rank (`RankLink::abort`): what they hold is decoded with the finish
+/// `FINISH_ABORT`, which the codec reports as finish reason `abort`, and goes to the client as their end.
+fn end_aborted(link: &RankLink, metrics: &Metrics, codec: &Codec, entries: Vec<Arc<Inflight>>) {
+    Python::attach(|py| {
+        let held: Vec<_> = entries.iter().map(|e| (e.held_then(Vec::new(), None), e.take_prompt_logprobs())).collect();
+        let items: Vec<_> = entries
+            .iter()
+            .zip(&held)
+            .map(|(e, ((tokens, logprobs), p))| DecodeItem {
+                decoder: &e.decoder,
+                tokens: tokens.as_slice(),
+                finish: FINISH_ABORT,
+                logprobs: logprobs.as_ref().map(TokenLogprobs::view),
+                prompt_logprobs: p.as_deref(),
+            })
+            .collect();
+        let decoded = codec.decode(py, &items);
+        for (i, entry) in entries.iter().enumerate() {
+            metrics.aborted.with_label_values(&["abort_request"]).inc();
+            match &decoded {
+                Ok(d) => {
+                    entry.log_end(200, "abort");
+                    entry.finish(Bytes::copy_from_slice(&d[i].bytes));
+                }
+                Err(_) => entry.fail(ApiError::Internal),
+            }
+        }
+        if let Err(err) = decoded {
+            crate::codec::log_python_error(py, &err, &format!("rank {}: decode_batch raised on abort", link.index));
+        }
+        drop(entries); // release decoder references while attached
+    });
+}
 
 /// One Python call for the whole batch, then each request's bytes to its outlet.
 fn decode_and_send(link: &RankLink, metrics: &Metrics, codec: &Codec, work: Vec<Work>) {

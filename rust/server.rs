@@ -95,6 +95,8 @@ pub fn serve(
             traces: traces.clone(),
             draining: Default::default(),
             started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            pending: Default::default(),
+            weights: Default::default(),
             config,
         });
         let code = rt.block_on(run(state, pids, tls));
@@ -273,6 +275,7 @@ const CUT_BEFORE: Duration = Duration::from_secs(2);
 /// turns the 0 into 1 if anything was cut.
 async fn drain(state: &AppState, why: &str) -> i32 {
     state.draining.store(true, Ordering::Release);
+    crate::path::control::resume(state); // paused requests run (or are refused) and end: the drain waits for them
     if let Some(store) = &state.store {
         store.hand_over.begin(); // before the waiters are refused: a background response among them is handed over
     }

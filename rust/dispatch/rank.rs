@@ -9,7 +9,8 @@ use crate::ring::{Doorbell, Ring, Sender};
 use crate::ttft::RankClock;
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 /// One data-parallel rank as the server sees it.
 pub struct RankLink {
@@ -23,6 +24,18 @@ pub struct RankLink {
     /// When the rank last went from no requests to some (`monotonic_ms`): a rank asleep on its doorbell stamps
     /// no heartbeat, so the watchdog measures a stall from the later of this and its last heartbeat.
     pub(super) busy_since_ms: AtomicU64,
+    /// What the control routes ask of the rank's output thread (`crate::rank_io`), and its wake-up.
+    hold: Mutex<Hold>,
+    held: Condvar,
+}
+
+/// Paused in place, the output thread reads nothing more from the rank, which then stops stepping within the few
+/// steps it may run ahead of the server (`engine/loop.py`, `publish`): its requests are frozen, their KV kept.
+/// Aborted requests (`/abort_request`) are ended by that thread too, the one that touches their decoders.
+#[derive(Default)]
+struct Hold {
+    frozen: bool,
+    aborted: Vec<Arc<Inflight>>,
 }
 
 impl RankLink {
@@ -45,6 +58,8 @@ impl RankLink {
             count: AtomicUsize::new(0),
             alive: AtomicBool::new(true),
             busy_since_ms: AtomicU64::new(0),
+            hold: Mutex::default(),
+            held: Condvar::new(),
         }
     }
 
@@ -92,6 +107,52 @@ impl RankLink {
     pub fn send_abort(&self, id: u64) {
         // Only fails once the ring is closed, i.e. the rank is gone: nothing left to abort.
         let _ = self.requests.send(records::ABORT, Abort { request_id: id }.encode().to_vec());
+    }
+
+    /// Freeze (or thaw) the rank's requests: see `Hold`.
+    pub fn freeze(&self, frozen: bool) {
+        self.hold.lock().unwrap().frozen = frozen;
+        self.held.notify_all();
+        self.output.wake_consumer();
+    }
+
+    pub fn is_frozen(&self) -> bool {
+        self.hold.lock().unwrap().frozen
+    }
+
+    /// Take a request off this rank for `/abort_request`: its slot frees now, the rank stops it, and the output
+    /// thread ends it with what it has (`take_aborted`). False if it had already ended.
+    pub fn abort(&self, id: u64) -> bool {
+        let Some(entry) = self.take(id) else { return false };
+        if self.is_alive() {
+            self.send_abort(id);
+        }
+        self.hold.lock().unwrap().aborted.push(entry);
+        self.held.notify_all();
+        self.output.wake_consumer();
+        true
+    }
+
+    /// Whether the output thread has something to do besides reading the ring.
+    pub fn has_work(&self) -> bool {
+        let hold = self.hold.lock().unwrap();
+        !hold.aborted.is_empty()
+    }
+
+    /// The aborted requests the output thread has yet to end.
+    pub fn take_aborted(&self) -> Vec<Arc<Inflight>> {
+        std::mem::take(&mut self.hold.lock().unwrap().aborted)
+    }
+
+    /// While frozen, wait (at most `timeout`) for a thaw or an abort.
+    pub fn wait_frozen(&self, timeout: Duration) {
+        let hold = self.hold.lock().unwrap();
+        let _ = self.held.wait_timeout_while(hold, timeout, |h| h.frozen && h.aborted.is_empty());
+    }
+
+    /// The ids of the requests here that `matches` picks (by their client-facing id).
+    pub fn find(&self, matches: impl Fn(&Inflight) -> bool) -> Vec<u64> {
+        self.inflight.lock().unwrap().values().filter(|e| matches(e)).map(|e| e.id).collect()
     }
 
     /// No new requests go to a dead rank, and /health reports it.

@@ -54,6 +54,7 @@ pub fn submit(d: &Arc<Dispatcher>, admission: &Admission) -> Ticket {
         admitted: now,
         on_finish: None,
         trace: None,
+        abortable: true,
     };
     let permit = admission.try_admit().unwrap();
     d.submit(meta, Job { submit, incremental: true }, decoder, outlet, permit).unwrap()

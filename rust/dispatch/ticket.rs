@@ -23,6 +23,11 @@ impl Ticket {
         self.link.index
     }
 
+    /// End it now as `/abort_request` does (`RankLink::abort`): it was aborted while still on its way to its rank.
+    pub fn abort_request(&self) {
+        self.link.abort(self.id);
+    }
+
     /// Abort now, counting it under `reason`.
     pub fn abort(mut self, reason: &'static str) {
         self.abort_reason = reason;

@@ -3,6 +3,7 @@
 mod auth;
 mod batches;
 mod body;
+mod control;
 mod conversations;
 mod cors;
 mod cross_site;
@@ -76,7 +77,15 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/server_info", get(worker::server_info))
         .route("/get_server_info", get(worker::server_info))
         .route("/model_info", get(worker::model_info))
-        .route("/get_model_info", get(worker::model_info));
+        .route("/get_model_info", get(worker::model_info))
+        .route("/abort_request", post(control::abort_request))
+        .route("/pause_generation", post(control::pause_generation))
+        .route("/continue_generation", post(control::continue_generation))
+        .route("/pause", post(control::pause))
+        .route("/resume", post(control::resume))
+        .route("/is_paused", get(control::is_paused))
+        .route("/get_weight_version", get(control::get_weight_version))
+        .route("/update_weight_version", post(control::update_weight_version));
     // Only with a key: each layer costs every request a boxed future (hundreds of bytes) for as long as its body
     // takes to arrive. For the same reason no `DefaultBodyLimit`: `body::RawBody`, the one body extractor, applies
     // --max-request-body-bytes itself.
@@ -146,6 +155,8 @@ mod tests {
             traces: None,
             draining: AtomicBool::new(false),
             started_unix: 0,
+            pending: Default::default(),
+            weights: Default::default(),
             config,
         })
     }
@@ -229,6 +240,7 @@ mod tests {
             assert_eq!(send(&st, get(open, false)).await.0, StatusCode::OK, "{open} is open");
         }
         let keyed = ["/v1/loads", "/loads", "/server_info", "/get_server_info", "/model_info", "/get_model_info"];
+        let keyed = [&keyed[..], &["/is_paused", "/get_weight_version"]].concat();
         for path in keyed {
             let (s, _, v) = send(&st, get(path, false)).await;
             assert_eq!((s, code(&v)), (StatusCode::UNAUTHORIZED, "invalid_api_key"), "{path}");

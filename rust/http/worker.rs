@@ -64,6 +64,7 @@ pub async fn loads(State(st): State<Arc<AppState>>, q: Result<Query<LoadsQuery>,
                 "max_total_num_tokens": capacity,
                 "token_usage": usage,
                 "max_running_requests": seqs,
+                "paused": st.admission.is_paused(),
             })
         })
         .collect();
@@ -71,6 +72,7 @@ pub async fn loads(State(st): State<Arc<AppState>>, q: Result<Query<LoadsQuery>,
         "timestamp": rfc3339_now(),
         "version": VERSION,
         "dp_rank_count": loads.len(),
+        "paused": st.admission.is_paused(), // a paused replica's requests wait (`/pause_generation`)
         "loads": loads,
     }))
     .into_response()
@@ -78,6 +80,8 @@ pub async fn loads(State(st): State<Arc<AppState>>, q: Result<Query<LoadsQuery>,
 
 /// vllm-router's power-of-two load: requests this replica holds (admitted and not yet done, or queued).
 pub async fn get_load(State(st): State<Arc<AppState>>) -> Response {
+    // vllm-router reads exactly `{"load": n}`; a paused replica's waiting requests count in it (`/v1/loads` says
+    // `paused`).
     Json(json!({"load": st.admission.in_flight() + st.admission.queued()})).into_response()
 }
 
@@ -119,6 +123,8 @@ fn common_info(st: &AppState) -> serde_json::Map<String, Value> {
         "context_length": c.max_model_len,
         "dp_size": st.dispatcher.ranks.len(),
         "version": VERSION,
+        "weight_version": crate::path::weight_version(st),
+        "paused": st.admission.is_paused(),
     });
     let Value::Object(map) = fields else { unreachable!("a JSON object literal") };
     map

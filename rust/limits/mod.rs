@@ -132,6 +132,9 @@ limits! {
         MAX_INLINE_CHECK_BYTES: usize = 256 << 10, Bytes;
         /// Most parts an upload's form may have: nothing but the file is large.
         MAX_FORM_PARTS: usize = 8, Count;
+        /// Longest `rid` of `/abort_request` and weight version of `/update_weight_version`; longer is a 400 (a
+        /// request id from `X-Request-Id` has at most 128).
+        MAX_CONTROL_ID_BYTES: usize = 256, Bytes;
         /// The longest text part of an upload's form.
         MAX_FORM_TEXT_BYTES: usize = 1024, Bytes;
         /// What may come before a form's first boundary: clients send nothing there (RFC 7578's preamble is for

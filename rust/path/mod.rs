@@ -4,10 +4,13 @@
 //! response (`crate::http`); the workers that run requests without a client (`crate::workers`) use it directly.
 
 mod answer;
+pub mod control;
 mod keep;
 mod origin;
+pub mod pending;
 mod serve;
 pub mod sse_body;
+pub mod weights;
 
 pub use answer::{Answer, Events, Unary};
 pub use origin::{BackgroundRun, Call, Origin};
@@ -37,6 +40,15 @@ pub struct AppState {
     /// Set on SIGTERM: stop admitting, report 503 on /health, let in-flight requests finish.
     pub draining: AtomicBool,
     pub started_unix: u64,
+    /// Clients' requests not yet on a rank, by request id (`/abort_request`).
+    pub pending: pending::Pending,
+    /// The served weights' version.
+    pub weights: weights::Weights,
+}
+
+/// The version of the weights being served (SGLang's `weight_version`).
+pub fn weight_version(st: &AppState) -> String {
+    st.weights.version()
 }
 
 impl AppState {

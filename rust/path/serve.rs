@@ -9,6 +9,7 @@ use super::AppState;
 use super::answer::{Answer, Unary};
 use super::keep;
 use super::origin::{Call, Origin};
+use super::pending::Entered;
 use super::sse_body::SseBody;
 use crate::codec::PrepareRequest;
 use crate::dispatch::{Job, RequestMeta};
@@ -36,6 +37,10 @@ pub async fn serve(st: &Arc<AppState>, call: Call) -> Result<Answer, ApiError> {
     if let Some(err) = st.unavailable() {
         return Err(err);
     }
+    // A client's request can be aborted by its id (`/abort_request`) from here on: while it waits for a slot, or
+    // at the paused gate, here; once on its rank, through its rank's map.
+    let client = slot.is_none() && run.is_none();
+    let pending = client.then(|| st.pending.enter(&request_id));
     // Past capacity the request may wait here (the wait queue); its response has not started, so a refusal is
     // still a real status. A queued request whose client goes away is dropped, and leaves the queue with it.
     // A grammar is built and checked on the codec's grammar thread, before the request's prepare (which then
@@ -49,7 +54,11 @@ pub async fn serve(st: &Arc<AppState>, call: Call) -> Result<Answer, ApiError> {
                 st.codec.check_constraint(req.body.clone(), door, req.forced_tool.clone()).await?;
                 grammar_checked = true;
             }
-            st.admission.admit(if st.config.priority_scheduling { req.priority } else { 0 }).await?
+            let priority = if st.config.priority_scheduling { req.priority } else { 0 };
+            tokio::select! {
+                admitted = st.admission.admit(priority) => admitted?,
+                () = aborted(pending.as_ref()) => return Err(ApiError::Aborted),
+            }
         }
     };
     let admitted = Instant::now();
@@ -128,7 +137,7 @@ pub async fn serve(st: &Arc<AppState>, call: Call) -> Result<Answer, ApiError> {
             if let Some(t) = &trace {
                 t.sampling(prepared.max_tokens, prepared.temperature, prepared.top_p);
             }
-            let meta = RequestMeta { id, request_id, arrival, parsed, admitted, on_finish, trace };
+            let meta = RequestMeta { id, request_id, arrival, parsed, admitted, on_finish, trace, abortable: client };
             let images = job.submit.images.clone();
             let sent = dispatcher.submit(meta, job, prepared.decoder, outlet, permit);
             if sent.is_err() {
@@ -137,6 +146,10 @@ pub async fn serve(st: &Arc<AppState>, call: Call) -> Result<Answer, ApiError> {
             sent
         })
         .await?;
+    if pending.as_ref().is_some_and(|p| p.is_aborted()) {
+        ticket.abort_request(); // aborted on its way to its rank: it ends now, with nothing
+    }
+    drop(pending);
     let timeout = st.config.request_timeout();
     let rx = match reply {
         Reply::Stream(buf) => {
@@ -158,6 +171,14 @@ pub async fn serve(st: &Arc<AppState>, call: Call) -> Result<Answer, ApiError> {
     drop(ticket);
     let json = result.map_err(|_| ApiError::Internal)??;
     Ok(Answer::Unary(Unary { json, guard }))
+}
+
+/// Resolves once a client's request is aborted (never for a request that cannot be).
+async fn aborted(pending: Option<&Entered<'_>>) {
+    match pending {
+        Some(p) => p.aborted().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Where the path gets the answer: a stream's buffer, or a non-stream's whole body once.

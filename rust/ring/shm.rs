@@ -402,6 +402,26 @@ impl Ring {
         }
     }
 
+    /// `wait_readable` that also returns (false unless readable) when `wake_consumer` wakes it with nothing to
+    /// read: how a server thread that sleeps here is told of work that is not in the ring (`RankLink::abort`).
+    /// `pending` says whether such work is there; it is checked after this thread counts itself as waiting, so
+    /// work handed over before the wake is never slept through.
+    pub fn wait_readable_or_woken(&self, timeout: Duration, pending: impl Fn() -> bool) -> bool {
+        let deadline = Instant::now().checked_add(timeout);
+        let data = &self.header().data.0;
+        if self.readable() {
+            return true;
+        }
+        let seq = data.seq.load(Ordering::SeqCst);
+        data.waiting.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if !self.readable() && !pending() {
+            wait_until(&data.seq, seq, deadline);
+        }
+        data.waiting.fetch_sub(1, Ordering::SeqCst);
+        self.readable()
+    }
+
     fn readable(&self) -> bool {
         let h = self.header();
         h.head.0.load(Ordering::SeqCst) != h.tail.0.load(Ordering::Relaxed) || self.is_closed()
