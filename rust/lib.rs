@@ -8,6 +8,7 @@ pub mod admission;
 pub mod client_io;
 pub mod codec;
 pub mod config;
+pub mod console;
 pub mod dispatch;
 pub mod doors;
 pub mod edge;

@@ -543,6 +543,7 @@ class ServerConfig:
         sse_keep_alive_s: float,
         stream_interval_ms: float,
         edge: EdgeConfig,
+        console: bool,
         cors: CorsConfig,
         state: StateConfig,
         media: MediaConfig,
@@ -571,6 +572,7 @@ class ServerConfig:
     sse_keep_alive_s: float
     stream_interval_ms: float
     edge: EdgeConfig
+    console: bool
     cors: CorsConfig
     state: StateConfig
     media: MediaConfig

@@ -80,13 +80,15 @@ pub fn app(state: Arc<AppState>) -> Router {
     // Only with a key: each layer costs every request a boxed future (hundreds of bytes) for as long as its body
     // takes to arrive. For the same reason no `DefaultBodyLimit`: `body::RawBody`, the one body extractor, applies
     // --max-request-body-bytes itself.
+    let keyed = if state.config.console { crate::console::keyed(keyed) } else { keyed };
     let keyed = match state.config.api_key {
         Some(_) => keyed.route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key)),
         None => keyed,
     };
     // Open, like /health and /metrics: vllm-router polls /get_load without a key, and neither says more than
     // /metrics does.
-    let app = Router::new()
+    let open = if state.config.console { crate::console::open(Router::new()) } else { Router::new() };
+    let app = open
         .merge(keyed)
         .route("/health", get(info::health))
         .route("/metrics", get(info::metrics))
