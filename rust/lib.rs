@@ -23,6 +23,7 @@ pub mod mend;
 pub mod metrics;
 pub mod owner;
 pub mod path;
+pub mod pulse;
 pub mod py_record;
 pub mod rank_io;
 pub mod ring;

@@ -50,8 +50,8 @@ pub struct Metrics {
     reaborts: IntCounter,
     healthy: IntGauge,
     capacity: IntGauge,
-    /// The last five minutes, second by second, for the console (`crate::console::pulse`).
-    pub pulse: crate::console::Pulse,
+    /// The last five minutes, second by second, for the console (`crate::pulse`).
+    pub pulse: crate::pulse::Pulse,
     /// Spans exported, and dropped (queue full, or the collector could not be reached): `crate::trace`.
     pub trace_spans: crate::trace::Counters,
 }

@@ -9,6 +9,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -16,6 +17,7 @@ from conftest import MODEL, Server, start_server
 from playwright.sync_api import Browser, expect
 
 from console_browser import Watched, launch, open_page, shot
+from test_tls import CA
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +180,19 @@ def test_the_status_endpoint_costs_well_under_a_millisecond(srv: Server) -> None
         per_call = (time.perf_counter() - t0) / n
     # Over loopback HTTP with httpx's own cost included: the server's share is measured in bench/console.py.
     assert per_call < 0.005, f"{per_call * 1e3:.2f} ms a call"
+
+
+def test_the_console_over_tls(browser: Browser, tmp_path: Path) -> None:
+    server = CA(tmp_path, "console-ca").issue("127.0.0.1", server=True)
+    s = start_server("--served-model-name", MODEL, "--ssl-certfile", str(server.cert), "--ssl-keyfile", str(server.key))
+    try:
+        assert s.url.startswith("https://")
+        for watched in open_page(browser, ignore_https_errors=True):
+            p = watched.page
+            p.goto(s.url + "/")
+            expect(p.locator("#s-layout")).to_have_text("DP 1 · EP 1 · CP 1")
+            expect(p.locator("#health")).to_have_text("healthy")
+            assert p.evaluate("window.isSecureContext") is True
+            assert not watched.problems, watched.problems
+    finally:
+        s.stop()

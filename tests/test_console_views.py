@@ -11,7 +11,9 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
+import anthropic
 import pytest
 from conftest import MODEL, Server, start_server, wait_for
 from playwright.sync_api import Browser, Page, expect
@@ -133,5 +135,22 @@ def test_a_batch_progress_bar_reaches_100(srv: Server, page: Watched) -> None:
     expect(item).to_contain_text("24 completed, 0 failed of 24 (100 %)")
     expect(item.get_by_role("button", name="Download output")).to_be_visible()
     expect(p.locator("#f-list")).to_contain_text("in.jsonl")
+    # An Anthropic message batch beside it, in its own terms, with its results to download.
+    reqs = [
+        {
+            "custom_id": f"m{i}",
+            "params": {"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]},
+        }
+        for i in range(6)
+    ]
+    mb = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0).messages.batches.create(requests=reqs)  # type: ignore[arg-type]
+    item = p.locator(f'[data-batch="{mb.id}"]')
+    expect(item.locator('[role="progressbar"]')).to_have_attribute("aria-valuenow", "100", timeout=60_000)
+    expect(item).to_contain_text("6 completed, 0 failed of 6 (100 %)")
+    expect(item).to_contain_text("Anthropic · /v1/messages · ended")
+    with p.expect_download() as dl:
+        item.get_by_role("button", name="Download results").click()
+    got = [json.loads(x) for x in Path(dl.value.path()).read_text().splitlines()]
+    assert sorted(x["custom_id"] for x in got) == [f"m{i}" for i in range(6)]
     shot(p, "batches")
     assert not page.problems, page.problems

@@ -7,12 +7,9 @@
 //! inline script, no eval, requests to this origin only) and `frame-ancestors 'none'`: model output that slipped
 //! into the DOM as HTML could still run nothing, and no other site can frame the page.
 
-pub mod pulse;
 mod status;
 
-pub use pulse::Pulse;
-
-use crate::http::AppState;
+use crate::path::AppState;
 use axum::Router;
 use axum::extract::Path;
 use axum::http::{HeaderValue, StatusCode, header};

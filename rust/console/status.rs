@@ -1,9 +1,9 @@
 //! `GET /console/status`: what the console's status view draws, as one compact JSON document read from Rust state
 //! alone (no GIL, no rank lock, no database on the call's path): the layout, each rank's state, slots and the wait
-//! queue, the last five minutes (`pulse`), refusals and aborts by code, and the store's size against its quotas
+//! queue, the last five minutes (`crate::pulse`), refusals and aborts by code, and the store's size against its quotas
 //! (counted in the background at most every `STORE_EVERY`). No prompt or output text is ever in it.
 
-use crate::http::AppState;
+use crate::path::AppState;
 use crate::ring::status::{AUX_HEARTBEAT_MS, AUX_KV_USAGE_PPM, monotonic_ms};
 use axum::Json;
 use axum::extract::State;

@@ -264,6 +264,33 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_console_page_is_open_and_its_status_keyed() {
+        let st = state(Some("k"));
+        let resp = app(st.clone()).oneshot(Request::get("/").body(Body::empty()).unwrap()).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.headers()["content-security-policy"], crate::console::CSP);
+        let status = |key: bool| {
+            let r = Request::get("/console/status");
+            let r = if key { r.header("authorization", "Bearer k") } else { r };
+            r.body(Body::empty()).unwrap()
+        };
+        assert_eq!(send(&st, status(false)).await.0, StatusCode::UNAUTHORIZED);
+        let (s, _, v) = send(&st, status(true)).await;
+        assert_eq!(
+            (s, v["model"].as_str(), v["slots"]["total"].as_u64()),
+            (StatusCode::OK, Some("test-model"), Some(4))
+        );
+        assert_eq!(v["window"]["summary"]["seconds"].as_u64().map(|n| n <= 300), Some(true));
+        let mut off = ServerConfig::for_tests();
+        off.console = false;
+        let off = Arc::new(AppState { config: off, ..Arc::into_inner(state(None)).unwrap() });
+        for path in ["/", "/console/app.js", "/console/status"] {
+            let (s, _, v) = send(&off, Request::get(path).body(Body::empty()).unwrap()).await;
+            assert_eq!((s, code(&v)), (StatusCode::NOT_FOUND, "not_found"), "{path}");
+        }
+    }
+
+    #[tokio::test]
     async fn api_key_and_request_id() {
         let st = state(Some("k"));
         let get = |auth: Option<&str>| {

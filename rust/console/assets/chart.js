@@ -43,14 +43,19 @@ export function draw(canvas, series, seconds) {
     ctx.beginPath();
     let pen = false;
     const offset = n - s.values.length;
+    const dots = [];
     s.values.forEach((v, i) => {
       if (v == null) { pen = false; return; }
       const x = left + (pw * (offset + i)) / (n - 1);
       const y = top + ph - (ph * v) / max;
       if (pen) ctx.lineTo(x, y); else ctx.moveTo(x, y);
+      // A second with samples between two without has no line to draw: it gets a dot.
+      if (!pen && s.values[i + 1] == null) dots.push([x, y]);
       pen = true;
     });
     ctx.stroke();
+    ctx.fillStyle = ctx.strokeStyle;
+    for (const [x, y] of dots) ctx.fillRect(x - 1.5, y - 1.5, 3, 3);
   }
   canvas.dataset.max = String(max);
   canvas.dataset.points = String(series.reduce((a, s) => a + s.values.filter((v) => v).length, 0));
