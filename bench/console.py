@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """What open consoles cost (issue 43): server CPU per streamed token with ten pollers of GET /console/status (each
 once a second, as ten open console tabs poll) and without them, in alternating rounds on one server; then the status
-endpoint's own cost per call (server CPU over many calls, and the latency a client sees).
+endpoint's own cost per call (server CPU over many calls, and the latency a client sees), on a fresh server, after
+the load, and (`--full-window`) once every second of its five minutes holds samples.
 
-    python bench/console.py [--rounds 3] [--seconds 8] [--conns 64] [--pollers 10] [--calls 2000]
+    python bench/console.py [--rounds 3] [--seconds 8] [--conns 64] [--pollers 10] [--calls 2000] [--full-window]
 
 Needs `wrk` (Debian package). The load is bench/doors.py's chat stream (256 tokens, `ignore_eos`) on the zero-cost
 sim, so the server's own work per token is what is measured.
@@ -83,13 +84,15 @@ def main() -> int:
     ap.add_argument("--conns", type=int, default=64)
     ap.add_argument("--pollers", type=int, default=10)
     ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--full-window", action="store_true", help="measure the endpoint again once 5 minutes are full")
     args = ap.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc, pids, url = start_server(port, None, [])
+    started = time.monotonic()
     try:
-        cost = status_cost(url, pids[0], args.calls)
+        cost = {"fresh": status_cost(url, pids[0], args.calls)}
         runs: dict[str, list[dict[str, float]]] = {"without": [], "with": []}
         for r in range(args.rounds):
             order = ["without", "with"] if r % 2 == 0 else ["with", "without"]
@@ -109,6 +112,18 @@ def main() -> int:
             }
             for kind, rs in runs.items()
         }
+        if args.full_window:
+            # Every second of the window holds samples: the status document at its largest.
+            with httpx.Client(base_url=url, timeout=30) as c:
+                chat = {
+                    "model": "deepseek-v4.1-flash",
+                    "messages": [{"role": "user", "content": "x"}],
+                    "max_tokens": 16,
+                }
+                while time.monotonic() - started < 310:
+                    c.post("/v1/chat/completions", json=chat).raise_for_status()
+                    time.sleep(0.2)
+        cost["after_load"] = status_cost(url, pids[0], args.calls)
         w, wo = summary["with"]["cpu_us_per_token_median"], summary["without"]["cpu_us_per_token_median"]
         summary["ratio_with_to_without"] = round(w / wo, 3)
         print(json.dumps({"status_endpoint": cost, "pollers": args.pollers, "streams": summary}, indent=2))

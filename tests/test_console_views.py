@@ -154,3 +154,19 @@ def test_a_batch_progress_bar_reaches_100(srv: Server, page: Watched) -> None:
     assert sorted(x["custom_id"] for x in got) == [f"m{i}" for i in range(6)]
     shot(p, "batches")
     assert not page.problems, page.problems
+
+
+def test_a_running_batch_is_cancelled_from_its_button(srv: Server, page: Watched) -> None:
+    c = srv.client()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "long"}], "max_tokens": 400, "ignore_eos": True}
+    lines = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": body} for i in range(64)]
+    f = c.files.create(file=("long.jsonl", io.BytesIO("\n".join(map(json.dumps, lines)).encode())), purpose="batch")
+    b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    p = page.page
+    p.goto(srv.url + "/#batches")
+    item = p.locator(f'[data-batch="{b.id}"]')
+    item.get_by_role("button", name=f"Cancel {b.id}").click()
+    expect(item).to_contain_text("cancelled", timeout=60_000)
+    assert c.batches.retrieve(b.id).status == "cancelled"
+    expect(item.get_by_role("button", name=f"Cancel {b.id}")).to_have_count(0)
+    assert not page.problems, page.problems
