@@ -35,6 +35,8 @@ py_record! {
         pub stream_interval_ms: f64,
         /// Where and how clients connect: TLS, a Unix socket, a path prefix (`rust/edge/`).
         pub edge: crate::edge::EdgeConfig,
+        /// Whether `/` serves the built-in console (`--console on|off`; `crate::console`).
+        pub console: bool,
         /// Which browser origins may call the API (`edge_args`).
         pub cors: CorsConfig,
         /// Where state is kept (`state_args`).
@@ -178,6 +180,7 @@ impl ServerConfig {
             sse_keep_alive_s: crate::timing::SSE_KEEP_ALIVE_S,
             stream_interval_ms: crate::timing::STREAM_INTERVAL_MS,
             edge: Default::default(),
+            console: true,
             cors: Default::default(),
             state: StateConfig { store: String::new(), store_responses: true, files_dir: String::new() },
             media: Default::default(),

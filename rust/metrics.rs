@@ -50,6 +50,8 @@ pub struct Metrics {
     reaborts: IntCounter,
     healthy: IntGauge,
     capacity: IntGauge,
+    /// The last five minutes, second by second, for the console (`crate::pulse`).
+    pub pulse: crate::pulse::Pulse,
     /// Spans exported, and dropped (queue full, or the collector could not be reached): `crate::trace`.
     pub trace_spans: crate::trace::Counters,
 }
@@ -191,6 +193,7 @@ impl Metrics {
                 "Requests admitted at once before a 429: data-parallel ranks x --max-num-seqs.",
             )
             .unwrap(),
+            pulse: Default::default(),
             trace_spans: crate::trace::Counters {
                 exported: IntCounter::new("deepinfer_trace_spans_exported_total", "Trace spans exported over OTLP.")
                     .unwrap(),
@@ -293,9 +296,22 @@ impl Metrics {
         self.ttft_stages.with_label_values(&["sse"])
     }
 
+    /// A request's first token came `ttft` after it arrived.
+    pub fn observe_ttft(&self, ttft: Duration) {
+        self.ttft.observe(ttft.as_secs_f64());
+        self.pulse.first_token(ttft);
+    }
+
+    /// A request ended with its last token (`reason`: stop or length).
+    pub fn observe_success(&self, reason: &str) {
+        self.success.with_label_values(&[reason]).inc();
+        self.pulse.finished();
+    }
+
     /// Observe `n` tokens that arrived `gap` after the previous ones.
     pub fn observe_tokens(&self, n: usize, gap: Option<Duration>) {
         self.generation_tokens.inc_by(n as u64);
+        self.pulse.tokens(n, gap);
         if let Some(gap) = gap
             && n > 0
         {

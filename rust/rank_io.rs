@@ -211,7 +211,7 @@ fn deliver(
             }
             let (ttft, gap) = entry.tokens_arrived(now, b.tokens.len());
             if let Some(t) = ttft {
-                metrics.ttft.observe(t.as_secs_f64());
+                metrics.observe_ttft(t);
                 let stages = entry.stamps.stages(entry.arrival, now);
                 metrics.observe_ttft_stages(&stages);
                 if let Some(trace) = &entry.trace {
@@ -329,7 +329,7 @@ fn decode_and_send(link: &RankLink, metrics: &Metrics, codec: &Codec, work: Vec<
                             }
                         }
                         let reason = if b.finish == FINISH_LENGTH { "length" } else { "stop" };
-                        metrics.success.with_label_values(&[reason]).inc();
+                        metrics.observe_success(reason);
                         entry.log_end(200, reason);
                     }
                 }

@@ -13,13 +13,15 @@ fi
 # procps (pgrep) for the tests; libmimalloc2.0 so the allocator switch is tested too (the server runs without);
 # nginx for the replicas behind a load balancer (tests/test_gateway_nginx.py); prometheus for promtool, which
 # checks and unit-tests the alert rules (tests/test_observability.py); postgresql for the shared state store
-# (tests/test_response_store.py starts a throwaway cluster of its own; the package's service is never started).
+# (tests/test_response_store.py starts a throwaway cluster of its own; the package's service is never started);
+# chromium for the console's browser tests (tests/test_console*.py, driven by Playwright through executable_path).
 need=()
 command -v pgrep >/dev/null 2>&1 || need+=(procps)
 ls /usr/lib/*-linux-gnu/libmimalloc.so.* >/dev/null 2>&1 || need+=(libmimalloc2.0)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || need+=(postgresql)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     # A policy-rc.d that says no: installing the packages must not start their services (nginx, prometheus).
     own_policy=""

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 from conftest import MODEL
+
+from deepinfer_server.progress import Progress
 
 
 def test_run_batch_writes_one_result_per_line_in_order(tmp_path: Path) -> None:
@@ -45,3 +48,31 @@ def test_run_batch_writes_one_result_per_line_in_order(tmp_path: Path) -> None:
     assert got[1]["response"]["body"]["object"] == "text_completion"
     assert got[2]["response"] is None and "url" in got[2]["error"]["message"]
     assert got[3]["response"]["status_code"] == 404
+    # Piped: plain progress lines, the last one for each endpoint's batch, no bar and no carriage returns.
+    assert "run-batch: /v1/chat/completions 2/2 (100 %), 1 failed" in run.stderr, run.stderr[-3000:]
+    assert "run-batch: /v1/completions 1/1 (100 %), 0 failed" in run.stderr
+    assert "\r" not in run.stderr and "[###" not in run.stderr
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_a_bar_on_a_terminal_and_lines_when_piped() -> None:
+    tty, pipe = Terminal(), io.StringIO()
+    bars, lines = Progress("/v1/chat/completions", tty), Progress("/v1/chat/completions", pipe)
+    for done in (0, 5, 10):
+        batch = {"status": "in_progress", "request_counts": {"total": 10, "completed": done, "failed": 0}}
+        bars.update(batch, final=done == 10)
+        lines.update(batch, final=done == 10)
+    drawn = tty.getvalue()
+    assert drawn.count("\r") == 3 and drawn.endswith("\n"), drawn
+    assert "[###############...............] 5/10 (50 %)" in drawn
+    assert "[##############################] 10/10 (100 %)" in drawn
+    # Piped: the first count, then (within PLAIN_EVERY_S) only the last.
+    assert pipe.getvalue().splitlines() == [
+        "run-batch: /v1/chat/completions 0/10 (0 %), 0 failed, 0.0/s, ETA -, in_progress",
+        pipe.getvalue().splitlines()[-1],
+    ]
+    assert pipe.getvalue().splitlines()[-1].startswith("run-batch: /v1/chat/completions 10/10 (100 %), 0 failed")

@@ -619,6 +619,7 @@ class ServerConfig:
         sse_keep_alive_s: float,
         stream_interval_ms: float,
         edge: EdgeConfig,
+        console: bool,
         cors: CorsConfig,
         state: StateConfig,
         media: MediaConfig,
@@ -647,6 +648,7 @@ class ServerConfig:
     sse_keep_alive_s: float
     stream_interval_ms: float
     edge: EdgeConfig
+    console: bool
     cors: CorsConfig
     state: StateConfig
     media: MediaConfig

@@ -29,7 +29,15 @@ ROOT_PATH = re.compile(r"^(/[A-Za-z0-9._~!$&'()*+,;=:@%-]+)+$")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_listen_arguments(parser.add_argument_group("TLS, Unix socket, path prefix"))
-    p = parser.add_argument_group("browsers (CORS)")
+    p = parser.add_argument_group("browsers (console, CORS)")
+    p.add_argument(
+        "--console",
+        choices=("on", "off"),
+        default="on",
+        help="The built-in console at / (live status, batch progress, a playground), as llama.cpp's server has "
+        "one: on (the default) or off. Its page needs no key to load; with --api-key it asks for the key, keeps it "
+        "in the browser tab only, and /console/status answers nothing without it.",
+    )
     p.add_argument(
         "--allowed-origins",
         nargs="+",
@@ -166,7 +174,7 @@ def resolve_root_path(args: argparse.Namespace) -> str | None:
 def routed_segments() -> set[str]:
     """First segments of the server's own paths (openapi.json lists the routes)."""
     paths = json.loads(OPENAPI.read_text(encoding="utf-8"))["paths"] if OPENAPI.is_file() else {}
-    return {p.split("/")[1] for p in paths} | {"v1", "openapi.json", "health", "metrics"}
+    return {p.split("/")[1] for p in paths} | {"v1", "openapi.json", "health", "metrics", "console"}
 
 
 def resolve_cors(args: argparse.Namespace) -> str | None:

@@ -174,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
             sse_keep_alive_s=args.sse_keep_alive,
             stream_interval_ms=args.stream_interval_ms,
             edge=edge_args.edge_config(args),
+            console=args.console == "on",
             cors=edge_args.cors_config(args),
             state=state_args.server_config(args),
             media=media_args.server_config(args),

@@ -2,7 +2,8 @@
 this server's own Batch API. It starts the server on a free local port (state in memory unless the options name a
 store), sends the input as one batch per endpoint its lines name, waits, and writes one result line per input
 line, in input order: `{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`. A line
-that names no endpoint this server serves gets an error line. Exits 0 when every line has a result."""
+that names no endpoint this server serves gets an error line. Its progress goes to stderr: a bar on a terminal,
+plain lines when piped (`progress`). Exits 0 when every line has a result."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import urllib.request
 import uuid
 from collections.abc import Sequence
 from typing import Any
+
+from deepinfer_server.progress import Progress
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 START_TIMEOUT = 3600.0  # a real model loads for minutes
@@ -92,9 +95,12 @@ def run_one(url: str, endpoint: str, indices: list[int], lines: list[str]) -> di
     content = ("\n".join(lines[i] for i in indices) + "\n").encode()
     file_id = upload(url, content)["id"]
     batch = call(url, "/v1/batches", {"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h"})
+    progress = Progress(endpoint)
     while batch["status"] not in ("completed", "failed", "cancelled", "expired"):
+        progress.update(batch)
         time.sleep(0.2)
         batch = call(url, f"/v1/batches/{batch['id']}")
+    progress.update(batch, final=True)
     if batch["status"] == "failed":
         why = "; ".join(f"line {e.get('line')}: {e.get('message')}" for e in batch.get("errors", {}).get("data", []))
         return {i: error_line(lines[i], f"the batch failed validation: {why}") for i in indices}

@@ -89,13 +89,15 @@ pub fn app(state: Arc<AppState>) -> Router {
     // Only with a key: each layer costs every request a boxed future (hundreds of bytes) for as long as its body
     // takes to arrive. For the same reason no `DefaultBodyLimit`: `body::RawBody`, the one body extractor, applies
     // --max-request-body-bytes itself.
+    let keyed = if state.config.console { crate::console::keyed(keyed) } else { keyed };
     let keyed = match state.config.api_key {
         Some(_) => keyed.route_layer(middleware::from_fn_with_state(state.clone(), auth::require_api_key)),
         None => keyed,
     };
     // Open, like /health and /metrics: vllm-router polls /get_load without a key, and neither says more than
     // /metrics does.
-    let app = Router::new()
+    let open = if state.config.console { crate::console::open(Router::new()) } else { Router::new() };
+    let app = open
         .merge(keyed)
         .route("/health", get(info::health))
         .route("/metrics", get(info::metrics))
@@ -271,6 +273,33 @@ mod tests {
             (s, code(&v), v["error"]["param"].as_str()),
             (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", Some("Content-Type"))
         );
+    }
+
+    #[tokio::test]
+    async fn the_console_page_is_open_and_its_status_keyed() {
+        let st = state(Some("k"));
+        let resp = app(st.clone()).oneshot(Request::get("/").body(Body::empty()).unwrap()).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.headers()["content-security-policy"], crate::console::CSP);
+        let status = |key: bool| {
+            let r = Request::get("/console/status");
+            let r = if key { r.header("authorization", "Bearer k") } else { r };
+            r.body(Body::empty()).unwrap()
+        };
+        assert_eq!(send(&st, status(false)).await.0, StatusCode::UNAUTHORIZED);
+        let (s, _, v) = send(&st, status(true)).await;
+        assert_eq!(
+            (s, v["model"].as_str(), v["slots"]["total"].as_u64()),
+            (StatusCode::OK, Some("test-model"), Some(4))
+        );
+        assert_eq!(v["window"]["summary"]["seconds"].as_u64().map(|n| n <= 300), Some(true));
+        let mut off = ServerConfig::for_tests();
+        off.console = false;
+        let off = Arc::new(AppState { config: off, ..Arc::into_inner(state(None)).unwrap() });
+        for path in ["/", "/console/app.js", "/console/status"] {
+            let (s, _, v) = send(&off, Request::get(path).body(Body::empty()).unwrap()).await;
+            assert_eq!((s, code(&v)), (StatusCode::NOT_FOUND, "not_found"), "{path}");
+        }
     }
 
     #[tokio::test]
