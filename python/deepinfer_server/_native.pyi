@@ -48,6 +48,7 @@ DOOR_CHAT: int
 DOOR_COMPLETIONS: int
 DOOR_MESSAGES: int
 DOOR_RESPONSES: int
+DOOR_GENERATE: int
 # What `decode_batch` says of each request (rust/codec/decode.rs, `DecodeState`).
 DECODE_RUNNING: int
 DECODE_FINISHED: int
@@ -435,6 +436,7 @@ class Limits:
         max_grammar_cache_bytes: int,
         request_timeout_s: float,
         max_queued_requests: int,
+        max_generate_fanout: int,
         queue_timeout_s: float,
         media_fetch_timeout_s: float,
         max_images_per_request: int,
@@ -466,6 +468,7 @@ class Limits:
     max_grammar_cache_bytes: int
     request_timeout_s: float
     max_queued_requests: int
+    max_generate_fanout: int
     queue_timeout_s: float
     media_fetch_timeout_s: float
     max_images_per_request: int

@@ -7,6 +7,7 @@ mod conversations;
 mod cors;
 mod cross_site;
 mod drain;
+mod fanout;
 mod files;
 mod form;
 mod generate;

@@ -39,6 +39,12 @@ pub struct AppState {
     pub started_unix: u64,
 }
 
+/// The version of the weights the engine serves, as SGLang's `--weight-version` names it ("default" until a
+/// reload names another): what `/generate` tags each answer with (`meta_info.weight_version`).
+pub fn weight_version(_st: &AppState) -> String {
+    "default".to_string()
+}
+
 impl AppState {
     /// Why the service cannot take requests right now, if it cannot.
     pub fn unavailable(&self) -> Option<ApiError> {
