@@ -208,11 +208,16 @@ def test_not_json_and_a_streamed_refusal_are_statuses_in_the_envelope(server: Se
 
 
 def test_the_fanout_is_bounded_by_its_limit(make_server: Any) -> None:
-    srv = make_server("--max-generate-fanout", "4", "--max-num-seqs", "3")
+    srv = make_server("--max-generate-fanout", "4", "--max-generate-fanout-bytes", "4096", "--max-num-seqs", "3")
     sp = {"max_new_tokens": 2, "ignore_eos": True}
     assert len(generate(srv, {"text": ["a", "b", "c"], "sampling_params": sp})) == 3
     err = generate(srv, {"text": ["a", "b", "c"], "sampling_params": {**sp, "n": 2}}, 400)
     assert err["error"]["param"] == "sampling_params.n" and "--max-generate-fanout" in err["error"]["message"]
+    # The bytes the sequences hold together (each prompt once per sample) are bounded too.
+    long = "word " * 300
+    assert generate(srv, {"text": long, "sampling_params": {**sp, "n": 2}})[1]["meta_info"]["completion_tokens"] == 2
+    err = generate(srv, {"text": long, "sampling_params": {**sp, "n": 3}}, 400)
+    assert err["error"]["param"] == "text" and "--max-generate-fanout-bytes" in err["error"]["message"]
     # Each sequence takes a slot: a fan-out past the free ones (with no wait queue) is refused whole, a 429.
     full = generate(srv, {"text": ["a", "b"], "sampling_params": {**sp, "n": 2}}, 429)
     assert full["error"]["code"] == 429

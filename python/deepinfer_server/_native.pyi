@@ -437,6 +437,7 @@ class Limits:
         request_timeout_s: float,
         max_queued_requests: int,
         max_generate_fanout: int,
+        max_generate_fanout_bytes: int,
         queue_timeout_s: float,
         media_fetch_timeout_s: float,
         max_images_per_request: int,
@@ -469,6 +470,7 @@ class Limits:
     request_timeout_s: float
     max_queued_requests: int
     max_generate_fanout: int
+    max_generate_fanout_bytes: int
     queue_timeout_s: float
     media_fetch_timeout_s: float
     max_images_per_request: int

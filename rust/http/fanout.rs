@@ -32,7 +32,9 @@ pub(super) async fn handle(
     traced: Traced,
 ) -> Result<Response, ApiError> {
     let json = DoorBody::read(&body)?.json;
-    let split = crate::doors::split_generate(json, &request_id, st.config.limits.max_generate_fanout)?;
+    let limits = &st.config.limits;
+    let bounds = (limits.max_generate_fanout, limits.max_generate_fanout_bytes);
+    let split = crate::doors::split_generate(json, &request_id, bounds)?;
     // What every sequence's answer reports: the weights that serve it, and when its request arrived (SGLang's
     // `received_time`, from which `e2e_latency` counts). The server's, never the client's.
     let version = Value::String(crate::path::weight_version(st));

@@ -227,6 +227,8 @@ class GenerateDecoder:
             reason, state = _matched(last) if last == self.eos_id else {"type": "stop", "matched": None}, FINISHED
         elif finish == _native.FINISH_LENGTH:
             reason, state = {"type": "length", "length": len(self.ids)}, FINISHED
+        elif finish == _native.FINISH_ABORT:  # ended by the server (an abort): what it had, SGLang's reason
+            reason, state = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}, FINISHED
         if state != RUNNING:
             self.done = True
             self.text += self.words.flush() if not isinstance(reason.get("matched") if reason else None, str) else ""

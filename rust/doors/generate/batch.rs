@@ -23,25 +23,19 @@ pub struct Split {
 }
 
 /// Split a `/generate` body. `request_id`: the HTTP request's id, the rid of a body that names none;
-/// `max_fanout`: most sequences one body may ask for (`--max-generate-fanout`).
-pub fn split(body: Value, request_id: &str, max_fanout: usize) -> Result<Split, ApiError> {
+/// `bounds`: most sequences one body may ask for, and most bytes they may hold together (`--max-generate-fanout`,
+/// `--max-generate-fanout-bytes`), both checked before any sequence is built.
+pub fn split(body: Value, request_id: &str, bounds: (usize, usize)) -> Result<Split, ApiError> {
     let Value::Object(mut obj) = body else {
         return Err(ApiError::bad_request("The request body must be a JSON object."));
     };
     let (key, prompts, batched) = prompts(&mut obj)?;
     let k = prompts.len();
-    let params = sampling_lists(obj.remove("sampling_params"), k, batched)?;
-    let n = samples(&params)?;
-    let fanout = k.saturating_mul(n);
-    if fanout > max_fanout {
-        return Err(ApiError::bad_param(
-            "sampling_params.n",
-            format!(
-                "This request asks for {fanout} sequences ({k} prompts x n = {n}); the most one request may ask for \
-                 is {max_fanout} (--max-generate-fanout)."
-            ),
-        ));
-    }
+    let sp = obj.remove("sampling_params");
+    let n = samples(&sp)?;
+    bounded(&obj, (key, &prompts), &sp, n, bounds)?;
+    let params = sampling_lists(sp, k, batched)?;
+    let fanout = k * n; // bounded above
     let rids = prompt_rids(obj.remove("rid"), request_id, k, batched)?;
     let per_prompt: Vec<(&str, Option<Vec<Value>>)> =
         PER_PROMPT.iter().map(|&f| Ok((f, listed(&mut obj, f, k, batched, n)?))).collect::<Result<_, ApiError>>()?;
@@ -136,20 +130,82 @@ fn sampling_lists(sp: Option<Value>, k: usize, batched: bool) -> Result<Vec<Map<
 }
 
 /// `n`, the same for every prompt (SGLang's rule): samples of each.
-fn samples(params: &[Map<String, Value>]) -> Result<usize, ApiError> {
-    let n_of = |sp: &Map<String, Value>| match sp.get("n") {
+fn samples(sp: &Option<Value>) -> Result<usize, ApiError> {
+    let n_of = |sp: &Value| match sp.get("n") {
         None | Some(Value::Null) => Ok(1),
         Some(v) => integer(v).filter(|&n| n >= 1).map(|n| n as usize).ok_or_else(|| {
             ApiError::bad_param("sampling_params.n", format!("'n' must be a positive integer, got {}.", brief(v)))
         }),
     };
-    let n = params.first().map_or(Ok(1), n_of)?;
-    for sp in &params[1..] {
-        if n_of(sp)? != n {
+    let list = match sp {
+        Some(Value::Array(a)) => a.as_slice(),
+        Some(one) => std::slice::from_ref(one),
+        None => return Ok(1),
+    };
+    let n = list.first().map_or(Ok(1), n_of)?;
+    for one in list.iter().skip(1) {
+        if n_of(one)? != n {
             return Err(ApiError::bad_param("sampling_params.n", "'n' must be the same for every prompt of a batch."));
         }
     }
     Ok(n)
+}
+
+/// The fan-out's bounds: its sequences, and the bytes they hold together (each sequence's prompt, sampling
+/// parameters and the rest of the body, once per sequence), decided before any of them is built.
+fn bounded(
+    rest: &Map<String, Value>,
+    (key, prompts): (&str, &[Value]),
+    sp: &Option<Value>,
+    n: usize,
+    (max_fanout, max_bytes): (usize, usize),
+) -> Result<(), ApiError> {
+    let k = prompts.len();
+    let fanout = k.saturating_mul(n);
+    if fanout > max_fanout {
+        return Err(ApiError::bad_param(
+            "sampling_params.n",
+            format!(
+                "This request asks for {fanout} sequences ({k} prompts x n = {n}); the most one request may ask for \
+                 is {max_fanout} (--max-generate-fanout)."
+            ),
+        ));
+    }
+    let params = match sp {
+        Some(Value::Array(a)) => a.iter().map(json_len).sum(),
+        Some(one) => json_len(one).saturating_mul(k),
+        None => 0,
+    };
+    let prompts: usize = prompts.iter().map(json_len).sum();
+    let rest = json_len(&Value::Object(rest.clone()));
+    let bytes = rest.saturating_mul(k).saturating_add(params).saturating_add(prompts).saturating_mul(n);
+    if bytes > max_bytes {
+        return Err(ApiError::bad_param(
+            key,
+            format!(
+                "This request's {fanout} sequences would hold {bytes} bytes together (each prompt and its sampling \
+                 parameters once per sample); the most is {max_bytes} (--max-generate-fanout-bytes)."
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A value's length as JSON, counted without building the text.
+fn json_len(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, v);
+    count.0
 }
 
 /// Each prompt's rid: the body's (a string, or in a batch a list of one per prompt, or a string that becomes
@@ -217,11 +273,11 @@ mod tests {
     use serde_json::json;
 
     fn ok(body: Value) -> Split {
-        split(body, "req-1", 64).unwrap()
+        split(body, "req-1", (64, 1 << 20)).unwrap()
     }
 
     fn param(body: Value) -> String {
-        let e = split(body, "req-1", 64).err().unwrap();
+        let e = split(body, "req-1", (64, 1 << 20)).err().unwrap();
         let env: Value = serde_json::from_str(&e.envelope()).unwrap();
         env["error"]["param"].as_str().unwrap_or("").to_string()
     }
@@ -296,5 +352,11 @@ mod tests {
         assert_eq!(ok(json!({"text": eight, "sampling_params": {"n": 8}})).bodies.len(), 64);
         assert_eq!(param(json!({"text": eight, "sampling_params": {"n": 9}})), "sampling_params.n");
         assert_eq!(param(json!({"text": "a", "sampling_params": {"n": 1e18}})), "sampling_params.n");
+        // The bytes the sequences hold together: a long prompt sampled many times is refused before it is copied.
+        let long = "x".repeat(40_000);
+        assert_eq!(ok(json!({"text": long, "sampling_params": {"n": 16}})).bodies.len(), 16);
+        assert_eq!(param(json!({"text": long, "sampling_params": {"n": 32}})), "text");
+        let ids = vec![7; 300_000];
+        assert_eq!(param(json!({"input_ids": [ids], "sampling_params": {"n": 2}})), "input_ids");
     }
 }
