@@ -223,3 +223,19 @@ def test_the_fanout_is_bounded_by_its_limit(make_server: Any) -> None:
     assert full["error"]["code"] == 429
     wait_for("the refused fan-out's slots to be free", lambda: httpx.get(f"{srv.url}/get_load").json()["load"] == 0)
     assert len(generate(srv, {"text": ["a", "b", "c"], "sampling_params": sp})) == 3
+
+
+def test_the_key_guards_it_and_a_client_that_leaves_frees_every_sequence(make_server: Any) -> None:
+    srv = make_server("--api-key", "gen-key", "--sim-decode-step-ms", "20")
+    body = {"text": ["a", "b"], "sampling_params": {"n": 2, "max_new_tokens": 500, "ignore_eos": True}}
+    r = httpx.post(f"{srv.url}/generate", json=body)
+    assert r.status_code == 401 and r.json()["error"]["code"] == 401  # in SGLang's envelope
+    auth = {"Authorization": "Bearer gen-key"}
+    with httpx.stream("POST", f"{srv.url}/generate", json={**body, "stream": True}, headers=auth, timeout=30) as s:
+        assert s.status_code == 200
+        lines = s.iter_lines()  # kept: a dropped iterator closes the stream
+        first = next(line for line in lines if line.startswith("data: "))
+        assert json.loads(first[6:])["meta_info"]["finish_reason"] is None
+        assert httpx.get(f"{srv.url}/get_load").json()["load"] == 4
+    # The stream closed early: all four sequences are aborted and their slots freed, long before 500 tokens.
+    wait_for("every sequence's slot to be free", lambda: httpx.get(f"{srv.url}/get_load").json()["load"] == 0, 3)
