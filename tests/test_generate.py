@@ -96,12 +96,16 @@ def test_stop_strings_stop_tokens_and_no_stop_trim(server: Server) -> None:
     assert kept["text"] == text[: text.index(word) + len(word)]
     # A stop token ends the output with it: in output_ids (it was sampled), not in the text unless no_stop_trim.
     k = next(i for i in range(3, len(ids)) if ids[i] not in ids[:i] and ids[i] > 2)
-    stopped = generate(server, {"text": "Once", "sampling_params": {**sp, "stop_token_ids": [ids[k]]}})
+    sp = {**sp, "ignore_eos": False, "stop_token_ids": [ids[k]]}
+    stopped = generate(server, {"text": "Once", "sampling_params": sp})
     assert stopped["output_ids"] == ids[: k + 1]
     assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": ids[k]}
     assert stopped["text"] == detokenize(server, ids[:k])
-    trim = {**sp, "stop_token_ids": [ids[k]], "no_stop_trim": True}
+    trim = {**sp, "no_stop_trim": True}
     assert generate(server, {"text": "Once", "sampling_params": trim})["text"] == detokenize(server, ids[: k + 1])
+    # As in SGLang, ignore_eos turns the stop tokens off (and not the stop strings).
+    ignored = generate(server, {"text": "Once", "sampling_params": {**sp, "ignore_eos": True}})
+    assert ignored["output_ids"] == ids and ignored["meta_info"]["finish_reason"]["type"] == "length"
 
 
 def test_ignore_eos_and_max_new_tokens_give_exact_lengths(server: Server) -> None:

@@ -183,7 +183,8 @@ class GenerateDecoder:
         self.n_prompt, self.stream, self.eos_id = len(prompt_ids), stream, vocab.eos_id
         self.ignore_eos = bool(sp.get("ignore_eos"))
         self.stops: list[str] = list(sp.get("stop") or [])
-        self.stop_ids = frozenset(int(i) for i in sp.get("stop_token_ids") or [])
+        # As SGLang's: ignore_eos turns the stop tokens off too (stop strings still apply).
+        self.stop_ids = frozenset(() if self.ignore_eos else (int(i) for i in sp.get("stop_token_ids") or []))
         self.keep_stop = bool(sp.get("no_stop_trim"))
         self.skip = vocab.special if sp.get("skip_special_tokens", True) else frozenset()
         self.words = vocab.text()
