@@ -18,7 +18,7 @@ from conftest import MODEL
 from deepinfer_server import _native
 from deepinfer_server.codec import Codec, decode_batch
 from deepinfer_server.decoding import FINISHED, RUNNING, STOPPED_EARLY
-from deepinfer_server.doors import DOORS, ChatDoor, CompletionsDoor, MessagesDoor, ResponsesDoor
+from deepinfer_server.doors import DOORS, ChatDoor, CompletionsDoor, GenerateDoor, MessagesDoor, ResponsesDoor
 from deepinfer_server.launcher import BUNDLED_TOKENIZER
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,9 +37,15 @@ def test_every_door_the_codec_knows_is_one_rust_exports_under_its_code() -> None
     exported = {
         name.removeprefix("DOOR_").lower(): getattr(_native, name) for name in dir(_native) if name.startswith("DOOR_")
     }
-    assert exported.keys() == {"chat", "completions", "messages", "responses"}
+    assert exported.keys() == {"chat", "completions", "messages", "responses", "generate"}
     assert len(set(exported.values())) == len(exported)
-    classes = {"chat": ChatDoor, "completions": CompletionsDoor, "messages": MessagesDoor, "responses": ResponsesDoor}
+    classes = {
+        "chat": ChatDoor,
+        "completions": CompletionsDoor,
+        "messages": MessagesDoor,
+        "responses": ResponsesDoor,
+        "generate": GenerateDoor,
+    }
     assert {code: type(door) for code, door in DOORS.items()} == {exported[n]: c for n, c in classes.items()}
 
 
@@ -138,6 +144,7 @@ BODIES: dict[int, dict[str, object]] = {
     _native.DOOR_COMPLETIONS: {"prompt": "hi", "max_tokens": 5},
     _native.DOOR_MESSAGES: {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5},
     _native.DOOR_RESPONSES: {"input": "hi", "max_output_tokens": 5},
+    _native.DOOR_GENERATE: {"text": "hi", "rid": "r", "sampling_params": {"max_new_tokens": 5}},
 }
 
 

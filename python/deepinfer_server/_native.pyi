@@ -48,6 +48,7 @@ DOOR_CHAT: int
 DOOR_COMPLETIONS: int
 DOOR_MESSAGES: int
 DOOR_RESPONSES: int
+DOOR_GENERATE: int
 # What `decode_batch` says of each request (rust/codec/decode.rs, `DecodeState`).
 DECODE_RUNNING: int
 DECODE_FINISHED: int
@@ -511,6 +512,8 @@ class Limits:
         max_grammar_cache_bytes: int,
         request_timeout_s: float,
         max_queued_requests: int,
+        max_generate_fanout: int,
+        max_generate_fanout_bytes: int,
         queue_timeout_s: float,
         media_fetch_timeout_s: float,
         max_images_per_request: int,
@@ -542,6 +545,8 @@ class Limits:
     max_grammar_cache_bytes: int
     request_timeout_s: float
     max_queued_requests: int
+    max_generate_fanout: int
+    max_generate_fanout_bytes: int
     queue_timeout_s: float
     media_fetch_timeout_s: float
     max_images_per_request: int

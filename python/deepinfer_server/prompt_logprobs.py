@@ -39,6 +39,10 @@ class PromptTokens:
         tail: list[float | None] = list(values[max(0, len(values) - (n - 1)) :])
         return [None] * (n - len(tail)) + tail
 
+    def values(self, values: list[float]) -> list[float | None]:
+        """One value per prompt token, the first (and any the engine reused from its cache) None."""
+        return self._values(values)
+
     def legacy(self, values: list[float], top: int) -> list[LegacyEntry]:
         """Completions' entries for the echoed prompt, offsets from 0; `top` 0 shows no alternatives."""
         out: list[LegacyEntry] = []

@@ -113,6 +113,11 @@ class RequestGrammars:
             return self._checked(SCHEMA_EBNF, grammar, (self.dsml_id,))
         return None
 
+    def raw(self, schema_type: int, schema: str) -> Constraint:
+        """A grammar a request names itself, held from the first output token (`/generate`'s `json_schema` or
+        `regex`, after a raw prompt). Raises GrammarError."""
+        return self._checked(schema_type, schema, ())
+
     def _checked(self, schema_type: int, schema: str, triggers: tuple[int, ...]) -> Constraint:
         self.cache.check(SCHEMA_NAMES[schema_type], schema)
         return Constraint(schema_type, schema, triggers)

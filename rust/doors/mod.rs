@@ -11,6 +11,7 @@
 mod chat;
 mod completions;
 pub mod fields;
+mod generate;
 mod messages;
 mod request;
 mod responses;
@@ -26,6 +27,7 @@ use std::collections::HashMap;
 #[cfg(test)]
 use std::sync::LazyLock;
 
+pub use generate::{Split, split as split_generate};
 pub use request::{Body, GenerateRequest, Keeping};
 pub use tools::ForcedTool;
 
@@ -84,6 +86,9 @@ pub trait Spec {
     const KEEP_ALIVE: &'static [u8];
     /// A served name that pins the thinking mode overrides what the body says (None: the door has no switch).
     const PIN_THINKING: Option<PinThinking>;
+    /// A body may ask for several sequences, each its own request on the path (`/generate`'s batches and `n`):
+    /// its route splits the body first (`http::fanout`), then parses each sequence's body.
+    const FANS_OUT: bool = false;
 
     /// The request checks done in Rust: JSON shape, model, what the front end needs, what the server cannot do.
     /// The thinking mode a served name pins is set here too (`Served::pin`), so a body is parsed once.
@@ -109,6 +114,8 @@ pub enum Door {
     Messages,
     /// OpenAI Responses.
     Responses,
+    /// SGLang's native generate.
+    Generate,
 }
 
 /// `$body` with `$D` naming the door's `Spec` type.
@@ -131,12 +138,16 @@ macro_rules! spec {
                 type $D = responses::Responses;
                 $body
             }
+            Door::Generate => {
+                type $D = generate::Generate;
+                $body
+            }
         }
     };
 }
 
 impl Door {
-    pub const ALL: [Door; 4] = [Door::Chat, Door::Completions, Door::Messages, Door::Responses];
+    pub const ALL: [Door; 5] = [Door::Chat, Door::Completions, Door::Messages, Door::Responses, Door::Generate];
 
     pub fn path(self) -> &'static str {
         spec!(self, D => D::PATH)
@@ -157,13 +168,18 @@ impl Door {
     /// What its requests are in OpenTelemetry's `gen_ai.operation.name` (traces): the conversation doors chat.
     pub fn operation(self) -> &'static str {
         match self {
-            Door::Completions => "text_completion",
+            Door::Completions | Door::Generate => "text_completion",
             Door::Chat | Door::Messages | Door::Responses => "chat",
         }
     }
 
     pub fn name(self) -> &'static str {
         spec!(self, D => D::NAME)
+    }
+
+    /// Whether a body may ask for several sequences (`Spec::FANS_OUT`).
+    pub fn fans_out(self) -> bool {
+        spec!(self, D => D::FANS_OUT)
     }
 
     pub fn id_prefix(self) -> &'static str {
@@ -221,7 +237,7 @@ mod tests {
             assert_eq!(Door::for_path(a.path()), *a);
         }
         // The codes python/deepinfer_server/codec.py reads.
-        assert_eq!(Door::ALL.map(Door::code), [0, 1, 2, 3]);
+        assert_eq!(Door::ALL.map(Door::code), [0, 1, 2, 3, 4]);
     }
 
     #[test]
@@ -251,5 +267,7 @@ mod tests {
         // A door without a thinking switch keeps its body.
         let completions = r#"{"model":"m","prompt":"x"}"#;
         assert_eq!(thinking(Door::Completions, completions, &on), thinking(Door::Completions, completions, &off));
+        let generate = r#"{"text":"x"}"#;
+        assert_eq!(thinking(Door::Generate, generate, &on), thinking(Door::Generate, generate, &off));
     }
 }

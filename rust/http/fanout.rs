@@ -1,0 +1,93 @@
+//! The route of a door whose body may ask for several sequences (`/generate`'s batches and `n`, `Spec::FANS_OUT`):
+//! the door splits the body, each sequence is parsed as one request and run down the one request path as its own
+//! call (its own slot, admitted like any client's request), all at once, and their answers make one response:
+//! - JSON: the one answer, or a list of them in the door's order (one body that was a batch, or `n` > 1);
+//! - a stream: every sequence's events as they come, then one `data: [DONE]`.
+//!
+//! Every refusal is decided before the response starts: if any sequence is refused (a 429 past the queue, a 400
+//! from the codec), the whole request is, and the sequences already running are aborted (their answers dropped).
+
+use super::AppState;
+use crate::doors::{Body as DoorBody, Door, sse};
+use crate::error::ApiError;
+use crate::owner::Owner;
+use crate::path::{Answer, Call, Origin, Unary, serve};
+use crate::trace::Traced;
+use axum::body::{Body, Bytes};
+use axum::response::Response;
+use futures_util::StreamExt;
+use futures_util::future::try_join_all;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// Split, run and gather one fan-out request.
+pub(super) async fn handle(
+    st: &Arc<AppState>,
+    door: Door,
+    body: Bytes,
+    owner: Owner,
+    arrival: Instant,
+    request_id: String,
+    traced: Traced,
+) -> Result<Response, ApiError> {
+    let json = DoorBody::read(&body)?.json;
+    let limits = &st.config.limits;
+    let bounds = (limits.max_generate_fanout, limits.max_generate_fanout_bytes);
+    let split = crate::doors::split_generate(json, &request_id, bounds)?;
+    // What every sequence's answer reports: the weights that serve it, and when its request arrived (SGLang's
+    // `received_time`, from which `e2e_latency` counts). The server's, never the client's.
+    let version = Value::String(crate::path::weight_version(st));
+    let received = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    let received = received - arrival.elapsed().as_secs_f64();
+    let mut calls = Vec::with_capacity(split.bodies.len());
+    let mut traced = Some(traced); // the request's trace follows its first sequence
+    for (mut one, rid) in split.bodies.into_iter().zip(split.rids) {
+        if let Some(obj) = one.as_object_mut() {
+            obj.insert("weight_version".into(), version.clone());
+            obj.insert("received_time".into(), Value::from(received));
+        }
+        let mut req = door.parse_body(DoorBody { json: one, may_have_images: false }, (&st.config).into())?;
+        req.owner = owner.clone();
+        let traced = traced.take().flatten();
+        calls.push(Call { door, req, origin: Origin::Client, arrival, request_id: rid, traced });
+    }
+    let answers = try_join_all(calls.into_iter().map(|call| serve(st, call))).await?;
+    Ok(gather(answers, split.single))
+}
+
+/// One response from the sequences' answers, in order.
+fn gather(answers: Vec<Answer>, single: bool) -> Response {
+    let mut streams = Vec::new();
+    let (mut jsons, mut guard) = (Vec::new(), None);
+    for answer in answers {
+        match answer {
+            Answer::Stream(events) => streams.push(events),
+            Answer::Unary(Unary { json, guard: g }) => {
+                guard = guard.or(g);
+                jsons.push(json);
+            }
+        }
+    }
+    if !streams.is_empty() {
+        let done = futures_util::stream::once(async { Ok(Bytes::from_static(sse::DONE)) });
+        let merged = futures_util::stream::select_all(streams).chain(done);
+        return super::generate::sse_response(Body::from_stream(merged));
+    }
+    let json = match (single, jsons.len()) {
+        (true, 1) => jsons.pop().unwrap_or_default(),
+        _ => {
+            let mut list = Vec::with_capacity(jsons.iter().map(|j| j.len() + 1).sum::<usize>() + 2);
+            list.push(b'[');
+            for (i, j) in jsons.iter().enumerate() {
+                if i > 0 {
+                    list.push(b',');
+                }
+                list.extend_from_slice(j);
+            }
+            list.push(b']');
+            Bytes::from(list)
+        }
+    };
+    super::generate::respond(Answer::Unary(Unary { json, guard }))
+}
