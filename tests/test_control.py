@@ -155,6 +155,27 @@ def test_abort_all_ends_every_clients_request(srv: Server, http: httpx.Client) -
         assert s.ended.wait(5) and s.finish_reason() == "abort"
 
 
+def test_abort_by_rid_reaches_every_sample_of_a_generate_request_and_only_those(
+    srv: Server, http: httpx.Client
+) -> None:
+    # `/generate` with n = 2 runs its samples as `RID_0` and `RID_1`; SGLang's abort of RID reaches both.
+    params = {"max_new_tokens": 3000, "ignore_eos": True}
+    body = {"text": "Tell me a story.", "rid": "gen-n", "sampling_params": {**params, "n": 2}}
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(http.post, "/generate", json=body)
+        time.sleep(0.5)  # both samples are on the rank
+        assert abort(http, rid="gen-n")["aborted"] == 2
+        out = answer.result(timeout=10).json()
+    assert [o["meta_info"]["id"] for o in out] == ["gen-n_0", "gen-n_1"]
+    for o in out:
+        assert o["meta_info"]["finish_reason"]["type"] == "abort" and 0 < o["meta_info"]["completion_tokens"] < 3000
+    # A request whose id only starts with the same characters is another request, and keeps running.
+    other = Stream(srv, "gen-n1")
+    assert other.first.wait(30)
+    assert abort(http, rid="gen-n")["aborted"] == 0 and not other.ended.is_set()
+    assert abort(http, rid="gen-n1")["aborted"] == 1 and other.ended.wait(5)
+
+
 def test_an_unknown_rid_is_a_clean_no_op_and_the_answer_says_so(http: httpx.Client) -> None:
     answer = abort(http, rid="nobody-has-this-id")
     assert answer["aborted"] == 0 and "nothing to abort" in answer["message"]

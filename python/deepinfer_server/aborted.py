@@ -24,7 +24,10 @@ def end(
     logprobs: list[TokenLogprob] | None,
     prompt_logprobs: list[float] | None,
 ) -> tuple[int, list[str] | str]:
-    """The decoder's last output, its finish reason `abort`."""
+    """The decoder's last output, its finish reason `abort`. A decoder whose protocol has an abort reason of its own
+    (`/generate`'s, SGLang's `{"type": "abort"}`) says so with `handles_abort` and is given the abort as it is."""
+    if getattr(decoder, "handles_abort", False):
+        return decoder.push(tokens, _native.FINISH_ABORT, logprobs, prompt_logprobs)
     state, out = decoder.push(tokens, _native.FINISH_LENGTH, logprobs, prompt_logprobs)
     if isinstance(out, str):
         return state, _FINISH_REASON.sub(ABORT, out)

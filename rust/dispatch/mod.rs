@@ -157,7 +157,7 @@ impl Dispatcher {
     pub fn abort_requests(&self, rid: Option<&str>) -> usize {
         let mut n = 0;
         for link in &self.ranks {
-            for id in link.find(|e| e.abortable && rid.is_none_or(|r| e.request_id == r)) {
+            for id in link.find(|e| e.abortable && rid.is_none_or(|r| crate::ids::aborts(r, &e.request_id))) {
                 n += usize::from(link.abort(id));
             }
         }

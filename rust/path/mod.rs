@@ -46,15 +46,10 @@ pub struct AppState {
     pub weights: weights::Weights,
 }
 
-/// The version of the weights being served (SGLang's `weight_version`).
+/// The version of the weights being served (SGLang's `weight_version`, "default" until one is named): what
+/// `/generate` tags each answer with (`meta_info.weight_version`), `/get_weight_version` and the worker info.
 pub fn weight_version(st: &AppState) -> String {
     st.weights.version()
-}
-
-/// The version of the weights the engine serves, as SGLang's `--weight-version` names it ("default" until a
-/// reload names another): what `/generate` tags each answer with (`meta_info.weight_version`).
-pub fn weight_version(_st: &AppState) -> String {
-    "default".to_string()
 }
 
 impl AppState {

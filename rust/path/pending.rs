@@ -39,7 +39,7 @@ impl Pending {
     pub fn abort(&self, rid: Option<&str>) -> usize {
         let waiting = self.waiting.lock().unwrap();
         let mut n = 0;
-        for (id, signal) in waiting.values().filter(|(id, _)| rid.is_none_or(|r| id == r)) {
+        for (id, signal) in waiting.values().filter(|(id, _)| rid.is_none_or(|r| crate::ids::aborts(r, id))) {
             if !signal.fired.swap(true, Ordering::AcqRel) {
                 tracing::debug!(request_id = %id, "aborted before its rank");
                 signal.notify.notify_one(); // kept for a waiter that comes later

@@ -132,6 +132,8 @@ def _matched(value: int | str) -> dict[str, Any]:
 class GenerateDecoder:
     """One sequence's output, SGLang's shape: the same interface as `decoding.BaseDecoder` (`start`, `push`)."""
 
+    handles_abort = True  # an abort is pushed as it is: SGLang has a finish reason of its own for it (`aborted`)
+
     __slots__ = (
         "discard",
         "done",
