@@ -167,9 +167,10 @@ impl Admission {
         Ok(permit)
     }
 
-    /// A slot now, or a place in the queue until one frees (429 when the queue is full or the wait times out).
+    /// A slot now, or a place in the queue until one frees (429 when the queue is full or the wait times out; a
+    /// `sibling`, a further sequence of a fan-out, `path::Origin::Sibling`, waits past the queue's bound).
     /// Dropping the future leaves the queue.
-    pub async fn admit(&self, priority: i64) -> Result<Permit, ApiError> {
+    pub async fn admit(&self, priority: i64, sibling: bool) -> Result<Permit, ApiError> {
         let waited = self.wait_resumed().await;
         let (key, rx) = {
             let mut st = self.inner.state.lock().unwrap();
@@ -180,7 +181,7 @@ impl Admission {
             // A batch line gives its slot up; this request waits only for the line's abort, first in the queue.
             let preempted = st.batch.pop_last().map(|(_, stop)| stop.send(()));
             let priority = if preempted.is_some() { i64::MIN } else { priority };
-            if preempted.is_none() && !waited && st.queue.len() >= self.inner.max_queued {
+            if preempted.is_none() && !waited && !sibling && st.queue.len() >= self.inner.max_queued {
                 return Err(match self.inner.max_queued {
                     0 => ApiError::Overloaded(self.inner.capacity),
                     n => ApiError::QueueFull(n),
@@ -318,7 +319,7 @@ mod tests {
         assert_eq!(lines.len(), 1, "a client's peak of 1 keeps 2 slots free, and lines take half the rest");
         drop((client, lines));
         let waiter = a.clone();
-        let request = tokio::spawn(async move { waiter.admit(0).await.map(drop) });
+        let request = tokio::spawn(async move { waiter.admit(0, false).await.map(drop) });
         while stopped.try_recv().is_err() {
             tokio::task::yield_now().await;
         }
@@ -331,20 +332,20 @@ mod tests {
     #[tokio::test]
     async fn without_a_queue_admit_refuses_at_once() {
         let a = Admission::new(1);
-        let _p = a.admit(0).await.unwrap();
-        assert!(matches!(a.admit(0).await, Err(ApiError::Overloaded(1))));
+        let _p = a.admit(0, false).await.unwrap();
+        assert!(matches!(a.admit(0, false).await, Err(ApiError::Overloaded(1))));
     }
 
     #[tokio::test]
     async fn a_freed_slot_goes_to_the_lowest_priority_then_the_oldest() {
         let a = Admission::with_queue(1, 8, None);
-        let held = a.admit(0).await.unwrap();
+        let held = a.admit(0, false).await.unwrap();
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for (name, prio) in [("late-normal", 0), ("urgent", -5), ("later-normal", 0), ("low", 3)] {
             let (waiter, order) = (a.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                let p = waiter.admit(prio).await.unwrap();
+                let p = waiter.admit(prio, false).await.unwrap();
                 order.lock().unwrap().push(name);
                 drop(p);
             }));
@@ -366,20 +367,20 @@ mod tests {
     #[tokio::test]
     async fn a_full_queue_and_a_long_wait_are_refused_and_a_dropped_waiter_leaves() {
         let a = Admission::with_queue(1, 1, Some(Duration::from_millis(50)));
-        let held = a.admit(0).await.unwrap();
+        let held = a.admit(0, false).await.unwrap();
         let waiter = tokio::spawn({
             let a = a.clone();
-            async move { a.admit(0).await.map(drop) }
+            async move { a.admit(0, false).await.map(drop) }
         });
         while a.queued() == 0 {
             tokio::task::yield_now().await;
         }
-        assert!(matches!(a.admit(0).await, Err(ApiError::QueueFull(1))));
+        assert!(matches!(a.admit(0, false).await, Err(ApiError::QueueFull(1))));
         assert!(matches!(waiter.await.unwrap(), Err(ApiError::QueueTimeout(_))));
         assert_eq!(a.queued(), 0);
 
         // A waiter whose future is dropped (client gone) leaves the queue at once, and the slot is not lost.
-        let mut fut = Box::pin(a.admit(0));
+        let mut fut = Box::pin(a.admit(0, false));
         assert!(futures_poll_once(&mut fut).await.is_none());
         assert_eq!(a.queued(), 1);
         drop(fut);
@@ -394,7 +395,7 @@ mod tests {
         let a = Admission::with_queue(1, 0, Some(Duration::from_millis(50)));
         a.pause();
         assert!(a.try_admit().is_err() && a.try_admit_batch().is_none());
-        let wait = |a: Admission| tokio::spawn(async move { a.admit(0).await.map(drop) });
+        let wait = |a: Admission| tokio::spawn(async move { a.admit(0, false).await.map(drop) });
         let waiters = [wait(a.clone()), wait(a.clone())];
         tokio::time::sleep(Duration::from_secs(5)).await; // far past the queue timeout
         assert_eq!((a.queued(), a.in_flight()), (2, 0));

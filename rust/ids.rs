@@ -19,12 +19,14 @@ pub fn random_id(prefix: &str) -> String {
     format!("{prefix}_{:016x}{:016x}", random_u64(), random_u64())
 }
 
-/// Whether a request id is the one an abort names: the id itself, or one of its samples (`/generate` with `n` > 1
-/// names its sequences `RID_0`, `RID_1`, ...; SGLang's abort reaches a rid's samples through the same prefix).
+/// Whether a request id is the one an abort names: the id itself, or one of its sequences (`/generate` names a
+/// batch's prompts `RID_0`, `RID_1`, ... and a prompt's `n` samples `RID_0`, ... after it, so `RID_1_0` too; SGLang's
+/// abort reaches a rid's sequences through the same prefix).
 pub fn aborts(rid: &str, request_id: &str) -> bool {
+    let digits = |j: &str| !j.is_empty() && j.bytes().all(|b| b.is_ascii_digit());
     match request_id.strip_prefix(rid) {
         Some("") => true,
-        Some(rest) => rest.strip_prefix('_').is_some_and(|j| !j.is_empty() && j.bytes().all(|b| b.is_ascii_digit())),
+        Some(rest) => rest.strip_prefix('_').is_some_and(|r| r.split('_').all(digits)),
         None => false,
     }
 }
@@ -34,8 +36,9 @@ mod tests {
     #[test]
     fn an_abort_names_its_id_and_its_samples_only() {
         assert!(super::aborts("r", "r"));
-        assert!(super::aborts("r", "r_0") && super::aborts("r", "r_17"));
+        assert!(super::aborts("r", "r_0") && super::aborts("r", "r_17") && super::aborts("r", "r_1_0"));
         assert!(!super::aborts("r", "r1") && !super::aborts("r", "r_") && !super::aborts("r", "r_x"));
+        assert!(!super::aborts("r", "r_1_") && !super::aborts("r", "r__1") && !super::aborts("r", "r_1_x"));
         assert!(!super::aborts("r_1", "r"));
     }
 }

@@ -222,11 +222,26 @@ def test_the_fanout_is_bounded_by_its_limit(make_server: Any) -> None:
     assert generate(srv, {"text": long, "sampling_params": {**sp, "n": 2}})[1]["meta_info"]["completion_tokens"] == 2
     err = generate(srv, {"text": long, "sampling_params": {**sp, "n": 3}}, 400)
     assert err["error"]["param"] == "text" and "--max-generate-fanout-bytes" in err["error"]["message"]
-    # Each sequence takes a slot: a fan-out past the free ones (with no wait queue) is refused whole, a 429.
-    full = generate(srv, {"text": ["a", "b"], "sampling_params": {**sp, "n": 2}}, 429)
-    assert full["error"]["code"] == 429
-    wait_for("the refused fan-out's slots to be free", lambda: httpx.get(f"{srv.url}/get_load").json()["load"] == 0)
+    # Each sequence takes a slot; past the free ones (3, with no wait queue) its sequences wait for slots, as SGLang
+    # queues every sequence it is given: 4 sequences on 3 slots all come back.
+    four = generate(srv, {"text": ["a", "b"], "sampling_params": {**sp, "n": 2}})
+    assert len(four) == 4 and all(o["meta_info"]["completion_tokens"] == 2 for o in four)
+    wait_for("the fan-out's slots to be free", lambda: httpx.get(f"{srv.url}/get_load").json()["load"] == 0)
     assert len(generate(srv, {"text": ["a", "b", "c"], "sampling_params": sp})) == 3
+
+
+def test_a_fanout_that_finds_the_server_full_is_refused_whole(make_server: Any) -> None:
+    srv = make_server("--max-num-seqs", "2", "--sim-decode-step-ms", "20")
+    body = {"text": "a", "sampling_params": {"n": 2, "max_new_tokens": 400, "ignore_eos": True}, "stream": True}
+    with httpx.stream("POST", f"{srv.url}/generate", json=body, timeout=30) as s:
+        assert s.status_code == 200
+        lines = s.iter_lines()
+        next(line for line in lines if line.startswith("data: "))  # both slots are taken
+        # Its first sequence finds neither a slot nor a place in a queue (none is configured): a 429, SGLang's
+        # envelope, and nothing of it runs.
+        full = generate(srv, {"text": ["b", "c"], "sampling_params": {"max_new_tokens": 2}}, 429)
+        assert full["error"]["code"] == 429
+    wait_for("every slot to be free", lambda: httpx.get(f"{srv.url}/get_load").json()["load"] == 0)
 
 
 def test_the_key_guards_it_and_a_client_that_leaves_frees_every_sequence(make_server: Any) -> None:

@@ -1,11 +1,14 @@
 //! The route of a door whose body may ask for several sequences (`/generate`'s batches and `n`, `Spec::FANS_OUT`):
 //! the door splits the body, each sequence is parsed as one request and run down the one request path as its own
-//! call (its own slot, admitted like any client's request), all at once, and their answers make one response:
+//! call (its own slot), all at once, and their answers make one response. The first sequence is admitted as any
+//! client's request; the others wait for slots however full the wait queue is (`path::Origin::Sibling`), as SGLang
+//! queues every sequence it is given, so a rollout of 256 prompts × n 8 runs on a server of 16 slots:
 //! - JSON: the one answer, or a list of them in the door's order (one body that was a batch, or `n` > 1);
 //! - a stream: every sequence's events as they come, then one `data: [DONE]`.
 //!
-//! Every refusal is decided before the response starts: if any sequence is refused (a 429 past the queue, a 400
-//! from the codec), the whole request is, and the sequences already running are aborted (their answers dropped).
+//! Every refusal is decided before the response starts: if any sequence is refused (a 429 when the first finds
+//! neither a slot nor a place in the queue, a 400 from the codec), the whole request is, and the sequences
+//! already running are aborted (their answers dropped).
 
 use super::AppState;
 use crate::doors::{Body as DoorBody, Door, sse};
@@ -42,7 +45,7 @@ pub(super) async fn handle(
     let received = received - arrival.elapsed().as_secs_f64();
     let mut calls = Vec::with_capacity(split.bodies.len());
     let mut traced = Some(traced); // the request's trace follows its first sequence
-    for (mut one, rid) in split.bodies.into_iter().zip(split.rids) {
+    for (i, (mut one, rid)) in split.bodies.into_iter().zip(split.rids).enumerate() {
         if let Some(obj) = one.as_object_mut() {
             obj.insert("weight_version".into(), version.clone());
             obj.insert("received_time".into(), Value::from(received));
@@ -50,7 +53,8 @@ pub(super) async fn handle(
         let mut req = door.parse_body(DoorBody { json: one, may_have_images: false }, (&st.config).into())?;
         req.owner = owner.clone();
         let traced = traced.take().flatten();
-        calls.push(Call { door, req, origin: Origin::Client, arrival, request_id: rid, traced });
+        let origin = if i == 0 { Origin::Client } else { Origin::Sibling };
+        calls.push(Call { door, req, origin, arrival, request_id: rid, traced });
     }
     let answers = try_join_all(calls.into_iter().map(|call| serve(st, call))).await?;
     Ok(gather(answers, split.single))

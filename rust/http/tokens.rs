@@ -24,7 +24,7 @@ pub async fn count_messages_tokens(State(st): State<Arc<AppState>>, parent: Trac
 async fn count(st: &AppState, door: Door, RawBody(body): RawBody) -> Result<Response, ApiError> {
     let body = body?;
     let req = door.parse(&body, (&st.config).into())?;
-    let _slot = st.admission.admit(0).await?;
+    let _slot = st.admission.admit(0, false).await?;
     let images = fetch_images(st, &req.images).await?;
     let out = st.codec.call("count_tokens", req.body, door, images).await?;
     Ok(([(header::CONTENT_TYPE, "application/json")], out).into_response())
@@ -64,7 +64,7 @@ async fn tokens_call(st: &AppState, method: &'static str, RawBody(body): RawBody
         obj.insert("model".into(), served.first().cloned().unwrap_or_default().into());
     }
     let raw = serde_json::to_vec(&v).map_err(|_| ApiError::Internal)?;
-    let _slot = st.admission.admit(0).await?;
+    let _slot = st.admission.admit(0, false).await?;
     // A chat body goes through chat's own checks and normalizations, so its count is the request's prompt_tokens.
     let (body, images) = if method == "tokenize" && v.get("messages").is_some() {
         let req = Door::Chat.parse(&raw, (&st.config).into())?;

@@ -145,7 +145,7 @@ pub async fn render_chat(
 ) -> Result<Response, ApiError> {
     let body = body?;
     let req = Door::Chat.parse(&body, (&st.config).into())?;
-    let _slot = st.admission.admit(0).await?;
+    let _slot = st.admission.admit(0, false).await?;
     let deadline = st.config.request_timeout().map(|t| tokio::time::Instant::now() + t);
     if req.may_constrain() {
         st.codec.check_constraint(req.body.clone(), Door::Chat, req.forced_tool.clone()).await?;

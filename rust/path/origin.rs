@@ -16,6 +16,10 @@ use std::time::Instant;
 pub enum Origin {
     /// A client over HTTP: admitted here, through the wait queue.
     Client,
+    /// A further sequence of a request that asks for several (`/generate`'s batch or `n`): admitted as a client's,
+    /// but it waits for a slot past the wait queue's bound, as SGLang queues every sequence it is given: its
+    /// request's first sequence was admitted, and the fan-out is bounded by a limit of its own.
+    Sibling,
     /// A batch line, in the slot its batch's lane took for it (`crate::workers::batches`).
     BatchLine(Permit),
     /// A background response's run (`crate::workers::background`), admitted here like a client's request.

@@ -26,8 +26,9 @@ use tokio::sync::oneshot;
 pub async fn serve(st: &Arc<AppState>, call: Call) -> Result<Answer, ApiError> {
     let Call { door, mut req, origin, arrival, request_id, traced } = call;
     let (trace, guard) = traced.unzip();
+    let sibling = matches!(origin, Origin::Sibling);
     let (slot, run) = match origin {
-        Origin::Client => (None, None),
+        Origin::Client | Origin::Sibling => (None, None),
         Origin::BatchLine(slot) => (Some(slot), None),
         Origin::Background(run) => (None, Some(run)),
     };
@@ -56,7 +57,7 @@ pub async fn serve(st: &Arc<AppState>, call: Call) -> Result<Answer, ApiError> {
             }
             let priority = if st.config.priority_scheduling { req.priority } else { 0 };
             tokio::select! {
-                admitted = st.admission.admit(priority) => admitted?,
+                admitted = st.admission.admit(priority, sibling) => admitted?,
                 () = aborted(pending.as_ref()) => return Err(ApiError::Aborted),
             }
         }
