@@ -16,6 +16,7 @@ registry.
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -198,12 +199,26 @@ def rank_config(args: argparse.Namespace, rank: int) -> dict[str, Any] | None:
     return asdict(faults) if faults.active() else None
 
 
+def script_seed(model_dir: str | Path | None) -> int:
+    """The sim's script seed a checkpoint's config.json sets (`sim_script_seed`, 0 without one): checkpoints with
+    different seeds answer the same prompt differently, as different weights would, so a weight reload shows.
+    `sim_load_error` in it makes loading the checkpoint fail with that message (a broken checkpoint)."""
+    if model_dir is None:
+        return 0
+    config = Path(model_dir) / "config.json"
+    settings = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
+    if settings.get("sim_load_error"):
+        raise RuntimeError(f"{config}: {settings['sim_load_error']}")
+    return int(settings.get("sim_script_seed", 0))
+
+
 def launch(args: argparse.Namespace, tokenizer: Path, env: Mapping[str, str]) -> list[RankLaunch]:
     """Each rank's engine config (engine/sim.py `SimConfig`, and under "faults" what it is to do wrong); the sim
     needs no variables of its own. DeepInfer's prefill-vote intervals count as DeepInfer's do, since the sim models
     that vote."""
     config = {
         "tokenizer_path": str(tokenizer),
+        "script_seed": script_seed(getattr(args, "model_dir", None)),
         "max_model_len": args.max_model_len,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
