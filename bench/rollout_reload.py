@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The time from `POST /update_weights_from_disk` to the first token on the new weights (issue 42, point 6), on
-the sim with two ranks: while a rollout's requests run, the reload is called and a streaming request is sent at
-the same moment; it waits at the pause gate and its first token comes from the new checkpoint. Alternates two
-checkpoints (their config.json sets the sim's script seed), `--rounds` times, with the running requests drained
-(`abort_all_requests: false`) and aborted (`true`).
+the sim with two ranks: while a rollout's requests run, the reload is called, and a streaming request is sent as
+soon as the pause has begun; it waits at the pause gate and its first token comes from the new checkpoint.
+Alternates two checkpoints (their config.json sets the sim's script seed), `--rounds` times, with the running
+requests drained (`abort_all_requests: false`) and aborted (`true`).
 
 Prints per round and mode: the reload's answer time, and the first new token's time, both from the call.
 
@@ -46,10 +46,12 @@ async def first_token(c: httpx.AsyncClient, t0: float) -> float:
     """Seconds from `t0` to the first token of a streamed completion."""
     body = {"model": MODEL, "prompt": "The river", "max_tokens": 4, "temperature": 0, "stream": True}
     async with c.stream("POST", "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{r.status_code}: {(await r.aread()).decode()}")
         async for line in r.aiter_lines():
             if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
                 return time.monotonic() - t0
-    raise RuntimeError("no token")
+    raise RuntimeError("the stream ended without a token")
 
 
 async def round_(url: str, ckpt: Path, abort: bool, args: argparse.Namespace) -> dict[str, float]:
@@ -60,6 +62,10 @@ async def round_(url: str, ckpt: Path, abort: bool, args: argparse.Namespace) ->
         t0 = time.monotonic()
         req = {"model_path": str(ckpt), "abort_all_requests": abort}
         reload = asyncio.create_task(c.post("/update_weights_from_disk", json=req))
+        # Sent before the pause, it would run (or be aborted) on the old weights. An aborting reload may be over
+        # before a poll sees the pause: then the request goes after it, still timed from the call.
+        while not reload.done() and not (await c.get("/is_paused")).json()["is_paused"]:
+            await asyncio.sleep(0.001)
         first = await first_token(c, t0)
         answer = await reload
         answered = time.monotonic() - t0
