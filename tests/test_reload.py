@@ -229,8 +229,39 @@ def test_a_checkpoint_that_fails_to_load_rolls_back(
     assert reload(http, ckpts["v2"]).json()["success"] is True
 
 
+def test_when_one_rank_fails_the_ranks_that_loaded_go_back(
+    srv: Server, http: httpx.Client, ckpts: dict[str, Path], tmp_path: Path
+) -> None:
+    reload(http, ckpts["v1"], weight_version="v1")
+    old = answers(http)
+    half = checkpoint(tmp_path / "half", 9, sim_load_error="rank 1's shard is gone", sim_load_error_ranks=[1])
+    r = reload(http, half)
+    assert r.status_code == 400 and "[1]" in r.json()["message"] and "rolled back" in r.json()["message"], r.text
+    log = srv.log()
+    assert f"rank0 weights reloaded from {half.resolve()}" in log  # rank 0 loaded it...
+    assert log.rindex(f"rank0 weights reloaded from {ckpts['v1'].resolve()}") > log.rindex(str(half.resolve()))
+    # ...and went back: every rank answers as before, whichever takes a request.
+    for _ in range(2):
+        assert answers(http) == old
+    assert http.get("/get_weight_version").json() == {"weight_version": "v1"}
+
+
 def test_the_reload_needs_the_api_key(srv: Server, ckpts: dict[str, Path]) -> None:
     r = httpx.post(f"{srv.url}/update_weights_from_disk", json={"model_path": str(ckpts["v2"])})
     assert r.status_code == 401
     bad = httpx.post(f"{srv.url}/update_weights_from_disk", json={}, headers=AUTH)
     assert bad.status_code == 400 and "model_path" in bad.text
+
+
+def test_ranks_in_lockstep_reload_too(ckpts: dict[str, Path]) -> None:
+    """Ranks that step together at the server's barrier (--sim-lockstep) reload between two steps of the group."""
+    s = start_server(str(ckpts["v1"]), "--served-model-name", MODEL, "--dp", "2", "--sim-lockstep")
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            old = answers(c)
+            r = reload(c, ckpts["v2"])
+            assert r.status_code == 200 and r.json()["success"] is True, r.text
+            new = answers(c)
+            assert all(new[p] != old[p] for p in PROMPTS), (old, new)
+    finally:
+        assert s.stop() == 0

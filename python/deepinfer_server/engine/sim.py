@@ -54,6 +54,7 @@ class SimConfig:
     vote_every_all: int = 1
     vote_every_any: int = 1
     script_seed: int = 0  # the checkpoint's (sim_config.py `script_seed`)
+    rank: int = 0
 
 
 class _Seq:
@@ -165,7 +166,7 @@ class SimEngine:
     def reload(self, model_path: str) -> None:
         """Serve the checkpoint in `model_path`: its script (the server checked its tokenizer is the one served).
         Built whole before it replaces the old one, so a checkpoint that fails to load leaves the old one served."""
-        seed = script_seed(model_path)
+        seed = script_seed(model_path, self.cfg.rank)
         tokenizer = str(Path(model_path) / "tokenizer.json")
         script = Script(tokenizer, Vocabulary.load(tokenizer), seed)
         self.script, self.eos, self.corpus = script, script.eos, script.corpus

@@ -199,15 +199,16 @@ def rank_config(args: argparse.Namespace, rank: int) -> dict[str, Any] | None:
     return asdict(faults) if faults.active() else None
 
 
-def script_seed(model_dir: str | Path | None) -> int:
+def script_seed(model_dir: str | Path | None, rank: int = 0) -> int:
     """The sim's script seed a checkpoint's config.json sets (`sim_script_seed`, 0 without one): checkpoints with
     different seeds answer the same prompt differently, as different weights would, so a weight reload shows.
-    `sim_load_error` in it makes loading the checkpoint fail with that message (a broken checkpoint)."""
+    `sim_load_error` in it makes loading the checkpoint fail with that message (a broken checkpoint) on every rank,
+    or on the ranks `sim_load_error_ranks` lists."""
     if model_dir is None:
         return 0
     config = Path(model_dir) / "config.json"
     settings = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
-    if settings.get("sim_load_error"):
+    if settings.get("sim_load_error") and rank in settings.get("sim_load_error_ranks", [rank]):
         raise RuntimeError(f"{config}: {settings['sim_load_error']}")
     return int(settings.get("sim_script_seed", 0))
 
@@ -231,4 +232,7 @@ def launch(args: argparse.Namespace, tokenizer: Path, env: Mapping[str, str]) ->
         "vote_every_all": prefill_interval(args, "prefill_attempt_interval", env),
         "vote_every_any": prefill_interval(args, "prefill_any_attempt_interval", env),
     }
-    return [RankLaunch({**config, "faults": rank_config(args, rank)}, {}) for rank in range(args.data_parallel_size)]
+    return [
+        RankLaunch({**config, "rank": rank, "faults": rank_config(args, rank)}, {})
+        for rank in range(args.data_parallel_size)
+    ]
