@@ -16,6 +16,10 @@ import httpx
 import pytest
 from conftest import MODEL, Server, start_server
 
+from deepinfer_server import _native
+from deepinfer_server.engine.base import Ability
+from deepinfer_server.engine.loop import take_requests
+
 TOKDIR = Path(__file__).resolve().parent.parent / "python" / "deepinfer_server" / "tokenizer"
 KEY = "sekrit"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -154,6 +158,10 @@ def test_requests_sent_during_a_reload_wait_and_then_get_the_new_weights(
     while not http.get("/is_paused").json()["is_paused"] and time.monotonic() < deadline:
         time.sleep(0.005)
     assert http.get("/is_paused").json()["is_paused"] is True
+    # A continue in the middle does not let requests reach ranks that are loading: the reload resumes.
+    cont = http.post("/continue_generation").json()
+    assert "weight reload is running" in cont["message"], cont
+    assert http.get("/is_paused").json()["is_paused"] is True
     during = answer(http, PROMPTS[0])  # sent while paused: waits, then runs on the new checkpoint
     reloader.join()
     long.join()
@@ -265,3 +273,24 @@ def test_ranks_in_lockstep_reload_too(ckpts: dict[str, Path]) -> None:
             assert all(new[p] != old[p] for p in PROMPTS), (old, new)
     finally:
         assert s.stop() == 0
+
+
+class NoReload:
+    """An engine without `Ability.RELOAD` (DeepInfer's today): it must never be asked to reload."""
+
+    def add(self, req: Any) -> list[Any]:
+        raise AssertionError("no request was sent")
+
+    def abort(self, request_ids: list[int]) -> None:
+        raise AssertionError("no abort was sent")
+
+
+def test_an_engine_that_cannot_reload_says_so_and_keeps_serving(ring_path: Any) -> None:
+    req = _native.Ring.create(ring_path(), 1 << 16)
+    out = _native.Ring.create(ring_path(), 1 << 16)
+    for _ in range(2):
+        req.push_reload("/ckpt/step-2")
+        published, stop = take_requests(NoReload(), req, out, frozenset({Ability.COLLECTIVES}))  # type: ignore[arg-type]
+        assert (published, stop) == ([], False)
+    # Two reloads done, the last one failed: what rust/path/reload.rs waits for.
+    assert out.aux(_native.AUX_RELOADS) == 2 << 32 | _native.RELOAD_FAILED

@@ -75,8 +75,11 @@ pub async fn pause_generation(State(st): State<Arc<AppState>>, body: RawBody) ->
 }
 
 pub async fn continue_generation(State(st): State<Arc<AppState>>) -> Response {
-    control::resume(&st);
-    Json(json!({"status": "ok", "message": "Generation continued."})).into_response()
+    let message = match control::resume(&st) {
+        true => "Generation continued.",
+        false => "A weight reload is running: generation continues once every rank has loaded it.",
+    };
+    Json(json!({"status": "ok", "message": message})).into_response()
 }
 
 #[derive(Deserialize)]

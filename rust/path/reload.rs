@@ -65,7 +65,7 @@ pub async fn reload(st: &AppState, dir: &Path, version: Option<String>, abort_al
             Outcome { success: false, message: format!("{why}; {back}."), num_paused_requests: held }
         }
     };
-    control::resume(st);
+    control::resume_now(st);
     Ok(outcome)
 }
 

@@ -40,6 +40,11 @@ impl Weights {
         *self.version.write().unwrap() = version;
     }
 
+    /// Whether a reload is running (it holds `reloading` from its checks to its resume).
+    pub fn is_reloading(&self) -> bool {
+        self.reloading.try_lock().is_err()
+    }
+
     pub fn checkpoint(&self) -> Option<PathBuf> {
         self.checkpoint.read().unwrap().clone()
     }
