@@ -59,6 +59,7 @@ pub async fn reload(st: &AppState, dir: &Path, version: Option<String>, abort_al
         Err((loaded, why)) => {
             tracing::error!(checkpoint = %dir.display(), "weight reload failed: {why}; rolling back");
             let back = match load(st, &loaded, &old).await {
+                Ok(()) if loaded.is_empty() => format!("no rank loaded it: every rank still serves {}", old.display()),
                 Ok(()) => format!("rolled back to {}", old.display()),
                 Err((_, e)) => format!("and the rollback to {} failed too: {e}", old.display()),
             };
