@@ -109,6 +109,9 @@ py_record! {
         /// `model_type`, the engine and its parallel sizes.
         pub model_path: Option<String>,
         pub model_type: Option<String>,
+        /// The local checkpoint directory the ranks loaded (MODEL resolved), which a weight reload compares a new
+        /// one with; None without MODEL.
+        pub model_dir: Option<String>,
         pub engine: String,
         pub expert_parallel_size: u32,
         pub context_parallel_size: u32,
@@ -187,6 +190,7 @@ impl ServerConfig {
             engine: EngineConfig {
                 model_path: None,
                 model_type: None,
+                model_dir: None,
                 engine: "sim".into(),
                 expert_parallel_size: 1,
                 context_parallel_size: 1,

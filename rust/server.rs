@@ -96,7 +96,7 @@ pub fn serve(
             draining: Default::default(),
             started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
             pending: Default::default(),
-            weights: Default::default(),
+            weights: crate::path::weights::Weights::new(config.engine.model_dir.as_ref().map(Into::into)),
             config,
         });
         let code = rt.block_on(run(state, pids, tls));

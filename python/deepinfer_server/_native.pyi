@@ -9,6 +9,7 @@ from deepinfer_server.decoding import Decoder
 KIND_SUBMIT: int
 KIND_ABORT: int
 KIND_SHUTDOWN: int
+KIND_RELOAD: int
 KIND_TOKENS: int
 KIND_TIMING: int
 FINISH_NONE: int
@@ -30,6 +31,9 @@ AUX_SPEC_DRAFT_TOKENS: int
 AUX_SPEC_ACCEPTED_TOKENS: int
 AUX_PREEMPTIONS: int
 AUX_REABORTS: int
+AUX_RELOADS: int
+RELOAD_OK: int
+RELOAD_FAILED: int
 PHASE_STARTING: int
 PHASE_IDLE: int
 PHASE_ADD: int
@@ -338,6 +342,13 @@ class Abort:
     def request_id(self) -> int: ...
 
 @final
+class Reload:
+    """Load the checkpoint in this directory in place of the one served (the server has drained the rank first)."""
+
+    @property
+    def model_path(self) -> str: ...
+
+@final
 class Shutdown:
     """Finish what is running and exit."""
 
@@ -413,7 +424,8 @@ class Ring:
     def push_submit(self, submit: SubmitInput, timeout: float | None = None) -> None: ...
     def push_abort(self, request_id: int, timeout: float | None = None) -> None: ...
     def push_shutdown(self, timeout: float | None = None) -> None: ...
-    def drain_requests(self, max_bytes: int = ...) -> list[Submit | Abort | Shutdown]: ...
+    def push_reload(self, model_path: str, timeout: float | None = None) -> None: ...
+    def drain_requests(self, max_bytes: int = ...) -> list[Submit | Abort | Shutdown | Reload]: ...
     def publish(
         self,
         entries: Sequence[Output | StepOutputs],
@@ -721,12 +733,14 @@ class EngineConfig:
         *,
         model_path: str | None,
         model_type: str | None,
+        model_dir: str | None,
         engine: str,
         expert_parallel_size: int,
         context_parallel_size: int,
     ) -> EngineConfig: ...
     model_path: str | None
     model_type: str | None
+    model_dir: str | None
     engine: str
     expert_parallel_size: int
     context_parallel_size: int

@@ -181,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
             engine=_native.EngineConfig(
                 model_path=args.model or None,
                 model_type=args.model_type,
+                model_dir=args.model_dir,
                 engine=args.engine,
                 expert_parallel_size=args.expert_parallel_size,
                 context_parallel_size=args.context_parallel_size,

@@ -1,17 +1,20 @@
 //! The control routes RL rollout frameworks drive, in SGLang's and vLLM's shapes, all behind `--api-key`:
 //! `POST /abort_request {rid} | {abort_all: true}` (SGLang), `POST /pause_generation {mode}` and
 //! `POST /continue_generation` (SGLang), `POST /pause?mode=&wait_for_inflight_requests=`, `POST /resume` and
-//! `GET /is_paused` (vLLM), `GET /get_weight_version` and `POST /update_weight_version` (SGLang). They parse and
-//! answer; what they do to the request path is `path::control`'s.
+//! `GET /is_paused` (vLLM), `GET /get_weight_version`, `POST /update_weight_version` and
+//! `POST /update_weights_from_disk` (SGLang). They parse and answer; what they do to the request path is
+//! `path::control`'s and `path::reload`'s.
 
 use super::AppState;
 use super::body::RawBody;
 use crate::error::ApiError;
-use crate::limits::MAX_CONTROL_ID_BYTES;
+use crate::limits::{MAX_CONTROL_ID_BYTES, MAX_MODEL_PATH_BYTES};
 use crate::path::control::{self, PauseMode};
+use crate::path::reload;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -72,8 +75,11 @@ pub async fn pause_generation(State(st): State<Arc<AppState>>, body: RawBody) ->
 }
 
 pub async fn continue_generation(State(st): State<Arc<AppState>>) -> Response {
-    control::resume(&st);
-    Json(json!({"status": "ok", "message": "Generation continued."})).into_response()
+    let message = match control::resume(&st) {
+        true => "Generation continued.",
+        false => "A weight reload is running: generation continues once every rank has loaded it.",
+    };
+    Json(json!({"status": "ok", "message": message})).into_response()
 }
 
 #[derive(Deserialize)]
@@ -148,6 +154,49 @@ pub async fn update_weight_version(State(st): State<Arc<AppState>>, body: RawBod
     st.weights.set_version(b.new_version.clone());
     let message = format!("Weight version updated to {}.", b.new_version);
     Ok(Json(json!({"success": true, "message": message})).into_response())
+}
+
+/// SGLang's `UpdateWeightFromDiskReqInput`. Its other fields (`load_format`, `flush_cache`, `is_async`,
+/// `torch_empty_cache`, `keep_pause`, `recapture_cuda_graph`, `token_step`) are accepted and ignored: the ranks
+/// load the checkpoint as they loaded the first, with empty caches, and resume once every one is ready.
+#[derive(Deserialize)]
+struct ReloadBody {
+    model_path: String,
+    #[serde(default)]
+    weight_version: Option<String>,
+    #[serde(default)]
+    abort_all_requests: bool,
+}
+
+/// SGLang's `/update_weights_from_disk`: `{success, message, num_paused_requests}`, 200 on success and 400 (the
+/// same shape) when the checkpoint is refused or fails to load, as SGLang answers.
+pub async fn update_weights_from_disk(State(st): State<Arc<AppState>>, body: RawBody) -> Result<Response, ApiError> {
+    let b: ReloadBody = parse(body)?;
+    if b.model_path.is_empty() || b.model_path.len() > MAX_MODEL_PATH_BYTES {
+        let max = MAX_MODEL_PATH_BYTES;
+        return Err(ApiError::bad_param("model_path", format!("'model_path' must be 1 to {max} bytes")));
+    }
+    if let Some(v) = b.weight_version.as_ref().filter(|v| v.is_empty() || v.len() > MAX_CONTROL_ID_BYTES) {
+        let n = v.len();
+        return Err(ApiError::bad_param(
+            "weight_version",
+            format!("'weight_version' must be 1 to {MAX_CONTROL_ID_BYTES} bytes, not {n}"),
+        ));
+    }
+    let dir = std::path::Path::new(&b.model_path);
+    let (status, outcome) = match reload::reload(&st, dir, b.weight_version, b.abort_all_requests).await {
+        Ok(o) => (if o.success { StatusCode::OK } else { StatusCode::BAD_REQUEST }, o),
+        Err(ApiError::BadRequest { message, .. }) => {
+            (StatusCode::BAD_REQUEST, reload::Outcome { success: false, message, num_paused_requests: 0 })
+        }
+        Err(e) => return Err(e),
+    };
+    let answer = json!({
+        "success": outcome.success,
+        "message": outcome.message,
+        "num_paused_requests": outcome.num_paused_requests,
+    });
+    Ok((status, Json(answer)).into_response())
 }
 
 /// A control body; an empty one is `{}`.

@@ -86,7 +86,8 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/resume", post(control::resume))
         .route("/is_paused", get(control::is_paused))
         .route("/get_weight_version", get(control::get_weight_version))
-        .route("/update_weight_version", post(control::update_weight_version));
+        .route("/update_weight_version", post(control::update_weight_version))
+        .route("/update_weights_from_disk", post(control::update_weights_from_disk));
     // Only with a key: each layer costs every request a boxed future (hundreds of bytes) for as long as its body
     // takes to arrive. For the same reason no `DefaultBodyLimit`: `body::RawBody`, the one body extractor, applies
     // --max-request-body-bytes itself.

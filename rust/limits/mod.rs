@@ -141,6 +141,8 @@ limits! {
         /// Longest `rid` of `/abort_request` and weight version of `/update_weight_version`; longer is a 400 (a
         /// request id from `X-Request-Id` has at most 128).
         MAX_CONTROL_ID_BYTES: usize = 256, Bytes;
+        /// Longest `model_path` of `/update_weights_from_disk` (Linux's PATH_MAX); longer is a 400.
+        MAX_MODEL_PATH_BYTES: usize = 4096, Bytes;
         /// The longest text part of an upload's form.
         MAX_FORM_TEXT_BYTES: usize = 1024, Bytes;
         /// What may come before a form's first boundary: clients send nothing there (RFC 7578's preamble is for

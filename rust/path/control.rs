@@ -49,8 +49,17 @@ pub async fn pause(st: &AppState, mode: PauseMode) -> usize {
     held
 }
 
-/// Run the frozen requests again and admit the waiting ones.
-pub fn resume(st: &AppState) {
+/// Run the frozen requests again and admit the waiting ones; false (nothing done) while a weight reload runs: it
+/// resumes once every rank is ready (`path::reload`), so no request reaches a rank in the middle.
+pub fn resume(st: &AppState) -> bool {
+    if st.weights.is_reloading() {
+        return false;
+    }
+    resume_now(st);
+    true
+}
+
+pub(super) fn resume_now(st: &AppState) {
     st.dispatcher.ranks.iter().for_each(|r| r.freeze(false));
     st.admission.resume();
 }

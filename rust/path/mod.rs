@@ -8,6 +8,7 @@ pub mod control;
 mod keep;
 mod origin;
 pub mod pending;
+pub mod reload;
 mod serve;
 pub mod sse_body;
 pub mod weights;

@@ -2,7 +2,7 @@
 //! definition used by Rust and (through `py`) by the Python ranks.
 //!
 //! Everything is little-endian with 8-byte-friendly field order. Request
-//! ring kinds: `SUBMIT`, `ABORT`, `SHUTDOWN`; output ring kind: `TOKENS`.
+//! ring kinds: `SUBMIT`, `ABORT`, `SHUTDOWN`, `RELOAD`; output ring kind: `TOKENS`.
 //!
 //! ```text
 //! SUBMIT:  request_id u64 | max_tokens u32 | flags u32 | temperature f32 | top_p f32
@@ -13,6 +13,7 @@
 //!             | bytes u32) | utf-8 path]
 //! ABORT:   request_id u64
 //! SHUTDOWN: (empty)
+//! RELOAD:  utf-8 checkpoint directory (the rank loads it in place; `status::AUX_RELOADS` says how it went)
 //! TOKENS:  n_entries u32 | pad u32 | entries...
 //!   entry: request_id u64 | finish u32 | n_tokens u32 | n_tokens x u32
 //!          | [logprobs: n_tokens x f32 | n_tokens x top x (token u32 | logprob f32)]
@@ -46,6 +47,7 @@ use super::{Ring, RingError};
 pub const SUBMIT: u32 = 1;
 pub const ABORT: u32 = 2;
 pub const SHUTDOWN: u32 = 3;
+pub const RELOAD: u32 = 4;
 pub const TOKENS: u32 = 16;
 pub const TIMING: u32 = 17;
 
@@ -203,6 +205,7 @@ pub enum Request<'a> {
     Submit(Submit<U32s<'a>>),
     Abort(Abort),
     Shutdown,
+    Reload(&'a str),
 }
 
 /// One entry of a TOKENS batch. `reason` is only encoded for `FINISH_ERROR`.
@@ -540,6 +543,7 @@ pub fn decode_request(kind: u32, payload: &[u8]) -> Result<Request<'_>, RecordEr
         }
         ABORT => Request::Abort(Abort { request_id: r.u64()? }),
         SHUTDOWN => Request::Shutdown,
+        RELOAD => Request::Reload(std::str::from_utf8(r.take(payload.len())?).map_err(|_| RecordError::BadUtf8)?),
         k => return Err(RecordError::UnknownKind(k)),
     };
     r.finish()?;
@@ -827,6 +831,8 @@ mod tests {
         let a = Abort { request_id: 99 };
         assert_eq!(decode_request(ABORT, &a.encode()), Ok(Request::Abort(a)));
         assert_eq!(decode_request(SHUTDOWN, &[]), Ok(Request::Shutdown));
+        assert_eq!(decode_request(RELOAD, b"/ckpt/v2"), Ok(Request::Reload("/ckpt/v2")));
+        assert_eq!(decode_request(RELOAD, &[0xff]), Err(RecordError::BadUtf8));
         assert_eq!(decode_request(SHUTDOWN, &[0]), Err(RecordError::TrailingBytes(1)));
         assert_eq!(decode_request(ABORT, &[0; 4]), Err(RecordError::Truncated));
         assert_eq!(decode_request(77, &[]), Err(RecordError::UnknownKind(77)));

@@ -19,6 +19,12 @@ pub const AUX_SPEC_ACCEPTED_TOKENS: usize = 7;
 pub const AUX_PREEMPTIONS: usize = 8;
 /// Aborts the engine lost (the request kept running), sent again by the rank, since the rank started.
 pub const AUX_REABORTS: usize = 10;
+/// Weight reloads (`RELOAD` records) the rank has finished since it started, and how the last one went: the
+/// count in the high 32 bits, `RELOAD_OK` or `RELOAD_FAILED` in the low ones. One word, so that the server never
+/// sees a new count with an old outcome.
+pub const AUX_RELOADS: usize = 11;
+pub const RELOAD_OK: u64 = 1;
+pub const RELOAD_FAILED: u64 = 2;
 
 /// Values of `aux[AUX_PHASE]`.
 pub const PHASE_STARTING: u64 = 0;
@@ -78,6 +84,9 @@ pub const EXPORTS: &[(&str, u64)] = &[
     ("AUX_SPEC_ACCEPTED_TOKENS", AUX_SPEC_ACCEPTED_TOKENS as u64),
     ("AUX_PREEMPTIONS", AUX_PREEMPTIONS as u64),
     ("AUX_REABORTS", AUX_REABORTS as u64),
+    ("AUX_RELOADS", AUX_RELOADS as u64),
+    ("RELOAD_OK", RELOAD_OK),
+    ("RELOAD_FAILED", RELOAD_FAILED),
     ("PHASE_STARTING", PHASE_STARTING),
     ("PHASE_IDLE", PHASE_IDLE),
     ("PHASE_ADD", PHASE_ADD),

@@ -168,6 +168,9 @@ class Ability(Enum):
     # Its ranks can step together at the server's barrier (--sim-lockstep, _native.Lockstep), each step as long as
     # the slowest rank's: the step split in parts that engine/loop.py `serve_sim_lockstep` drives.
     BARRIER = ("step_start", "plan", "ride_along", "wait_until", "step_done", "commit")
+    # It loads another checkpoint in place (`reload`: /update_weights_from_disk, rust/path/reload.rs), the rank
+    # process and its rings staying up; if that fails it keeps serving what it served.
+    RELOAD = ("reload",)
 
 
 class TimesFirstTokens(Protocol):
@@ -175,6 +178,14 @@ class TimesFirstTokens(Protocol):
 
     def first_token_times(self) -> list[tuple[int, float, float]]:
         """(request, taken, step start) of the first tokens in the outputs just returned, once each."""
+
+
+class Reloads(Protocol):
+    """An engine with `Ability.RELOAD`."""
+
+    def reload(self, model_path: str) -> None:
+        """Serve the checkpoint in `model_path` from now on (the server drained this rank first); raise, still
+        serving the old one, if it cannot."""
 
 
 class Counting(Protocol):

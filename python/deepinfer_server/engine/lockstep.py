@@ -67,7 +67,7 @@ def serve_lockstep(
         if not stopping:
             status.phase(_native.PHASE_ADD)
             try:
-                published, stopping = take_requests(engine, requests)
+                published, stopping = take_requests(engine, requests, outputs, abilities)
             except _native.RingClosed:
                 stopping = True
 

@@ -9,6 +9,7 @@ output ring when the server is behind.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from deepinfer_server.engine.base import (
     Counting,
     Engine,
     Published,
+    Reloads,
     Submit,
     TimesFirstTokens,
     failed,
@@ -30,6 +32,7 @@ from deepinfer_server.engine.base import (
 if TYPE_CHECKING:
     from deepinfer_server.engine.sim import SimEngine
 
+log = logging.getLogger("deepinfer_server.rank")
 STATUS_EVERY_S = 0.005
 CATCH_UP_WAIT_S = 0.05  # the server wakes a waiting rank when it sends a request; this is only a backstop
 # An idle rank's sleep is bounded so it notices a closed ring even when nothing wakes it.
@@ -112,8 +115,29 @@ def first_token_times(
     return lambda: None
 
 
-def take_requests(engine: Engine, requests: _native.Ring) -> tuple[list[Published], bool]:
-    """Feed everything waiting in the request ring to the engine: (immediate outputs, shutdown asked)."""
+def reload(engine: Engine, outputs: _native.Ring, abilities: frozenset[Ability], model_path: str) -> None:
+    """A RELOAD record: the engine loads the checkpoint in place (keeping the old one if it cannot), and the rank
+    says how it went in AUX_RELOADS, which the server waits on (rust/path/reload.rs) before it resumes."""
+    ok = False
+    if Ability.RELOAD not in abilities:
+        log.error("weight reload of %s refused: this engine cannot reload in place", model_path)
+    else:
+        try:
+            cast(Reloads, engine).reload(model_path)
+            ok = True
+            log.info("weights reloaded from %s", model_path)
+        except Exception:
+            log.exception("weight reload of %s failed; still serving the previous checkpoint", model_path)
+    done = (outputs.aux(_native.AUX_RELOADS) >> 32) + 1
+    outputs.set_aux(_native.AUX_HEARTBEAT_MS, int(time.monotonic() * 1000))
+    outputs.set_aux(_native.AUX_RELOADS, done << 32 | (_native.RELOAD_OK if ok else _native.RELOAD_FAILED))
+
+
+def take_requests(
+    engine: Engine, requests: _native.Ring, outputs: _native.Ring, abilities: frozenset[Ability]
+) -> tuple[list[Published], bool]:
+    """Feed everything waiting in the request ring to the engine (a RELOAD loads a checkpoint, `reload`):
+    (immediate outputs, shutdown asked)."""
     published: list[Published] = []
     aborts: list[int] = []
     stop = False
@@ -140,6 +164,11 @@ def take_requests(engine: Engine, requests: _native.Ring) -> tuple[list[Publishe
             published += engine.add(req)
         elif isinstance(msg, _native.Abort):
             aborts.append(msg.request_id)
+        elif isinstance(msg, _native.Reload):
+            if aborts:  # the aborts sent before it end their requests first: the rank reloads empty
+                engine.abort(aborts)
+                aborts = []
+            reload(engine, outputs, abilities, msg.model_path)
         else:  # Shutdown
             stop = True
     if aborts:
@@ -208,7 +237,7 @@ def serve_rank(
             if requests.closed:
                 return
         status.phase(_native.PHASE_ADD)
-        published, stop = take_requests(engine, requests)
+        published, stop = take_requests(engine, requests, outputs, abilities)
         if stop:
             return
         quiet = not published
@@ -241,7 +270,7 @@ def serve_sim_lockstep(
         while True:
             idle.round()
             status.phase(_native.PHASE_ADD)
-            published, stop = take_requests(engine, requests)
+            published, stop = take_requests(engine, requests, outputs, abilities)
             if stop or requests.closed:
                 return
             busy = engine.has_work()

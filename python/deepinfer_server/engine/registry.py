@@ -89,7 +89,7 @@ SIM = EngineEntry(
     "sim",
     build="deepinfer_server.engine.sim_faults:build",
     launch=sim_config.launch,
-    abilities=frozenset({Ability.FIRST_TOKEN_TIMES, Ability.BARRIER}),
+    abilities=frozenset({Ability.FIRST_TOKEN_TIMES, Ability.BARRIER, Ability.RELOAD}),
     shares_allocator=True,
     # The simulated engine stands in for a GPU: it should not take host CPU from the server's request handling (a
     # real engine's step runs on the device, not on the cores the front end uses).

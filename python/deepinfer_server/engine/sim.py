@@ -21,11 +21,13 @@ import random
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 
 from deepinfer_server import _native
 from deepinfer_server.engine.base import Output, Published, StepOutputs, Submit, failed
 from deepinfer_server.engine.constrained import GRAMMAR_FAILED, GrammarRun, SimGrammars
 from deepinfer_server.engine.sampling import Sampler, Spelling, prompt_logprobs
+from deepinfer_server.engine.sim_config import script_seed
 from deepinfer_server.engine.sim_script import Script
 from deepinfer_server.vocabulary import Vocabulary
 
@@ -51,6 +53,8 @@ class SimConfig:
     vote_ms: float | None = None
     vote_every_all: int = 1
     vote_every_any: int = 1
+    script_seed: int = 0  # the checkpoint's (sim_config.py `script_seed`)
+    rank: int = 0
 
 
 class _Seq:
@@ -92,7 +96,7 @@ class SimEngine:
         self.cfg = cfg
         vocab = Vocabulary.load(cfg.tokenizer_path)
         self.max_id = vocab.vocab_size - 1
-        self.script = Script(cfg.tokenizer_path, vocab)
+        self.script = Script(cfg.tokenizer_path, vocab, cfg.script_seed)
         self.eos, self.corpus = self.script.eos, self.script.corpus
         self.vocab = Spelling(vocab)
         self._grammars: SimGrammars | None = None  # built on the first constrained request
@@ -158,6 +162,14 @@ class SimEngine:
             self.waiting = deque(s for s in self.waiting if s.rid not in gone)
             self.decoding = [s for s in self.decoding if s.rid not in gone]
             self.prefilling = [s for s in self.prefilling if s.rid not in gone]
+
+    def reload(self, model_path: str) -> None:
+        """Serve the checkpoint in `model_path`: its script (the server checked its tokenizer is the one served).
+        Built whole before it replaces the old one, so a checkpoint that fails to load leaves the old one served."""
+        seed = script_seed(model_path, self.cfg.rank)
+        tokenizer = str(Path(model_path) / "tokenizer.json")
+        script = Script(tokenizer, Vocabulary.load(tokenizer), seed)
+        self.script, self.eos, self.corpus = script, script.eos, script.corpus
 
     def has_work(self) -> bool:
         return bool(self.decoding or self.prefilling or self.waiting)

@@ -16,6 +16,7 @@ registry.
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -198,12 +199,27 @@ def rank_config(args: argparse.Namespace, rank: int) -> dict[str, Any] | None:
     return asdict(faults) if faults.active() else None
 
 
+def script_seed(model_dir: str | Path | None, rank: int = 0) -> int:
+    """The sim's script seed a checkpoint's config.json sets (`sim_script_seed`, 0 without one): checkpoints with
+    different seeds answer the same prompt differently, as different weights would, so a weight reload shows.
+    `sim_load_error` in it makes loading the checkpoint fail with that message (a broken checkpoint) on every rank,
+    or on the ranks `sim_load_error_ranks` lists."""
+    if model_dir is None:
+        return 0
+    config = Path(model_dir) / "config.json"
+    settings = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
+    if settings.get("sim_load_error") and rank in settings.get("sim_load_error_ranks", [rank]):
+        raise RuntimeError(f"{config}: {settings['sim_load_error']}")
+    return int(settings.get("sim_script_seed", 0))
+
+
 def launch(args: argparse.Namespace, tokenizer: Path, env: Mapping[str, str]) -> list[RankLaunch]:
     """Each rank's engine config (engine/sim.py `SimConfig`, and under "faults" what it is to do wrong); the sim
     needs no variables of its own. DeepInfer's prefill-vote intervals count as DeepInfer's do, since the sim models
     that vote."""
     config = {
         "tokenizer_path": str(tokenizer),
+        "script_seed": script_seed(getattr(args, "model_dir", None)),
         "max_model_len": args.max_model_len,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,
@@ -216,4 +232,7 @@ def launch(args: argparse.Namespace, tokenizer: Path, env: Mapping[str, str]) ->
         "vote_every_all": prefill_interval(args, "prefill_attempt_interval", env),
         "vote_every_any": prefill_interval(args, "prefill_any_attempt_interval", env),
     }
-    return [RankLaunch({**config, "faults": rank_config(args, rank)}, {}) for rank in range(args.data_parallel_size)]
+    return [
+        RankLaunch({**config, "rank": rank, "faults": rank_config(args, rank)}, {})
+        for rank in range(args.data_parallel_size)
+    ]

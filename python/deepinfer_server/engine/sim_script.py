@@ -25,8 +25,9 @@ _TOOLS_SECTION = re.compile(r"### Available Tool Schemas\n\n(.*?)\n\nYou MUST st
 class Script:
     """The serving tokenizer, the corpus in its tokens, and each request's scripted output (`plan`)."""
 
-    def __init__(self, tokenizer_path: str, vocab: Vocabulary) -> None:
+    def __init__(self, tokenizer_path: str, vocab: Vocabulary, seed: int = 0) -> None:
         self.tok = Tokenizer.from_file(tokenizer_path)
+        self.seed = seed  # the checkpoint's (engine/sim_config.py `script_seed`): another seed, other answers
         self.eos = vocab.eos_id
         self.think_start = vocab.think_start_id
         self.think_end: int | None = vocab.think_end_id
@@ -60,7 +61,7 @@ class Script:
         if req.seed is None and req.temperature > 0:
             return self._entropy  # unseeded: not reproducible, as with a real model
         digest = zlib.crc32(array("I", req.prompt).tobytes())
-        return random.Random(digest * 1_000_003 + (req.seed or 0))
+        return random.Random(digest * 1_000_003 + (req.seed or 0) + self.seed * 1_000_000_007 * 1_000_003)
 
     def text(self, rng: random.Random, n: int) -> list[int]:
         """`n` tokens of corpus text, from a sentence's start."""

@@ -53,6 +53,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<submit_input::SubmitImages>()?;
     m.add_class::<requests::PyAbort>()?;
     m.add_class::<requests::PyShutdown>()?;
+    m.add_class::<requests::PyReload>()?;
     m.add_class::<entries::PyOutput>()?;
     m.add_class::<step::PyStepOutputs>()?;
     m.add("RingClosed", py.get_type::<RingClosed>())?;
@@ -61,6 +62,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         ("KIND_SUBMIT", records::SUBMIT),
         ("KIND_ABORT", records::ABORT),
         ("KIND_SHUTDOWN", records::SHUTDOWN),
+        ("KIND_RELOAD", records::RELOAD),
         ("KIND_TOKENS", records::TOKENS),
         ("KIND_TIMING", records::TIMING),
         ("FINISH_NONE", records::FINISH_NONE),

@@ -91,3 +91,22 @@ impl PyShutdown {
         "Shutdown()"
     }
 }
+
+/// Load the checkpoint in this directory in place of the one served (the server has drained the rank first).
+#[pyclass(name = "Reload", module = "deepinfer_server._native", frozen, get_all)]
+pub struct PyReload {
+    model_path: String,
+}
+
+impl PyReload {
+    pub(super) fn new(model_path: &str) -> Self {
+        PyReload { model_path: model_path.to_string() }
+    }
+}
+
+#[pymethods]
+impl PyReload {
+    fn __repr__(&self) -> String {
+        format!("Reload(model_path={:?})", self.model_path)
+    }
+}

@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use super::entries::PyOutput;
-use super::requests::{PyAbort, PyShutdown, PySubmit};
+use super::requests::{PyAbort, PyReload, PyShutdown, PySubmit};
 use super::step::PyStepOutputs;
 use super::submit_input::PySubmitInput;
 use super::{RingError, SIGNAL_POLL, blocking, duration, io_err, ring_err, wait_until};
@@ -161,7 +161,13 @@ impl PyRing {
         self.push_with(py, records::SHUTDOWN, 0, timeout, |_| {})
     }
 
-    /// Consumes available request records, as `Submit`, `Abort` and `Shutdown` records (requests.rs). A
+    #[pyo3(signature = (model_path, timeout=None))]
+    fn push_reload(&self, py: Python<'_>, model_path: String, timeout: Option<f64>) -> PyResult<()> {
+        let bytes = model_path.as_bytes();
+        self.push_with(py, records::RELOAD, bytes.len(), timeout, move |b| b.copy_from_slice(bytes))
+    }
+
+    /// Consumes available request records, as `Submit`, `Abort`, `Shutdown` and `Reload` records (requests.rs). A
     /// malformed record (a peer bug) raises `RingError`; everything drained by that call is consumed and lost.
     #[pyo3(signature = (max_bytes=1 << 26))]
     fn drain_requests<'py>(&self, py: Python<'py>, max_bytes: usize) -> PyResult<Bound<'py, PyList>> {
@@ -176,6 +182,7 @@ impl PyRing {
                     Ok(Request::Submit(s)) => PySubmit::from_record(py, s).and_then(|s| out.append(s)),
                     Ok(Request::Abort(a)) => out.append(PyAbort::new(a.request_id)),
                     Ok(Request::Shutdown) => out.append(PyShutdown),
+                    Ok(Request::Reload(path)) => out.append(PyReload::new(path)),
                     Err(e) => Err(RingError::new_err(e.to_string())),
                 };
                 if let Err(e) = item {
