@@ -102,8 +102,10 @@ def completion_entries(lp: dict[str, Any], text: str, top: int) -> None:
     assert "".join(tokens) == text
     assert lp["text_offset"] == [len("".join(tokens[:i])) for i in range(len(tokens))]
     assert len(lp["token_logprobs"]) == len(tokens) == len(lp["top_logprobs"])
-    for value, alts in zip(lp["token_logprobs"], lp["top_logprobs"], strict=True):
-        assert value <= 0 and 1 <= len(alts) <= top and all(v <= 0 for v in alts.values())
+    for token, value, alts in zip(tokens, lp["token_logprobs"], lp["top_logprobs"], strict=True):
+        assert value <= 0 and all(v <= 0 for v in alts.values())
+        # The `top` most likely, and the sampled token with its own logprob (vLLM's up to `logprobs` + 1).
+        assert alts[token] == value and 1 <= len(alts) <= top + 1
 
 
 def test_completions_logprobs(http: httpx.Client) -> None:

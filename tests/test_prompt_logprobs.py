@@ -93,7 +93,13 @@ def test_streamed_echo_carries_the_prompts_logprobs(server: Server) -> None:
     assert len(first["logprobs"]["tokens"]) == len(first["logprobs"]["token_logprobs"]) >= 3
     later = [t for e in events[1:] for t in e["choices"][0]["logprobs"]["tokens"]]
     assert 1 <= len(later) <= 3 and events[-1]["choices"][0]["finish_reason"] in ("length", "stop")
-    assert all(len(top) <= 2 for e in events[1:] for top in e["choices"][0]["logprobs"]["top_logprobs"])
+    # The two most likely, and the sampled token if it is not one of them (vLLM's up to `logprobs` + 1).
+    for e in events[1:]:
+        lp = e["choices"][0]["logprobs"]
+        assert all(
+            len(top) <= 3 and top[t] == v
+            for t, v, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], strict=True)
+        )
 
 
 def test_vllm_prompt_logprobs_on_completions(http: httpx.Client) -> None:

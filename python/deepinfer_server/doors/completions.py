@@ -364,7 +364,10 @@ class _Logprobs:
             for alt, alt_value in alternatives:
                 name = text if alt == token else self._bytes(alt).decode("utf-8", "backslashreplace")
                 top.setdefault(f"token_id:{alt}" if self.as_ids else name, alt_value)
-            self.entries.append((f"token_id:{token}" if self.as_ids else text, value, top, self.offset))
+            named = f"token_id:{token}" if self.as_ids else text
+            if alternatives:  # the sampled token is always among them, as in vLLM (up to `logprobs` + 1 entries)
+                top.setdefault(named, value)
+            self.entries.append((named, value, top, self.offset))
             self.offset += len(text)
 
     def end(self) -> None:
