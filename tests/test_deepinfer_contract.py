@@ -2,8 +2,8 @@
 
 The sdist is fetched from PyPI through its JSON API, checked against a pinned sha256, cached under
 ~/.cache/deepinfer-server/, and read with tarfile + ast: never built, installed or imported. The list of used
-names is derived from the adapter's own source (python/deepinfer_server/engine/deepinfer.py and deepinfer_config.py),
-so a new call, keyword or environment variable there is checked without editing this file.
+names is derived from the adapter's own source (python/deepinfer_server/engine/deepinfer.py, deepinfer_build.py and
+deepinfer_config.py), so a new call, keyword or environment variable there is checked without editing this file.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ INDEX = os.environ.get("DEEPINFER_SERVER_PYPI", "https://pypi.org")
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "deepinfer-server"
 HERE = Path(__file__).resolve().parent
 ADAPTER = HERE.parent / "python" / "deepinfer_server" / "engine" / "deepinfer.py"
-ADAPTER_SOURCES = (ADAPTER, ADAPTER.with_name("deepinfer_config.py"))  # the engine, and its deployment checks
+ADAPTER_SOURCES = (ADAPTER, ADAPTER.with_name("deepinfer_build.py"), ADAPTER.with_name("deepinfer_config.py"))
 FAKE = HERE / "fake_deepinfer"
 
 Reader = Callable[[str], "str | None"]
@@ -417,7 +417,8 @@ def test_prompt_logprobs_are_what_the_real_engine_returns(real: Reader) -> None:
     assert 'DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE = EnvVar.choice(default="off"' in environ
     assert 'if self.yoco_prefill_truncation_mode != "off" and sampling_params.prompt_logprobs:' in engine
     assert "sampling_params.prompt_logprobs = False" in engine
-    assert 'str(envs.DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE) == "off"' in ADAPTER.read_text(encoding="utf-8")
+    build = ADAPTER_SOURCES[1].read_text(encoding="utf-8")
+    assert 'str(envs.DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE) == "off"' in build
 
 
 @pytest.mark.parametrize("which", ["real", "fake"])

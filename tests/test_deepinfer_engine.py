@@ -72,7 +72,7 @@ def _integrated() -> str | None:
     from deepinfer_server.engine.registry import ENGINES
 
     entry = ENGINES.get("fake-deepinfer")
-    if entry is None or entry.build != "deepinfer_server.engine.deepinfer:build":
+    if entry is None or entry.build != "deepinfer_server.engine.deepinfer_build:build":
         return "engine/registry.py has no --engine fake-deepinfer entry that builds engine/deepinfer.py's engine"
     if Ability.COLLECTIVES not in entry.abilities:
         return "the fake-deepinfer entry does not step its ranks together (lockstep.serve_lockstep)"
@@ -325,7 +325,7 @@ def fake_modules() -> Iterator[None]:
 
 
 def build_engine(checkpoint: Path, **env: str):
-    from deepinfer_server.engine.deepinfer import build
+    from deepinfer_server.engine.deepinfer_build import build
 
     os.environ.update({"CUDA_VISIBLE_DEVICES": "3", "MASTER_PORT": "29500", **env})
     cfg = {
@@ -347,7 +347,7 @@ def run_until_idle(e, limit: int = 2000) -> dict[int, tuple[list[int], int, str 
     done: dict[int, tuple[list[int], int, str | None]] = {}
     flushed = True
     for _ in range(limit):
-        busy, _ = e.sync(e.has_work(), False)
+        busy, _, _ = e.sync(e.has_work(), False)
         if busy:
             out, flushed = output_rows(e.step()), False
         elif not flushed:
@@ -405,7 +405,7 @@ def test_adapter_maps_logprobs_and_so_args(fake_modules, checkpoint) -> None:
     assert (made[0].so_args, made[0].top_logprobs, made[1].so_args, made[1].top_logprobs) == (so, 3, None, 0)
     rows: dict[int, list[object]] = {1: [], 2: []}
     for _ in range(50):
-        busy, _ = e.sync(e.has_work(), False)
+        busy, _, _ = e.sync(e.has_work(), False)
         out = output_rows(e.step() if busy else e.flush())
         for o in out:
             toks, lp = o.tokens, o.logprobs
@@ -440,7 +440,7 @@ def test_adapter_returns_the_prompt_logprobs_once(fake_modules, checkpoint) -> N
     assert [sp.prompt_logprobs for sp in made] == [True, False]
     seen: list[tuple[int, list[float]]] = []
     for _ in range(50):
-        busy, _ = e.sync(e.has_work(), False)
+        busy, _, _ = e.sync(e.has_work(), False)
         for row in output_rows(e.step() if busy else e.flush()):
             if row.prompt_logprobs is not None:
                 seen.append((row.request_id, row.prompt_logprobs))
@@ -665,7 +665,7 @@ def test_the_fake_output_pool_fails_as_the_engine_does_past_the_bound(
     fake_modules, checkpoint, max_num_seqs: int, overruns: bool
 ) -> None:
     """With every draft token accepted, two decode steps in a row hold 2 x S x (1 + nextn) outputs at once."""
-    from deepinfer_server.engine.deepinfer import build
+    from deepinfer_server.engine.deepinfer_build import build
     from deepinfer_server.engine.deepinfer_config import OUTPUT_POOL_SIZE, live_outputs_bound
 
     os.environ.update({"CUDA_VISIBLE_DEVICES": "0", "MASTER_PORT": "29500", "DEEPINFER_USE_NEXTN_DECODE": "5"})

@@ -276,7 +276,7 @@ def test_ranks_in_lockstep_reload_too(ckpts: dict[str, Path]) -> None:
 
 
 class NoReload:
-    """An engine without `Ability.RELOAD` (DeepInfer's today): it must never be asked to reload."""
+    """An engine without `Ability.RELOAD`: it must never be asked to reload."""
 
     def add(self, req: Any) -> list[Any]:
         raise AssertionError("no request was sent")

@@ -8,7 +8,7 @@
 //! 3. Every rank gets a RELOAD record on its own request ring and loads the checkpoint in its own process; the
 //!    process does not exit, so neither the supervisor nor the watchdog (which counts only ranks with work) sees
 //!    anything. A rank reports the outcome in `AUX_RELOADS`. An engine that fails to load keeps what it served.
-//! 4. If any rank failed, the ranks that did load go back to the old checkpoint; then resume.
+//! 4. If any rank failed while others loaded it, every rank goes back to the old checkpoint; then resume.
 
 use super::AppState;
 use super::control::{self, PauseMode};
@@ -58,7 +58,10 @@ pub async fn reload(st: &AppState, dir: &Path, version: Option<String>, abort_al
         }
         Err((loaded, why)) => {
             tracing::error!(checkpoint = %dir.display(), "weight reload failed: {why}; rolling back");
-            let back = match load(st, &loaded, &old).await {
+            // Every rank goes back, not only those that loaded it: ranks that reload together (DeepInfer's, each
+            // a collective) must all take the record; one that kept the old checkpoint loads it again.
+            let back_to = if loaded.is_empty() { vec![] } else { all };
+            let back = match load(st, &back_to, &old).await {
                 Ok(()) if loaded.is_empty() => format!("no rank loaded it: every rank still serves {}", old.display()),
                 Ok(()) => format!("rolled back to {}", old.display()),
                 Err((_, e)) => format!("and the rollback to {} failed too: {e}", old.display()),

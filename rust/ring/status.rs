@@ -35,6 +35,7 @@ pub const PHASE_STEP: u64 = 4;
 pub const PHASE_FLUSH: u64 = 5;
 pub const PHASE_PUBLISH: u64 = 6;
 pub const PHASE_CLOSE: u64 = 7;
+pub const PHASE_RELOAD: u64 = 8;
 
 /// A phase word for logs.
 pub fn phase_name(phase: u64) -> &'static str {
@@ -47,6 +48,7 @@ pub fn phase_name(phase: u64) -> &'static str {
         PHASE_FLUSH => "flush",
         PHASE_PUBLISH => "publish (waiting for the server to read its output)",
         PHASE_CLOSE => "close",
+        PHASE_RELOAD => "reload (loading a checkpoint)",
         _ => "unknown",
     }
 }
@@ -95,6 +97,7 @@ pub const EXPORTS: &[(&str, u64)] = &[
     ("PHASE_FLUSH", PHASE_FLUSH),
     ("PHASE_PUBLISH", PHASE_PUBLISH),
     ("PHASE_CLOSE", PHASE_CLOSE),
+    ("PHASE_RELOAD", PHASE_RELOAD),
     ("STATE_STARTING", STATE_STARTING),
     ("STATE_LOADING", STATE_LOADING),
     ("STATE_READY", STATE_READY),

@@ -185,7 +185,7 @@ class Reloads(Protocol):
 
     def reload(self, model_path: str) -> None:
         """Serve the checkpoint in `model_path` from now on (the server drained this rank first); raise, still
-        serving the old one, if it cannot."""
+        serving the old one, if it cannot (`EngineLost` if it serves neither)."""
 
 
 class Counting(Protocol):
@@ -202,6 +202,10 @@ class Counting(Protocol):
 
 class ConfigError(ValueError):
     """A deployment setting the engine cannot run with; the message names the setting."""
+
+
+class EngineLost(RuntimeError):
+    """The engine is gone and cannot be brought back (a reload that could load neither checkpoint): the rank ends."""
 
 
 class RankLaunch(NamedTuple):

@@ -19,23 +19,24 @@ What the adapter handles (see the reference notes on deepinfer 0.1.0, section 1.
   from it fails that request only, except `ENGINE_FAULTS`, which end the rank (engine/rank.py `die`).
 * `max_tokens` is clamped to the context (the engine reserves prompt + max_tokens per sequence).
 
-Nothing here imports numpy, torch or deepinfer at module level (`build` does, in the rank). What the server checks and
-derives before any rank starts (serving environment, output pool, GPUs and rendezvous) is engine/deepinfer_config.py.
+* A weight reload closes the engine and builds another on the new checkpoint, on every rank together (`reload`).
+
+Nothing here imports numpy, torch or deepinfer at module level: engine/deepinfer_build.py builds the engine in the
+rank (and again on a reload). What the server checks and derives before any rank starts (serving environment,
+output pool, GPUs and rendezvous) is engine/deepinfer_config.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
+import gc
 import logging
-import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from deepinfer_server import _native
-from deepinfer_server.engine.base import ConfigError, Output, Published, StepOutputs, Submit, failed
-from deepinfer_server.engine.deepinfer_config import rendezvous_hint, serving_env_defaults
+from deepinfer_server.engine.base import EngineLost, Output, Published, StepOutputs, Submit, failed
 
 log = logging.getLogger("deepinfer_server.deepinfer")
 
@@ -58,77 +59,6 @@ _INT32_MAX = (1 << 31) - 1
 ENGINE_FAULTS: tuple[type[BaseException], ...] = (MemoryError, SystemError, OSError)
 
 
-def build(cfg: dict[str, Any]) -> DeepInferEngine:
-    """Construct (and thereby warm up: profiling run, KV allocation, CUDA graphs) this rank's LLMEngine.
-
-    `cfg`: model, trust_remote_code, expert/data/context_parallel_size, engine_rank, max_model_len, max_num_seqs,
-    max_num_batched_tokens, gpu_memory_utilization; optional engine_group_rank, disable_log_stats, seed.
-    Collective: every DP rank must call it.
-    """
-    serving_env_defaults()
-    raw = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    if not raw or not all(x.strip().isdigit() for x in raw.split(",")):
-        raise ConfigError(f"CUDA_VISIBLE_DEVICES={raw!r}: DeepInfer needs it set to integer GPU ids")
-    nextn = int(os.environ.get("DEEPINFER_USE_NEXTN_DECODE", "5") or 0)
-    max_num_seqs = int(cfg["max_num_seqs"])
-    batched = cfg.get("max_num_batched_tokens")
-    if batched is not None and int(batched) < max_num_seqs * (1 + max(0, nextn)):
-        raise ConfigError(
-            f"--max-num-batched-tokens {batched} is below --max-num-seqs x (1 + DEEPINFER_USE_NEXTN_DECODE) = "
-            f"{max_num_seqs} x {1 + nextn}: every running sequence needs room for its draft tokens"
-        )
-
-    import numpy as np
-    import torch
-    import torch.distributed as dist
-    from deepinfer._C.engine import RequestOutput
-    from deepinfer.engine.arg_utils import EngineArgs
-    from deepinfer.engine.llm_engine import LLMEngine
-    from deepinfer.environ import envs
-    from deepinfer.model_executor.parallel_utils.parallel_state import PG
-    from deepinfer.sampling_params import SamplingParams
-
-    args = EngineArgs(
-        model=str(cfg["model"]),
-        trust_remote_code=bool(cfg.get("trust_remote_code", False)),
-        seed=int(cfg.get("seed", 0)),
-        expert_parallel_size=int(cfg["expert_parallel_size"]),
-        data_parallel_size=int(cfg["data_parallel_size"]),
-        context_parallel_size=int(cfg["context_parallel_size"]),
-        engine_rank=int(cfg["engine_rank"]),
-        engine_group_rank=int(cfg.get("engine_group_rank", 0)),
-        max_model_len=int(cfg["max_model_len"]),
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=None if batched is None else int(batched),
-        gpu_memory_utilization=float(cfg["gpu_memory_utilization"]),
-        stop_preempted_request=False,  # recompute preempted requests instead of failing them
-        disable_log_stats=bool(cfg.get("disable_log_stats", False)),
-    )
-    try:
-        engine = LLMEngine.from_engine_args(args)
-    except Exception as e:
-        text = str(e).lower()
-        if isinstance(e, OSError) and e.errno in (errno.EADDRINUSE, errno.ECONNREFUSED):
-            raise RuntimeError(f"{e}{rendezvous_hint()}") from e
-        if any(s in text for s in ("address already in use", "connection refused", "rendezvous")):
-            raise RuntimeError(f"{e}{rendezvous_hint()}") from e
-        raise
-    return DeepInferEngine(
-        engine,
-        max_model_len=int(engine.scheduler_config.max_model_len),
-        np=np,
-        torch=torch,
-        dist=dist,
-        request_output=RequestOutput,
-        sampling_params=SamplingParams,
-        dp_group=PG.cpu_data_parallel_group(),
-        image_placeholder_id=cfg.get("image_placeholder_id"),
-        # Under YoCo prefill truncation the engine turns prompt_logprobs off (llm_engine.py:529-537) and the request
-        # would come back without them: such requests are refused instead.
-        prompt_logprobs=str(envs.DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE) == "off",
-    )
-
-
 class DeepInferEngine:
     """One DP rank's LLMEngine behind the `Engine` protocol, plus `sync` and `flush` for the lockstep loop.
 
@@ -141,6 +71,8 @@ class DeepInferEngine:
         self,
         engine: Any,
         *,
+        cfg: dict[str, Any],
+        build: Callable[[dict[str, Any]], DeepInferEngine],
         max_model_len: int,
         np: Any,
         torch: Any,
@@ -152,6 +84,8 @@ class DeepInferEngine:
         prompt_logprobs: bool = True,
     ) -> None:
         self.engine = engine
+        self.cfg = cfg  # what `build` got: a reload builds again from it, with another model
+        self._build = build
         self.image_placeholder_id = image_placeholder_id  # the serving tokenizer's <｜image｜>
         self.max_model_len = max_model_len
         self._np = np
@@ -291,14 +225,50 @@ class DeepInferEngine:
         """The profiled KV blocks times the block size."""
         return int(self.engine.cache_config.num_gpu_blocks or 0) * int(self.engine.cache_config.block_size)
 
-    def sync(self, busy: bool, stop: bool) -> tuple[bool, bool]:
-        """THE collective of a loop iteration: MAX of (busy, stop) over the DP group. Same answer on every rank."""
+    def sync(self, busy: bool, stop: bool, reload: bool = False) -> tuple[bool, bool, bool]:
+        """THE collective of a loop iteration, the same answer on every rank: (any busy, any stopping, all holding a
+        reload), one MAX over the DP group (of "not holding" for the third)."""
         if self.group_size <= 1:
-            return busy, stop
-        flags = self._torch.tensor([int(busy), int(stop)], dtype=self._torch.int64)
+            return busy, stop, reload
+        flags = self._torch.tensor([int(busy), int(stop), int(not reload)], dtype=self._torch.int64)
         with self._breaks_on_error():
             self._dist.all_reduce(flags, op=self._dist.ReduceOp.MAX, group=self._group)
-        return bool(flags[0]), bool(flags[1])
+        return bool(flags[0]), bool(flags[1]), not flags[2]
+
+    def reload(self, model_path: str) -> None:
+        """Collective: serve `model_path` from now on; raise if it did not load (`EngineLost` if neither did).
+
+        DeepInfer 0.1.0 has no in-place weight update: its one loader runs in the constructor, which also profiles
+        memory and captures the CUDA graphs against the weights' addresses. So every DP rank, at the same lockstep
+        iteration and with nothing running (the server drained or aborted first, rust/path/reload.rs), closes its
+        engine (workers, graphs and process groups torn down) and builds another. A checkpoint that fails to load
+        fails on every rank (the same files), so every rank builds the old one again. The loop, its status and any
+        wrapper keep this object: it takes over the new engine's state."""
+        cfg = self.cfg
+        if self.broken:
+            raise EngineLost("a DP peer is gone: the group cannot close and load together")
+        try:
+            self.close()  # flushes the step still in flight first (async scheduling)
+        except BaseException as e:
+            raise EngineLost(f"closing the engine to load {model_path} failed: {e!r}") from e
+        self.engine = None  # the only reference: its GPU memory (weights, KV cache, graphs) goes before the load
+        gc.collect()
+        if self._torch.cuda.is_available():
+            self._torch.cuda.empty_cache()
+        error = None
+        try:
+            fresh = self._build({**cfg, "model": model_path})
+        except Exception as e:
+            log.exception("loading %s failed; loading %s again", model_path, cfg["model"])
+            error = RuntimeError(f"{model_path} did not load ({type(e).__name__}: {e})")
+            gc.collect()  # the half-built engine's __del__ closes what it started (collective: all failed alike)
+            try:
+                fresh = self._build(cfg)
+            except BaseException as again:
+                raise EngineLost(f"neither {model_path} nor the one served before ({cfg['model']}) loads") from again
+        self.__dict__.update(fresh.__dict__)
+        if error is not None:
+            raise error
 
     # -- steps -------------------------------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -4,10 +4,12 @@ DeepInfer's DP ranks run the same number of `step()` calls: every step holds sch
 and an idle rank runs a placeholder batch. There is no central coordinator; each rank's loop does, per iteration:
 
 1. drain its request ring without blocking (submits, aborts, shutdown);
-2. ONE all-reduce MAX of (local busy, stop) over the DP group (`engine.sync`), so every rank takes the same branch;
+2. ONE all-reduce of (local busy, stop, reload pending) over the DP group (`engine.sync`), so every rank takes the
+   same branch;
 3. step if any rank is busy; else, once after going idle, flush the step still in flight (async scheduling returns
    decode tokens one step late); else, if any rank asked to stop, leave the loop (all ranks at the same iteration,
-   so the collective `engine.close()` that follows meets every peer);
+   so the collective `engine.close()` that follows meets every peer); else, once EVERY rank holds the server's
+   RELOAD record, reload together (the engine's collective close and build, engine/deepinfer.py `reload`);
 4. publish the outputs before the next step, and update the aux words (load, heartbeat, and the phase the
    server's watchdog names when a rank hangs).
 
@@ -28,7 +30,7 @@ from typing import Protocol, cast
 
 from deepinfer_server import _native
 from deepinfer_server.engine.base import Ability, Engine, Published
-from deepinfer_server.engine.loop import GroupSleep, Status, first_token_times, take_requests
+from deepinfer_server.engine.loop import GroupSleep, Status, first_token_times, reload, take_requests
 
 log = logging.getLogger("deepinfer_server.lockstep")
 
@@ -36,8 +38,8 @@ log = logging.getLogger("deepinfer_server.lockstep")
 class LockstepEngine(Engine, Protocol):
     group_size: int
 
-    def sync(self, busy: bool, stop: bool) -> tuple[bool, bool]:
-        """One collective: (any rank busy, any rank stopping)."""
+    def sync(self, busy: bool, stop: bool, reload: bool = False) -> tuple[bool, bool, bool]:
+        """One collective: (any rank busy, any rank stopping, every rank holding a reload)."""
 
     def flush(self) -> list[Published]:
         """Outputs of the step still in flight, when going idle."""
@@ -61,18 +63,20 @@ def serve_lockstep(
     first_times = first_token_times(engine, abilities)
     stopping = False  # this rank wants to stop (SHUTDOWN or the server closed the rings)
     flushed = True  # nothing in flight since the last flush
+    reload_to: list[str] = []  # the checkpoint of the server's RELOAD record, until every rank holds one
     while True:
         idle.round()
         published: list[Published] = []
         if not stopping:
             status.phase(_native.PHASE_ADD)
             try:
-                published, stopping = take_requests(engine, requests, outputs, abilities)
+                published, stopping = take_requests(engine, requests, outputs, abilities, reload_to)
             except _native.RingClosed:
                 stopping = True
 
         status.phase(_native.PHASE_SYNC)
-        busy, stop = engine.sync(engine.has_work(), stopping)  # the one collective of the iteration
+        # The one collective of the iteration.
+        busy, stop, reloading = engine.sync(engine.has_work(), stopping, bool(reload_to))
         if stop:
             return  # every rank returns here at this iteration; the engine's close() flushes the last step
         if busy:
@@ -83,6 +87,10 @@ def serve_lockstep(
             status.phase(_native.PHASE_FLUSH)
             published += engine.flush()
             flushed = True
+        elif reloading:  # idle, flushed, and every rank has the record: all reach the collective reload together
+            status.phase(_native.PHASE_RELOAD)
+            reload(engine, outputs, abilities, reload_to.pop())
+            reload_to.clear()
 
         if published and not stopping:
             status.phase(_native.PHASE_PUBLISH)

@@ -20,6 +20,7 @@ from deepinfer_server.engine.base import (
     Ability,
     Counting,
     Engine,
+    EngineLost,
     Published,
     Reloads,
     Submit,
@@ -126,6 +127,8 @@ def reload(engine: Engine, outputs: _native.Ring, abilities: frozenset[Ability],
             cast(Reloads, engine).reload(model_path)
             ok = True
             log.info("weights reloaded from %s", model_path)
+        except EngineLost:
+            raise  # neither checkpoint is loaded: the rank ends (engine/rank.py `die`)
         except Exception:
             log.exception("weight reload of %s failed; still serving the previous checkpoint", model_path)
     done = (outputs.aux(_native.AUX_RELOADS) >> 32) + 1
@@ -134,10 +137,14 @@ def reload(engine: Engine, outputs: _native.Ring, abilities: frozenset[Ability],
 
 
 def take_requests(
-    engine: Engine, requests: _native.Ring, outputs: _native.Ring, abilities: frozenset[Ability]
+    engine: Engine,
+    requests: _native.Ring,
+    outputs: _native.Ring,
+    abilities: frozenset[Ability],
+    reloads: list[str] | None = None,
 ) -> tuple[list[Published], bool]:
-    """Feed everything waiting in the request ring to the engine (a RELOAD loads a checkpoint, `reload`):
-    (immediate outputs, shutdown asked)."""
+    """Feed everything waiting in the request ring to the engine (a RELOAD loads a checkpoint, `reload`, or is
+    put in `reloads` for a loop whose ranks reload together): (immediate outputs, shutdown asked)."""
     published: list[Published] = []
     aborts: list[int] = []
     stop = False
@@ -168,7 +175,10 @@ def take_requests(
             if aborts:  # the aborts sent before it end their requests first: the rank reloads empty
                 engine.abort(aborts)
                 aborts = []
-            reload(engine, outputs, abilities, msg.model_path)
+            if reloads is not None:
+                reloads.append(msg.model_path)
+            else:
+                reload(engine, outputs, abilities, msg.model_path)
         else:  # Shutdown
             stop = True
     if aborts:

@@ -97,10 +97,10 @@ SIM = EngineEntry(
 )
 DEEPINFER = EngineEntry(
     "deepinfer",
-    build="deepinfer_server.engine.deepinfer:build",
+    build="deepinfer_server.engine.deepinfer_build:build",
     launch=deepinfer_config.launch,
     checks=(sim_config.refuse_faults, deepinfer_config.check),
-    abilities=frozenset({Ability.FIRST_TOKEN_TIMES, Ability.COUNTERS, Ability.COLLECTIVES}),
+    abilities=frozenset({Ability.FIRST_TOKEN_TIMES, Ability.COUNTERS, Ability.COLLECTIVES, Ability.RELOAD}),
 )
 # DeepInfer in all but where its ranks import deepinfer and torch from.
 FAKE_DEEPINFER = dataclasses.replace(

@@ -43,4 +43,18 @@ def full(shape: tuple[int, ...], value: Any, dtype: Any = None, device: Any = No
     return Tensor([int(value) if dtype in (int64, int32) else value] * shape[0], dtype)
 
 
+class _Cuda:
+    """No GPU here: what a weight reload calls between two engines."""
+
+    empty_caches = 0
+
+    def is_available(self) -> bool:
+        return True  # the engine runs "on GPUs": the adapter's cache release is exercised
+
+    def empty_cache(self) -> None:
+        self.empty_caches += 1
+
+
+cuda = _Cuda()
+
 from torch import distributed  # noqa: E402, F401

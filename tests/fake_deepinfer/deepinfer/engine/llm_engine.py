@@ -257,6 +257,12 @@ class LLMEngine:
             )
         PG.create_process_groups(pc.context_parallel_size)
         dist.barrier()  # model init and warm-up are collective
+        # The checkpoint's weights, as far as the fake has any (config.json): `fake_weights_seed` changes what every
+        # prompt generates, so a weight reload shows; `fake_load_fails` fails the constructor at its end, after the
+        # collective init (the half-built engine's __del__ then runs the collective close, as the real one's does).
+        config = Path(model_config.model) / "config.json"
+        ckpt = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
+        self.weights_seed = int(ckpt.get("fake_weights_seed", 0))
         self.cache_config.num_gpu_blocks = max(1, self.kv_tokens // cache_config.block_size)
         self.scheduler = Scheduler(self)
         # A V4.1 checkpoint has a vision config; its image token comes from config.json (here: the environment,
@@ -286,8 +292,10 @@ class LLMEngine:
             f"{scheduler_config.prefill_any_attempt_interval} "
             f"multimodal_pool={int(envs.DEEPINFER_USE_MULTIMODAL_POOL)} max_model_len={scheduler_config.max_model_len} "
             f"max_num_seqs={scheduler_config.max_num_seqs} trust_remote_code={model_config.trust_remote_code} "
-            f"log_stats={int(log_stats)}"
+            f"log_stats={int(log_stats)} weights={model_config.model} weights_seed={self.weights_seed}"
         )
+        if ckpt.get("fake_load_fails"):
+            raise RuntimeError(f"fake deepinfer: {model_config.model}: the checkpoint's weights do not load")
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
@@ -365,7 +373,7 @@ class LLMEngine:
             grammar_failed = grammar_failed or self.grammar_fails
             _say(f"so_args {request_id} {json.dumps(so_args, sort_keys=True)}")
         prompt = a.tolist()
-        rng = random.Random(zlib.crc32(a.tobytes()) * 1_000_003 + sampling_params.seq_seed)
+        rng = random.Random((zlib.crc32(a.tobytes()) ^ self.weights_seed) * 1_000_003 + sampling_params.seq_seed)
         plan = [] if not self.corpus else self._text(rng, rng.randint(8, 60))
         plan.append(self.eos_id)
         seq = Sequence(request_id, prompt, sampling_params, plan, rng.randrange(1 << 30))
