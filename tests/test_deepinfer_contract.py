@@ -453,3 +453,30 @@ def test_images_are_what_the_engine_reads(real: Reader, which: str) -> None:
     assert got == {"image_bytes": [b"a", b"bc"], "image_sizes": [(3, 4), (5, 6)]} and set(got) == keys
     assert ids.tolist() == [1, 7, 2, 7]  # the placeholders moved to the engine's image token
     assert engine._images(ids, Submit(2, [1], 4, 1.0, 1.0, -1, None, False)) is None
+
+
+@pytest.mark.parametrize("which", ["real", "fake"])
+def test_a_reload_can_close_the_engine_and_build_another(real: Reader, which: str) -> None:
+    """What `DeepInferEngine.reload` relies on: the weights load only in the constructor (no in-place update to
+    call instead); `close()` stops the workers, whose `stop` destroys the CUDA graphs and the process group, so a
+    second constructor can initialise distributed again (it does so only when it is not initialised); and
+    `__del__` of the engine dropped after `close()` does not close it twice."""
+    read = real if which == "real" else fake_reader
+    engine = read("deepinfer/engine/llm_engine.py")
+    assert engine is not None
+    _, tree = _module(read, "deepinfer.engine.llm_engine")
+    methods = _methods(_class(tree, "LLMEngine"))
+    close, delete = ast.unparse(methods["close"]), ast.unparse(methods["__del__"])
+    assert "if self.closed:\n        return" in close and "self.closed = True" in close
+    assert "self.close()" in delete
+    assert not any("weight" in name and "load" in name for name in methods), sorted(methods)
+    if which == "real":
+        init, base = ast.unparse(methods["__init__"]), read("deepinfer/worker/base.py")
+        assert "self._run_workers('load_model'" in init and "self._init_cache()" in init
+        assert "self._run_workers('stop')" in close
+        assert base is not None
+        stop = ast.unparse(_methods(_class(parse(base), "WorkerBase"))["stop"])
+        assert "destroy_cuda_graphs()" in stop and "dist.destroy_process_group()" in stop
+        assert "    if not dist.is_initialized():\n        rank = engine_rank * cp_size + cp_rank" in base
+    else:  # the fake tears down and initialises again the same way
+        assert "dist.destroy_process_group()" in close and "if not dist.is_initialized():" in engine
