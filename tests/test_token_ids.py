@@ -167,6 +167,30 @@ def test_completions_ids_json_and_stream(server: Server, http: httpx.Client) -> 
     assert "".join(c["choices"][0]["text"] for c in got) == choice.text
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_logprobs_cover_every_id_the_eos_included(http: httpx.Client, stream: bool) -> None:
+    """An output that ends with the engine's EOS: one logprob entry per ID in `token_ids`, the EOS's last and
+    without text (vLLM's), as a rollout reads them; the text is the same as without the IDs."""
+    body: dict[str, Any] = {"prompt": "The cafe", "max_tokens": 2000, "seed": 3, "logprobs": 1, **IDS}
+    if stream:
+        got = [c["choices"][0] for c in chunks(http, "/v1/completions", **body) if c["choices"]]
+        ids = [t for c in got for t in c.get("token_ids") or []]
+        tokens = [t for c in got if c.get("logprobs") for t in c["logprobs"]["tokens"]]
+        text, finish = "".join(c["text"] for c in got), got[-1]["finish_reason"]
+    else:
+        choice = post(http, "/v1/completions", **body)["choices"][0]
+        ids, tokens, text, finish = (
+            choice["token_ids"],
+            choice["logprobs"]["tokens"],
+            choice["text"],
+            choice["finish_reason"],
+        )
+    assert finish == "stop" and eos_spelling(http, ids, finish) != "", ids[-3:]
+    assert len(tokens) == len(ids) and tokens[-1] == ""
+    without = post(http, "/v1/completions", **{**body, "return_token_ids": False})["choices"][0]
+    assert text == without["text"] and len(without["logprobs"]["tokens"]) == len(ids) - 1
+
+
 def _stop_within(http: httpx.Client, path: str, text: str, ids: list[int]) -> tuple[str, int]:
     """A stop string that begins inside the output (not at its start), and the index of the token completing it."""
     for k in range(len(ids) // 2, len(ids)):

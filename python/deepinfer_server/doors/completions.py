@@ -244,9 +244,10 @@ class CompletionDecoder:
             logprobs = [logprobs[i] for i in keep] if logprobs is not None else None
         elif finish == _native.FINISH_STOP and tokens and tokens[-1] == self.eos_id:
             tokens = tokens[:-1]  # the engine's EOS is never text
-            if logprobs is not None and self.scored and self.logprobs is not None:
-                # Scoring (`echo` with `logprobs`): the EOS keeps its entry, with no text, as vLLM's does. lm-eval
-                # drops the last entry as the generated token's: without it, a prompt's last token would go.
+            if logprobs is not None and (self.scored or self.token_ids is not None) and self.logprobs is not None:
+                # The EOS keeps its entry, with no text, as vLLM's does: when scoring (`echo` with `logprobs`),
+                # lm-eval drops the last entry as the generated token's (without it, a prompt's last token would
+                # go); with `return_token_ids`, a rollout reads one logprob per ID in `token_ids`.
                 self.logprobs.add(tokens, logprobs[:-1])
                 self.logprobs.add([self.eos_id], logprobs[-1:], silent=True)
                 logprobs = None
