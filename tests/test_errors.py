@@ -37,7 +37,8 @@ UNKNOWN_TOOL = {"type": "function", "function": {"name": "not_a_tool"}}
         ({"model": "nope", "messages": MSG}, 404, "model"),
         ({"model": MODEL}, 400, "messages"),
         ({"model": MODEL, "messages": []}, 400, "messages"),
-        ({"model": MODEL, "messages": MSG, "n": 2}, 400, "n"),
+        ({"model": MODEL, "messages": MSG, "n": 0}, 400, "n"),
+        ({"model": MODEL, "messages": MSG, "n": 129}, 400, "n"),
         ({"model": MODEL, "messages": MSG, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
         ({"model": MODEL, "messages": MSG, "response_format": {"type": "json_object"}}, 400, "response_format"),
         ({"model": MODEL, "messages": MSG, "tool_choice": "required"}, 400, "tool_choice"),
@@ -162,7 +163,7 @@ def test_sdk_raises_typed_errors(server: Server) -> None:
     with pytest.raises(openai.NotFoundError):
         server.client().chat.completions.create(model="nope", messages=MSG)
     with pytest.raises(openai.BadRequestError):
-        server.client().chat.completions.create(model=MODEL, messages=MSG, n=3)
+        server.client().chat.completions.create(model=MODEL, messages=MSG, n=0)
 
 
 def test_unknown_route_and_method(http: httpx.Client) -> None:

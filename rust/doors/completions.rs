@@ -3,7 +3,7 @@
 //! request's shape. No images, no tools, no thinking switch.
 
 use super::fields::{self, integer, model_of, opt_bool, opt_u64};
-use super::{Body, GenerateRequest, PinThinking, Served, Spec, sse};
+use super::{Body, GenerateRequest, PinThinking, Served, Spec, Split, sse};
 use crate::error::ApiError;
 use crate::media::ImageRef;
 use bytes::BytesMut;
@@ -20,6 +20,11 @@ impl Spec for Completions {
     const KEEP_ALIVE: &'static [u8] = sse::KEEP_ALIVE;
     /// A raw prompt has no thinking switch.
     const PIN_THINKING: Option<PinThinking> = None;
+    const FANS_OUT: bool = true;
+
+    fn split(body: Value, request_id: &str, raw_len: usize, bounds: (usize, usize)) -> Result<Split, ApiError> {
+        super::choices::split(body, request_id, raw_len, bounds)
+    }
 
     fn parse(body: Body, served: Served<'_>) -> Result<GenerateRequest, ApiError> {
         parse(body, served)
@@ -68,11 +73,12 @@ fn parse(body: Body, served: Served<'_>) -> Result<GenerateRequest, ApiError> {
     if !matches!(obj.get("suffix"), None | Some(Value::Null | Value::String(_))) {
         return Err(ApiError::bad_param("suffix", "'suffix' must be a string."));
     }
-    // One completion per request; best_of 0 (which the schema allows) asks for no more than that.
+    // One completion per request: n > 1 is split into n requests before this (`super::choices`), except where
+    // nothing splits it (a batch line); best_of 0 (which the schema allows) asks for no more than one.
     for (key, least) in [("n", 1), ("best_of", 0)] {
         if obj.get(key).filter(|n| !n.is_null()).is_some_and(|n| !integer(n).is_some_and(|n| (least..=1).contains(&n)))
         {
-            return Err(ApiError::bad_param(key, format!("Only {key} = 1 is supported.")));
+            return Err(ApiError::bad_param(key, format!("Only {key} = 1 is supported here.")));
         }
     }
     if let Some(n) = fields::top_logprobs(obj, "logprobs")? {

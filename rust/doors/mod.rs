@@ -9,6 +9,7 @@
 //! `match`: static calls, nothing allocated. Shared field checks live in `fields`, tool choices in `tools`.
 
 mod chat;
+mod choices;
 mod completions;
 pub mod fields;
 mod generate;
@@ -27,7 +28,7 @@ use std::collections::HashMap;
 #[cfg(test)]
 use std::sync::LazyLock;
 
-pub use generate::{Split, split as split_generate};
+pub use generate::Split;
 pub use request::{Body, GenerateRequest, Keeping};
 pub use tools::ForcedTool;
 
@@ -89,6 +90,14 @@ pub trait Spec {
     /// A body may ask for several sequences, each its own request on the path (`/generate`'s batches and `n`):
     /// its route splits the body first (`http::fanout`), then parses each sequence's body.
     const FANS_OUT: bool = false;
+
+    /// A fanning door's sequences (`FANS_OUT`), each body a single request of the door; `raw_len`: the body's
+    /// size, `bounds`: the fan-out's limits (sequences, bytes). A door that does not fan out has one.
+    fn split(body: Value, request_id: &str, raw_len: usize, bounds: (usize, usize)) -> Result<Split, ApiError> {
+        let _ = (raw_len, bounds);
+        let stream = body.get("stream") == Some(&Value::Bool(true));
+        Ok(Split { bodies: vec![body], rids: vec![request_id.to_string()], single: true, stream, choices: false })
+    }
 
     /// The request checks done in Rust: JSON shape, model, what the front end needs, what the server cannot do.
     /// The thinking mode a served name pins is set here too (`Served::pin`), so a body is parsed once.
@@ -184,6 +193,17 @@ impl Door {
 
     pub fn id_prefix(self) -> &'static str {
         spec!(self, D => D::ID_PREFIX)
+    }
+
+    /// The sequences a fanning door's body asks for (`Spec::split`).
+    pub fn split(
+        self,
+        body: Value,
+        request_id: &str,
+        raw_len: usize,
+        bounds: (usize, usize),
+    ) -> Result<Split, ApiError> {
+        spec!(self, D => D::split(body, request_id, raw_len, bounds))
     }
 
     /// A request from its body's bytes.

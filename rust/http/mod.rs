@@ -3,6 +3,7 @@
 mod auth;
 mod batches;
 mod body;
+mod choices;
 mod control;
 mod conversations;
 mod cors;

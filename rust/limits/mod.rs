@@ -51,11 +51,11 @@ limits! {
         /// 'priority' (lower first). A full queue answers 429 with Retry-After. 0 (the default) answers 429 at
         /// once, with no queue.
         max_queued_requests: usize = 0, "--max-queued-requests", Count, limits;
-        /// Sequences one /generate request may ask for (its prompts x sampling_params.n), each run as a request of
-        /// its own (its own slot, through the wait queue); more is a 400 naming sampling_params.n.
+        /// Sequences one request may ask for (/generate: its prompts x sampling_params.n; Chat and Completions:
+        /// n), each run as a request of its own (its own slot, through the wait queue); more is a 400 naming n.
         max_generate_fanout: usize = 4096, "--max-generate-fanout", Count, limits;
-        /// Bytes the sequences of one /generate request may hold together, each prompt and its sampling parameters
-        /// counted once per sample (what the server copies for them); more is a 400 naming the prompt field.
+        /// Bytes the sequences of one request may hold together, each prompt and its sampling parameters counted
+        /// once per sample (what the server copies for them); more is a 400 naming the prompt field (or n).
         max_generate_fanout_bytes: usize = 64 << 20, "--max-generate-fanout-bytes", Bytes, limits;
         /// Longest a queued request waits for a slot before a 429 with Retry-After; 0 leaves only --request-timeout
         /// to bound the wait.
@@ -136,6 +136,9 @@ limits! {
         /// A JSON body this small is checked against the JSON bounds on the runtime thread; larger, on a blocking
         /// one (16 MiB takes some milliseconds).
         MAX_INLINE_CHECK_BYTES: usize = 256 << 10, Bytes;
+        /// Most choices (`n`) one Chat Completions or Completions request may ask for, OpenAI's bound; each is
+        /// sampled as a request of its own, within --max-generate-fanout and --max-generate-fanout-bytes.
+        MAX_CHOICES: usize = 128, Count;
         /// Most parts an upload's form may have: nothing but the file is large.
         MAX_FORM_PARTS: usize = 8, Count;
         /// Longest `rid` of `/abort_request` and weight version of `/update_weight_version`; longer is a 400 (a

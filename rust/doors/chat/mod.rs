@@ -8,7 +8,7 @@ mod checks;
 use super::fields::{self, integer, items, kind, model_of, opt_bool, opt_u64};
 use super::request::images_of;
 use super::tools::{self, ForcedTool, Tools, tool_choice};
-use super::{Body, GenerateRequest, PinThinking, Served, Spec, sse};
+use super::{Body, GenerateRequest, PinThinking, Served, Spec, Split, sse};
 use crate::error::ApiError;
 use crate::media::ImageRef;
 use bytes::BytesMut;
@@ -24,6 +24,11 @@ impl Spec for Chat {
     const DONE: &'static [u8] = sse::DONE;
     const KEEP_ALIVE: &'static [u8] = sse::KEEP_ALIVE;
     const PIN_THINKING: Option<PinThinking> = Some(pin_thinking);
+    const FANS_OUT: bool = true;
+
+    fn split(body: Value, request_id: &str, raw_len: usize, bounds: (usize, usize)) -> Result<Split, ApiError> {
+        super::choices::split(body, request_id, raw_len, bounds)
+    }
 
     fn parse(body: Body, served: Served<'_>) -> Result<GenerateRequest, ApiError> {
         parse(body, served)
@@ -155,7 +160,9 @@ fn parse(body: Body, served: Served<'_>) -> Result<GenerateRequest, ApiError> {
         Some(n) if integer(n) == Some(1) => {
             obj.insert("n".into(), Value::from(1));
         }
-        Some(_) => return Err(ApiError::bad_param("n", "Only n = 1 is supported.")),
+        // n > 1 is split into n requests before this (`super::choices`), except where nothing splits it (a batch
+        // line).
+        Some(_) => return Err(ApiError::bad_param("n", "Only n = 1 is supported here (n > 1: send a request).")),
     }
     let logprobs = opt_bool(obj, "logprobs", "logprobs")?;
     fields::token_id_switches(obj)?;

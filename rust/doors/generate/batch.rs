@@ -20,6 +20,9 @@ pub struct Split {
     /// One prompt without a list and n = 1: the answer is one object, not a list.
     pub single: bool,
     pub stream: bool,
+    /// The sequences are the choices of one OpenAI response (`n`, `super::choices`): their answers make one
+    /// response, choice i from sequence i; else `/generate`'s list.
+    pub choices: bool,
 }
 
 /// Split a `/generate` body. `request_id`: the HTTP request's id, the rid of a body that names none;
@@ -69,7 +72,7 @@ pub fn split(body: Value, request_id: &str, bounds: (usize, usize)) -> Result<Sp
             seq_rids.push(rid);
         }
     }
-    Ok(Split { bodies, rids: seq_rids, single, stream })
+    Ok(Split { bodies, rids: seq_rids, single, stream, choices: false })
 }
 
 /// The prompts, as `text` or `input_ids` (one of them), and whether the body gave a list of them.

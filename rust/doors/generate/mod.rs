@@ -15,7 +15,7 @@ use crate::media::ImageRef;
 use bytes::BytesMut;
 use serde_json::{Value, json};
 
-pub use batch::{Split, split};
+pub use batch::Split;
 
 pub struct Generate;
 
@@ -30,6 +30,10 @@ impl Spec for Generate {
     /// A raw prompt has no thinking switch.
     const PIN_THINKING: Option<PinThinking> = None;
     const FANS_OUT: bool = true;
+
+    fn split(body: Value, request_id: &str, _raw_len: usize, bounds: (usize, usize)) -> Result<Split, ApiError> {
+        batch::split(body, request_id, bounds)
+    }
 
     fn parse(body: Body, served: Served<'_>) -> Result<GenerateRequest, ApiError> {
         let mut v = body.json;
