@@ -15,6 +15,7 @@ use crate::ring::py::{PyDoorbell, PyRing};
 use crate::supervisor::{Supervisor, fail_in_flight};
 use crate::trace::Traces;
 use crate::watchdog;
+use crate::workers::background::Background;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use std::sync::Arc;
@@ -86,6 +87,7 @@ pub fn serve(
             .enable_all()
             .build()?;
         let store = rt.block_on(open_store(&config, rt.handle()))?;
+        let background = store.clone().map(|store| background_worker(store, &config));
         let state = Arc::new(AppState {
             media,
             admission,
@@ -99,7 +101,7 @@ pub fn serve(
             weights: crate::path::weights::Weights::new(config.engine.model_dir.as_ref().map(Into::into)),
             config,
         });
-        let code = rt.block_on(run(state, pids, tls));
+        let code = rt.block_on(run(state, background, pids, tls));
         rt.shutdown_timeout(Duration::from_secs(1));
         if let Some(traces) = traces {
             traces.shutdown(); // the last requests' spans
@@ -143,16 +145,19 @@ async fn open_store(
         chain_max: config.limits.max_state_store_chain_bytes,
     };
     let retention = crate::store::retention::Retention::new(ttl, bounds);
-    let runs = crate::workers::background::Limits {
+    let store = crate::store::Store::new(db, files, retention, config.limits.claim_lease_s.max(3), runtime.clone());
+    store.keep_within_bounds();
+    Ok(Some(store))
+}
+
+/// The background worker's context on `store`: its registry of runs, bounded as configured.
+fn background_worker(store: Arc<crate::store::Store>, config: &ServerConfig) -> Arc<Background> {
+    let limits = crate::workers::background::Limits {
         max_runs: config.limits.max_background_runs.max(1),
         per_owner: config.limits.max_background_runs_per_owner.max(1),
         replay_bytes: config.limits.max_background_replay_bytes,
     };
-    let runs = Arc::new(crate::workers::background::Runs::new(runs));
-    let store =
-        crate::store::Store::new(db, files, retention, runs, config.limits.claim_lease_s.max(3), runtime.clone());
-    store.keep_within_bounds();
-    Ok(Some(store))
+    Arc::new(Background { store, runs: crate::workers::background::Runs::new(limits) })
 }
 
 /// One owner's share of a cap: as set, else the cap split evenly between the owners (all of it for one).
@@ -160,7 +165,12 @@ fn share(set: u64, cap: Option<u64>, owners: u64) -> Option<u64> {
     if set > 0 { Some(set) } else { cap.map(|c| c / owners.max(1)) }
 }
 
-async fn run(state: Arc<AppState>, pids: Vec<i32>, tls: Option<Arc<Tls>>) -> std::io::Result<i32> {
+async fn run(
+    state: Arc<AppState>,
+    background: Option<Arc<Background>>,
+    pids: Vec<i32>,
+    tls: Option<Arc<Tls>>,
+) -> std::io::Result<i32> {
     // Handlers first: a SIGTERM right after the port opens must drain, not kill.
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -181,7 +191,9 @@ async fn run(state: Arc<AppState>, pids: Vec<i32>, tls: Option<Arc<Tls>>) -> std
     // background responses a dead replica left (`workers::background`).
     if let Some(store) = &state.store {
         crate::workers::batches::start(state.clone(), store.clone());
-        crate::workers::background::keep_claims(state.clone(), store.clone());
+    }
+    if let Some(background) = &background {
+        crate::workers::background::keep_claims(state.clone(), background.clone());
     }
     let (failed_tx, mut failed_rx) = mpsc::unbounded_channel();
     if let Some(timeout) = state.config.watchdog_timeout() {
@@ -237,8 +249,8 @@ async fn run(state: Arc<AppState>, pids: Vec<i32>, tls: Option<Arc<Tls>>) -> std
         stop_signal.notify_one();
     };
     let app = match &state.config.edge.root_path {
-        Some(prefix) => root_path::mount(http::app(state.clone()), prefix),
-        None => http::app(state.clone()),
+        Some(prefix) => root_path::mount(http::app(state.clone(), background), prefix),
+        None => http::app(state.clone(), background),
     };
     let max_connections = state.config.limits.max_connections;
     let deadlines = crate::edge::listener::Deadlines {

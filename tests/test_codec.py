@@ -401,13 +401,13 @@ def test_a_messages_output_format_is_enforced_as_written(field: str) -> None:
     body = with_format(field, fmt)
     got = codec.prepare(PrepareInput(door=MESSAGES, body=body, response_id="msg_1", model=MODEL))
     assert isinstance(got, Prepared) and got.constraint is not None
-    schema_type, schema, _triggers, _bound = got.constraint
+    schema_type, schema = got.constraint.schema_type, got.constraint.schema
     assert SCHEMA_NAMES[schema_type] == "json" and schema == json.dumps(ANTHROPIC_SCHEMA, separators=(",", ":"))
     # With both, `output_config.format` is the one (the beta field is its old spelling).
     other = {"type": "json_schema", "schema": {"type": "object", "properties": {}, "additionalProperties": False}}
     both = messages_body(output_config={"format": fmt}, output_format=other)
     got = codec.prepare(PrepareInput(door=MESSAGES, body=both, response_id="msg_2", model=MODEL))
-    assert isinstance(got, Prepared) and got.constraint is not None and got.constraint[1] == schema
+    assert isinstance(got, Prepared) and got.constraint is not None and got.constraint.schema == schema
 
 
 @pytest.mark.parametrize(

@@ -369,6 +369,7 @@ def test_the_output_pool_bound_follows_the_real_source(real: Reader) -> None:
 def test_so_args_are_what_the_real_engine_reads(real: Reader) -> None:
     """The constraint the adapter passes (engine/base.py `so_args`) uses only keys the 0.1.0 builder reads and
     schema types its compiler dispatches; the trigger/bound rules are the matcher's."""
+    from deepinfer_server._native import SubmitConstraint as C
     from deepinfer_server.engine.base import SCHEMA_TYPES, so_args
     from deepinfer_server.grammar import SCHEMA_NAMES
 
@@ -381,7 +382,7 @@ def test_so_args_are_what_the_real_engine_reads(real: Reader) -> None:
     compiled = set(re.findall(r"schema_type == \"(\w+)\"", compiler))
     assert set(SCHEMA_TYPES.values()) == compiled == set(SCHEMA_NAMES.values()) == {"json", "regex", "ebnf"}
     assert "compile_json_schema(schema, strict_mode=True)" in compiler  # grammar.strict_schema mirrors this
-    full = so_args((1, '{"type":"object"}', [7, 8], 9))
+    full = so_args(C(schema_type=1, schema='{"type":"object"}', triggers=[7, 8], bound=9))
     assert full == {
         "schema_type": "json",
         "schema": '{"type":"object"}',
@@ -389,7 +390,10 @@ def test_so_args_are_what_the_real_engine_reads(real: Reader) -> None:
         "bound_token_id": 9,
     }
     assert set(full) <= read
-    assert so_args((3, 'root ::= "a"', [], None)) == {"schema_type": "ebnf", "schema": 'root ::= "a"'}
+    assert so_args(C(schema_type=3, schema='root ::= "a"', triggers=[], bound=None)) == {
+        "schema_type": "ebnf",
+        "schema": 'root ::= "a"',
+    }
     # A bound needs a non-empty trigger list; an empty list is the builder's default (no trigger).
     assert "bound_token_id requires non-empty trigger_token_ids" in matcher
     assert 'trigger_tokens = so_args.get("trigger_token_ids")' in builder and "trigger_tokens = []" in builder

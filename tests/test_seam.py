@@ -72,13 +72,14 @@ def test_a_record_built_wrong_fails_where_it_is_built() -> None:
     good = dict(
         prompt_ids=[1, 2], max_tokens=4, temperature=1.0, top_p=1.0, decoder=None, first_chunks=[], incremental=False
     )
-    p = _native.Prepared(**good, constraint=(_native.SCHEMA_JSON, "{}", [5], None), images=("/x", 3, [(1, 2, 3)]))
-    assert (p.prompt_ids, p.max_tokens, p.constraint, p.images) == (
-        [1, 2],
-        4,
-        (1, "{}", [5], None),
-        ("/x", 3, [[1, 2, 3]]),
-    )
+    grammar = _native.SubmitConstraint(schema_type=_native.SCHEMA_JSON, schema="{}", triggers=[5], bound=None)
+    pics = _native.SubmitImages(path="/x", extra_tokens=3, sizes=[(1, 2, 3)])
+    p = _native.Prepared(**good, constraint=grammar, images=pics)
+    assert (p.prompt_ids, p.max_tokens) == ([1, 2], 4)
+    with pytest.raises(TypeError, match="constraint"):
+        _native.Prepared(**good, constraint=(_native.SCHEMA_JSON, "{}", [5], None))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="images"):
+        _native.Prepared(**good, images=("/x", 3, [(1, 2, 3)]))  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         _native.Prepared(**{**good, "prompt_ids": ["a"]})
     with pytest.raises(OverflowError):
@@ -180,6 +181,30 @@ def test_prepare_reads_its_request_by_name_on_every_door(codec: Codec) -> None:
     assert req.images == {"https://x/a.png": b"\x89PNG"}
     check = _native.ConstraintInput(door=_native.DOOR_CHAT, body=b"{}", forced_tool="")
     assert (check.door, check.body, check.forced_tool, check.parallel_tools) == (_native.DOOR_CHAT, b"{}", "", True)
+
+
+def test_a_prepared_grammar_and_images_cross_as_named_records(codec: Codec) -> None:
+    # The codec's answer carries a grammar and images as the records a rank's Submit carries them in, read back by
+    # name; none, either or both.
+    good = dict(
+        prompt_ids=[1], max_tokens=1, temperature=1.0, top_p=1.0, decoder=None, first_chunks=[], incremental=True
+    )
+    tool = _native.SubmitConstraint(schema_type=_native.SCHEMA_EBNF, schema="root ::= x", triggers=[5, 6], bound=7)
+    pics = _native.SubmitImages(path="/dev/shm/x-media/chatcmpl-1", extra_tokens=650, sizes=[(1036, 1036, 2006)])
+    for constraint, images in [(None, None), (tool, None), (None, pics), (tool, pics)]:
+        p = _native.Prepared(**good, constraint=constraint, images=images)
+        c, im = p.constraint, p.images
+        assert (c is None, im is None) == (constraint is None, images is None)
+        if c is not None:
+            assert isinstance(c, _native.SubmitConstraint)
+            assert (c.schema_type, c.schema, c.triggers, c.bound) == (_native.SCHEMA_EBNF, "root ::= x", [5, 6], 7)
+        if im is not None:
+            assert isinstance(im, _native.SubmitImages)
+            assert (im.path, im.extra_tokens, im.sizes) == (pics.path, 650, [[1036, 1036, 2006]])
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    got = prepare(codec, _native.DOOR_CHAT, response_format=fmt).constraint
+    assert isinstance(got, _native.SubmitConstraint) and got.schema_type == _native.SCHEMA_JSON and got.bound is None
+    assert prepare(codec, _native.DOOR_CHAT).constraint is None and prepare(codec, _native.DOOR_CHAT).images is None
 
 
 def test_a_decode_batch_of_every_shape_goes_through_the_real_codec(codec: Codec) -> None:

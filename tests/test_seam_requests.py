@@ -80,14 +80,17 @@ def test_every_shape_of_a_submit_goes_through_a_real_ring(tmp_path: Path) -> Non
         assert all(getattr(g, f) == getattr(s, f) for f in fields), (s, g)
         assert (g.temperature, g.top_p) == (pytest.approx(s.temperature), pytest.approx(s.top_p))
     assert got[1].prompt == [5, 6] and (got[1].temperature, got[1].top_p) == (0.5, 0.5)
-    assert [g.constraint for g in got] == [
+    named = [None if (c := g.constraint) is None else (c.schema_type, c.schema, c.triggers, c.bound) for g in got]
+    assert named == [
         None,
         None,
         None,
         (_native.SCHEMA_JSON, '{"type": "object"}', [], None),
         (_native.SCHEMA_EBNF, "root ::= x", [5, 6], 7),
     ]
-    assert got[4].images == (pics.path, 650, [[1036, 1036, 2006], [8, 9, 10]]) and got[3].images is None
+    im = got[4].images
+    assert im is not None and (im.path, im.extra_tokens, im.sizes) == (pics.path, 650, [[1036, 1036, 2006], [8, 9, 10]])
+    assert got[3].images is None and isinstance(got[3].constraint, SubmitConstraint)
     prod.close()
 
 

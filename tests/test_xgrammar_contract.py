@@ -206,7 +206,7 @@ def grammar_of(codec: Codec, door: int, body: dict[str, Any], forced: str | None
     )
     assert isinstance(got, Prepared), got
     assert got.constraint is not None, "the request carries no grammar"
-    schema_type, schema, _triggers, _bound = got.constraint
+    schema_type, schema = got.constraint.schema_type, got.constraint.schema
     return NAMES[schema_type], schema
 
 

@@ -64,10 +64,6 @@ class RingError(Exception): ...
 
 # One token's logprob and its alternatives (token id, logprob), best first.
 TokenLogprob = tuple[float, Sequence[tuple[int, float]]]
-# (schema_type, schema, trigger token ids, bound token id)
-ConstraintTuple = tuple[int, str, Sequence[int], int | None]
-# (file holding the encoded images back to back, prompt tokens beyond the placeholders, [(width, height, bytes)])
-ImagesTuple = tuple[str, int, Sequence[Sequence[int]]]
 
 # What Rust asks the codec (rust/codec/seam.rs).
 @final
@@ -193,8 +189,8 @@ class Prepared:
         incremental: bool,
         logprobs: int | None = None,
         prompt_logprobs: bool = False,
-        constraint: ConstraintTuple | None = None,
-        images: ImagesTuple | None = None,
+        constraint: SubmitConstraint | None = None,
+        images: SubmitImages | None = None,
     ) -> Prepared: ...
     @property
     def prompt_ids(self) -> list[int]: ...
@@ -215,9 +211,9 @@ class Prepared:
     @property
     def prompt_logprobs(self) -> bool: ...
     @property
-    def constraint(self) -> tuple[int, str, list[int], int | None] | None: ...
+    def constraint(self) -> SubmitConstraint | None: ...
     @property
-    def images(self) -> tuple[str, int, list[list[int]]] | None: ...
+    def images(self) -> SubmitImages | None: ...
 
 @final
 class Refusal:
@@ -255,11 +251,12 @@ class Submit:
     @property
     def prompt_logprobs(self) -> bool: ...
     @property
-    def constraint(self) -> tuple[int, str, list[int], int | None] | None: ...
+    def constraint(self) -> SubmitConstraint | None: ...
     @property
-    def images(self) -> tuple[str, int, list[list[int]]] | None: ...
+    def images(self) -> SubmitImages | None: ...
 
-# What Python pushes onto a request ring (rust/ring/py/submit_input.rs).
+# What Python pushes onto a request ring (rust/ring/py/submit_input.rs). The grammar and image records are also
+# what the codec's `Prepared` carries and what a rank reads back from a `Submit`.
 @final
 class SubmitConstraint:
     """A request's grammar as a rank enforces it."""

@@ -13,11 +13,12 @@
 use super::decode::{DecodeState, PyDecodeBatch};
 use crate::doors::Door;
 use crate::error::ApiError;
+use crate::ring::py::{SubmitConstraint, SubmitImages};
 use crate::ring::records::{Constraint, ImageSet};
 use axum::http::StatusCode;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList};
 
 /// What Rust asks `Codec.prepare`: the request's door (`DOOR_*`) and body, and what the front end decided about
 /// it. `forced_tool`: a tool choice that forces a call ("" any tool, else its name; Rust checked it names one of
@@ -153,13 +154,9 @@ pub struct PyPrepared {
     pub(super) images: Option<ImageSet>,
 }
 
-type ConstraintArg = (u32, String, Vec<u32>, Option<u32>);
-type ImagesArg = (String, u32, Vec<[u32; 3]>);
-
 #[pymethods]
 impl PyPrepared {
-    /// `constraint`: (schema type, schema, trigger token ids, bound token id); `images`: (the file the rank reads
-    /// them from, prompt tokens beyond their placeholders, [(width, height, bytes)]).
+    /// `constraint` and `images` are the records a rank's `Submit` carries them in (a tuple is refused).
     #[new]
     #[pyo3(signature = (*, prompt_ids, max_tokens, temperature, top_p, decoder, first_chunks, incremental,
         logprobs=None, prompt_logprobs=false, constraint=None, images=None))]
@@ -174,8 +171,8 @@ impl PyPrepared {
         incremental: bool,
         logprobs: Option<u32>,
         prompt_logprobs: bool,
-        constraint: Option<ConstraintArg>,
-        images: Option<ImagesArg>,
+        constraint: Option<PyRef<'_, SubmitConstraint>>,
+        images: Option<PyRef<'_, SubmitImages>>,
     ) -> Self {
         PyPrepared {
             prompt: prompt_ids,
@@ -187,13 +184,8 @@ impl PyPrepared {
             incremental,
             logprobs,
             prompt_logprobs,
-            constraint: constraint.map(|(schema_type, schema, triggers, bound)| Constraint {
-                schema_type,
-                schema,
-                triggers,
-                bound,
-            }),
-            images: images.map(|(path, extra_tokens, sizes)| ImageSet { path, extra_tokens, sizes }),
+            constraint: constraint.map(|c| Constraint::from(&*c)),
+            images: images.map(|im| ImageSet::from(&*im)),
         }
     }
 
@@ -203,15 +195,13 @@ impl PyPrepared {
     }
 
     #[getter]
-    fn constraint<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        let c = self.constraint.as_ref();
-        c.map(|c| (c.schema_type, c.schema.as_str(), c.triggers.clone(), c.bound).into_pyobject(py)).transpose()
+    fn constraint(&self) -> Option<SubmitConstraint> {
+        self.constraint.clone().map(SubmitConstraint::from)
     }
 
     #[getter]
-    fn images<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
-        let im = self.images.as_ref();
-        im.map(|im| (im.path.as_str(), im.extra_tokens, im.sizes.clone()).into_pyobject(py)).transpose()
+    fn images(&self) -> Option<SubmitImages> {
+        self.images.clone().map(SubmitImages::from)
     }
 }
 

@@ -11,7 +11,7 @@ mod status;
 
 use crate::path::AppState;
 use axum::Router;
-use axum::extract::Path;
+use axum::extract::{FromRef, Path};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -35,13 +35,16 @@ const ASSETS: &[(&str, &str, &str)] = &[
 const PAGE: &str = include_str!("assets/index.html");
 
 /// The status route, for the router's keyed part (behind --api-key with the API).
-pub fn keyed(router: Router<Arc<AppState>>) -> Router<Arc<AppState>> {
+pub fn keyed<S: Clone + Send + Sync + 'static>(router: Router<S>) -> Router<S>
+where
+    Arc<AppState>: FromRef<S>,
+{
     let sizes = Arc::new(status::StoreSizes::default());
     router.route("/console/status", get(move |st| status::status(st, sizes.clone())))
 }
 
 /// The page and its files, open.
-pub fn open(router: Router<Arc<AppState>>) -> Router<Arc<AppState>> {
+pub fn open<S: Clone + Send + Sync + 'static>(router: Router<S>) -> Router<S> {
     router.route("/", get(page)).route("/console/{file}", get(asset))
 }
 

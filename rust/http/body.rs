@@ -9,7 +9,7 @@
 //! a page's `fetch` with a `Blob` body sends none. Only an empty body may come without one (`http::cross_site`
 //! refuses a page's bodiless writes by their `Origin`).
 
-use super::AppState;
+use super::route_state::RouteState;
 use crate::error::ApiError;
 use crate::json_bounds::{self, JsonBounds};
 use crate::limits::MAX_INLINE_CHECK_BYTES;
@@ -19,15 +19,15 @@ use axum::http::header;
 use bytes::BytesMut;
 use futures_util::StreamExt;
 use std::convert::Infallible;
-use std::sync::Arc;
 
 /// The body, or why it cannot be taken; the handler renders a refusal in its door's envelope.
 pub struct RawBody(pub Result<Bytes, ApiError>);
 
-impl FromRequest<Arc<AppState>> for RawBody {
+impl FromRequest<RouteState> for RawBody {
     type Rejection = Infallible;
 
-    async fn from_request(req: Request, st: &Arc<AppState>) -> Result<Self, Infallible> {
+    async fn from_request(req: Request, routes: &RouteState) -> Result<Self, Infallible> {
+        let st = &routes.path;
         let json = req.headers().get(header::CONTENT_TYPE).map(|v| is_json(v.as_bytes()));
         // Read even a body that will be refused: a keep-alive connection stays usable.
         let read = collect(req.into_body(), st.config.limits.max_request_body_bytes).await.map_err(|e| match e {

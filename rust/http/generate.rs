@@ -3,9 +3,9 @@
 //! goes to its worker (`crate::workers::background`), which answers at once. A door whose body may ask for several
 //! sequences (`/generate`) goes through `fanout`.
 
-use super::AppState;
 use super::body::RawBody;
 use super::request_id::RequestId;
+use super::route_state::RouteState;
 use super::traced::{TraceParent, Traced};
 use crate::doors::Door;
 use crate::error::ApiError;
@@ -17,13 +17,12 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use std::sync::Arc;
 use std::time::Instant;
 
 /// The handler of every door's route (`http::app` registers one per `Door`).
 pub async fn generate(
     door: Door,
-    State(st): State<Arc<AppState>>,
+    State(routes): State<RouteState>,
     Extension(RequestId(request_id)): Extension<RequestId>,
     owner: Owner,
     parent: TraceParent,
@@ -33,13 +32,14 @@ pub async fn generate(
         panic!("fail point: http");
     }
     let arrival = Instant::now();
-    let traced = parent.begin(&st, arrival, door.operation(), door.path());
+    let st = &routes.path;
+    let traced = parent.begin(st, arrival, door.operation(), door.path());
     let trace = traced.as_ref().map(|(t, _)| t.clone());
     // Boxed, and only for a body that arrived: a request's whole state machine is allocated once its body is in,
     // not while a slow client is still sending it (axum allocates a handler's future, the largest of its states
     // included, before the body), nor for the 408s of a thousand trickled bodies that time out together.
     let handled = match body {
-        Ok(body) => Box::pin(handle(&st, door, body, owner, arrival, request_id.clone(), traced)).await,
+        Ok(body) => Box::pin(handle(&routes, door, body, owner, arrival, request_id.clone(), traced)).await,
         Err(e) => Err(e),
     };
     match handled {
@@ -64,7 +64,7 @@ pub async fn generate(
 }
 
 async fn handle(
-    st: &Arc<AppState>,
+    routes: &RouteState,
     door: Door,
     body: Bytes,
     owner: Owner,
@@ -72,13 +72,15 @@ async fn handle(
     request_id: String,
     traced: Traced,
 ) -> Result<Response, ApiError> {
+    let st = &routes.path;
     if door.fans_out() {
         return super::fanout::handle(st, door, body, owner, arrival, request_id, traced).await;
     }
     let mut req = door.parse(&body, (&st.config).into())?;
     req.owner = owner;
     let answer = if req.background() {
-        crate::workers::background::start(st, door, req, arrival, request_id, traced).await?
+        let background = routes.background.as_ref();
+        crate::workers::background::start(background, st, door, req, arrival, request_id, traced).await?
     } else {
         serve(st, Call { door, req, origin: Origin::Client, arrival, request_id, traced }).await?
     };

@@ -1,4 +1,4 @@
-//! HTTP routes. `app(state)` builds the router; binding and serving live in `server.rs`.
+//! HTTP routes. `app(state, background)` builds the router; binding and serving live in `server.rs`.
 
 mod auth;
 mod batches;
@@ -17,6 +17,7 @@ pub mod head_limits;
 mod info;
 mod message_batches;
 pub mod request_id;
+mod route_state;
 mod stored;
 mod tokens;
 mod traced;
@@ -25,14 +26,16 @@ mod worker;
 use crate::doors::Door;
 use crate::error::ApiError;
 pub use crate::path::AppState;
+use crate::workers::background::Background;
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request};
 use axum::middleware;
 use axum::response::Response;
 use axum::routing::{get, post};
+use route_state::RouteState;
 use std::sync::Arc;
 
-pub fn app(state: Arc<AppState>) -> Router {
+pub fn app(state: Arc<AppState>, background: Option<Arc<Background>>) -> Router {
     // Behind --api-key: everything under /v1 (as vLLM guards it), and the worker metadata that names the model's
     // path and its load in detail (as SGLang guards it; smg sends the key to these when it has one).
     let mut keyed = Router::new();
@@ -112,10 +115,11 @@ pub fn app(state: Arc<AppState>) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), cross_site::refuse_foreign_writes))
         .layer(middleware::from_fn_with_state(state.clone(), head_limits::head_limits))
         .layer(middleware::from_fn(request_id::request_id));
-    match cors::layer(&state.config) {
-        Some(cors) => app.layer(cors).with_state(state),
-        None => app.with_state(state),
-    }
+    let app = match cors::layer(&state.config) {
+        Some(cors) => app.layer(cors),
+        None => app,
+    };
+    app.with_state(RouteState { path: state, background })
 }
 
 /// A refusal decided before any handler (404, 405, and the middleware's 401 and 431) uses the envelope of the door
@@ -167,7 +171,7 @@ mod tests {
     }
 
     async fn send(st: &Arc<AppState>, req: Request<Body>) -> (StatusCode, axum::http::HeaderMap, serde_json::Value) {
-        let resp = app(st.clone()).oneshot(req).await.unwrap();
+        let resp = app(st.clone(), None).oneshot(req).await.unwrap();
         let (status, headers) = (resp.status(), resp.headers().clone());
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
         (status, headers, serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null))
@@ -281,7 +285,7 @@ mod tests {
     #[tokio::test]
     async fn the_console_page_is_open_and_its_status_keyed() {
         let st = state(Some("k"));
-        let resp = app(st.clone()).oneshot(Request::get("/").body(Body::empty()).unwrap()).await.unwrap();
+        let resp = app(st.clone(), None).oneshot(Request::get("/").body(Body::empty()).unwrap()).await.unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
         assert_eq!(resp.headers()["content-security-policy"], crate::console::CSP);
         let status = |key: bool| {

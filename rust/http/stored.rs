@@ -8,6 +8,7 @@ use crate::error::ApiError;
 use crate::limits::MAX_INPUT_ITEMS_PAGE;
 use crate::owner::Owner;
 use crate::store::StoredResponse;
+use crate::workers::background::{self, Background};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
@@ -20,6 +21,7 @@ use std::sync::Arc;
 
 pub async fn get_response(
     State(st): State<Arc<AppState>>,
+    State(bg): State<Option<Arc<Background>>>,
     Path(id): Path<String>,
     owner: Owner,
     q: Result<Query<GetQuery>, QueryRejection>,
@@ -28,7 +30,7 @@ pub async fn get_response(
         let Query(q) = q.map_err(bad_query)?;
         // Its owner's only, running or not (a background response is stored from the moment it is queued).
         let r = find(&st, &id, &owner).await?;
-        let run = st.store.as_ref().and_then(|s| crate::workers::background::runs::of(s).get(&id));
+        let run = bg.as_ref().and_then(|bg| bg.runs.get(&id));
         if q.stream == Some(true) {
             // A background response's stream, from after `starting_after`, while this replica keeps it.
             let Some(run) = run else {
@@ -73,11 +75,16 @@ pub async fn delete_response(State(st): State<Arc<AppState>>, Path(id): Path<Str
     .await
 }
 
-pub async fn cancel_response(State(st): State<Arc<AppState>>, Path(id): Path<String>, owner: Owner) -> Response {
+pub async fn cancel_response(
+    State(st): State<Arc<AppState>>,
+    State(bg): State<Option<Arc<Background>>>,
+    Path(id): Path<String>,
+    owner: Owner,
+) -> Response {
     answer(async {
         let r = find(&st, &id, &owner).await?;
-        if let Some(store) = &st.store
-            && let Some(answer) = crate::workers::background::cancel(store, &id).await?
+        if let Some(bg) = &bg
+            && let Some(answer) = background::cancel(bg, &id).await?
         {
             return Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], answer).into_response());
         }

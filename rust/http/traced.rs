@@ -3,23 +3,23 @@
 
 use super::AppState;
 use super::request_id::RequestId;
+use super::route_state::RouteState;
 use crate::error::ApiError;
 use crate::trace::{Outcome, ResponseGuard};
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::response::Response;
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::Instant;
 
 /// The caller's span context, if tracing is on (and the request id, which the trace records).
 pub struct TraceParent(Option<(Option<opentelemetry::trace::SpanContext>, String)>);
 
-impl FromRequestParts<Arc<AppState>> for TraceParent {
+impl FromRequestParts<RouteState> for TraceParent {
     type Rejection = Infallible;
 
-    async fn from_request_parts(parts: &mut Parts, st: &Arc<AppState>) -> Result<Self, Infallible> {
-        if st.traces.is_none() {
+    async fn from_request_parts(parts: &mut Parts, routes: &RouteState) -> Result<Self, Infallible> {
+        if routes.path.traces.is_none() {
             return Ok(TraceParent(None));
         }
         let id = parts.extensions.get::<RequestId>().map(|r| r.0.clone()).unwrap_or_default();

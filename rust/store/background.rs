@@ -73,7 +73,6 @@ mod tests {
     #[tokio::test]
     async fn a_chain_waits_for_a_running_response_then_is_a_409_past_the_wait() {
         use crate::store::{Db, Store, StoredResponse, retention::Retention};
-        use std::sync::Arc;
         let db = Db::open("memory").await.unwrap();
         let mut row = StoredResponse {
             id: "resp_1".into(),
@@ -87,7 +86,7 @@ mod tests {
         };
         db.put_responses(None, &[&row]).await.unwrap();
         let retention = Retention::new(None, Default::default());
-        let store = Store::new(db, None, retention, Arc::new(()), 15, tokio::runtime::Handle::current());
+        let store = Store::new(db, None, retention, 15, tokio::runtime::Handle::current());
         let err = store.until_ended("resp_1", Duration::from_millis(300)).await.unwrap_err();
         assert_eq!(err.status(), axum::http::StatusCode::CONFLICT);
         let envelope: serde_json::Value = serde_json::from_str(&err.envelope()).unwrap();

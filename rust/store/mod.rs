@@ -49,9 +49,6 @@ pub struct Store {
     writing: Mutex<HashMap<String, watch::Receiver<Written>>>,
     writer: mpsc::Sender<responses::Write>,
     runtime: tokio::runtime::Handle,
-    /// The background worker's registry of the runs on this replica (`crate::workers::background::runs::of`), kept
-    /// here for the store's lifetime; the store itself never reads it.
-    pub runs: Arc<dyn std::any::Any + Send + Sync>,
     /// Rung by the background worker as a run here has written its final state: a chain waiting on it goes on.
     pub run_ended: tokio::sync::Notify,
     /// Where uploaded files' contents go; None: no files.
@@ -73,7 +70,6 @@ impl Store {
         db: Db,
         files: Option<files::FileRoom>,
         retention: retention::Retention,
-        runs: Arc<dyn std::any::Any + Send + Sync>,
         lease_s: i64,
         runtime: tokio::runtime::Handle,
     ) -> Arc<Self> {
@@ -84,7 +80,6 @@ impl Store {
             writing: Mutex::new(HashMap::new()),
             writer,
             runtime,
-            runs,
             run_ended: tokio::sync::Notify::new(),
             files,
             batch_bell: tokio::sync::Notify::new(),

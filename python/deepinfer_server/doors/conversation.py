@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from deepseek_recipe import Conversation, ConversationRequest, ConversionError, ConversionOptions
 
+from deepinfer_server._native import SubmitImages
 from deepinfer_server.decoding import BaseDecoder, Generator
 from deepinfer_server.doors.base import Context, Door, Prepared, PrepareInput, Prompt
 from deepinfer_server.grammar import Constraint, GrammarError, GrammarTooCostly
@@ -150,7 +151,7 @@ class ConversationDoor(Door):
         pictures, blob = encoded.images, None
         if pictures is not None and ctx.images is not None:
             sizes = [(w, h, len(d)) for (w, h), d in zip(pictures.sizes, pictures.data, strict=True)]
-            blob = (ctx.images.write_blob(pictures), pictures.extra_tokens, sizes)
+            blob = SubmitImages(path=ctx.images.write_blob(pictures), extra_tokens=pictures.extra_tokens, sizes=sizes)
         # A request that scores its prompt runs at the model's own distribution (the front end turned top-k off).
         temperature, top_p = (None, None) if scored else (opts.temperature, opts.top_p)
         return Prepared(

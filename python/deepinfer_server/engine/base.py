@@ -81,12 +81,12 @@ def failed(request_id: int, reason: str) -> Output:
 SCHEMA_TYPES = {_native.SCHEMA_JSON: "json", _native.SCHEMA_REGEX: "regex", _native.SCHEMA_EBNF: "ebnf"}
 
 
-def load_images(record: _native.ImagesTuple | None) -> Images | str | None:
+def load_images(record: _native.SubmitImages | None) -> Images | str | None:
     """A SUBMIT record's images: read from the file it names, which is then unlinked. A string: why they could not
     be read (the request fails with it)."""
     if record is None:
         return None
-    path, extra_tokens, sizes = record
+    path, extra_tokens, sizes = record.path, record.extra_tokens, record.sizes
     try:
         with open(path, "rb") as f:
             blob = f.read()
@@ -105,11 +105,16 @@ def load_images(record: _native.ImagesTuple | None) -> Images | str | None:
     return Images(data, [(w, h) for w, h, _ in sizes], extra_tokens)
 
 
-def so_args(constraint: _native.ConstraintTuple | None) -> dict[str, object] | None:
+def so_args(constraint: _native.SubmitConstraint | None) -> dict[str, object] | None:
     """A SUBMIT record's constraint as DeepInfer's `SamplingParams.so_args`."""
     if constraint is None:
         return None
-    schema_type, schema, triggers, bound = constraint
+    schema_type, schema, triggers, bound = (
+        constraint.schema_type,
+        constraint.schema,
+        constraint.triggers,
+        constraint.bound,
+    )
     args: dict[str, object] = {"schema_type": SCHEMA_TYPES[schema_type], "schema": schema}
     if triggers:
         args["trigger_token_ids"] = list(triggers)

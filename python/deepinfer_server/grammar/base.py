@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from llguidance import LLParserLimits
 
+from deepinfer_server import _native
 from deepinfer_server.vocabulary import DSML
 
 # so_args' schema_type names, as the ring codes them (rust/ring/records.rs SCHEMA_*).
@@ -81,5 +82,7 @@ class Constraint:
     triggers: tuple[int, ...] = ()
     bound: int | None = None
 
-    def record(self) -> tuple[int, str, list[int], int | None]:
-        return self.schema_type, self.schema, list(self.triggers), self.bound
+    def record(self) -> _native.SubmitConstraint:
+        return _native.SubmitConstraint(
+            schema_type=self.schema_type, schema=self.schema, triggers=list(self.triggers), bound=self.bound
+        )

@@ -30,6 +30,7 @@ use super::records;
 pub use doorbell::PyDoorbell;
 pub use lockstep::PyLockstep;
 pub use ring::PyRing;
+pub use submit_input::{SubmitConstraint, SubmitImages};
 
 pyo3::create_exception!(deepinfer_server._native, RingClosed, PyException, "The ring was closed by either side.");
 pyo3::create_exception!(

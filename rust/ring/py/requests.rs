@@ -3,7 +3,9 @@
 //! apart by type and reads fields by name, so adding a field cannot shift another.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::PyList;
+
+use super::submit_input::{SubmitConstraint, SubmitImages};
 
 use crate::ring::records::{self, U32s};
 
@@ -28,16 +30,16 @@ pub struct PySubmit {
     logprobs: Option<u32>,
     /// The prompt tokens' logprobs wanted, returned with the first token.
     prompt_logprobs: bool,
-    /// (schema type `SCHEMA_*`, schema, trigger token ids, bound token id)
-    constraint: Option<Py<PyTuple>>,
-    /// (file holding the encoded images back to back, prompt tokens beyond the placeholders, [(w, h, bytes)])
-    images: Option<Py<PyTuple>>,
+    /// The grammar it is held to, as Python pushed it.
+    constraint: Option<Py<SubmitConstraint>>,
+    /// Its images, as Python pushed them.
+    images: Option<Py<SubmitImages>>,
 }
 
 impl PySubmit {
     pub(super) fn from_record(py: Python<'_>, s: records::Submit<U32s<'_>>) -> PyResult<Self> {
-        let constraint = s.constraint.map(|c| (c.schema_type, c.schema, c.triggers, c.bound).into_pyobject(py));
-        let images = s.images.map(|im| (im.path, im.extra_tokens, im.sizes).into_pyobject(py));
+        let constraint = s.constraint.map(|c| Py::new(py, SubmitConstraint::from(c))).transpose()?;
+        let images = s.images.map(|im| Py::new(py, SubmitImages::from(im))).transpose()?;
         Ok(PySubmit {
             request_id: s.request_id,
             prompt: PyList::new(py, s.prompt.iter())?.unbind(),
@@ -49,8 +51,8 @@ impl PySubmit {
             ignore_eos: s.ignore_eos,
             logprobs: s.logprobs,
             prompt_logprobs: s.prompt_logprobs,
-            constraint: constraint.transpose()?.map(Bound::unbind),
-            images: images.transpose()?.map(Bound::unbind),
+            constraint,
+            images,
         })
     }
 }

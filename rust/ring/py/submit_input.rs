@@ -1,7 +1,8 @@
 //! What Python pushes onto a request ring (`Ring.push_submit`): a generation request as one typed record with
 //! named fields, its grammar and its images as records of their own, where the tuples used to be. Built and checked
 //! where Python builds it (a prompt id past u32, a field misnamed, fails there); the ring's `Submit` record
-//! (records.rs) is what it becomes.
+//! (records.rs) is what it becomes. The grammar and image records are the one Python shape of those two things:
+//! the codec's `Prepared` carries them too, and a rank reads them back from its `Submit`.
 
 use pyo3::prelude::*;
 
@@ -33,6 +34,35 @@ py_record! {
         pub extra_tokens: u32,
         /// Each image's (width, height, bytes), in the file's order.
         pub sizes: Vec<[u32; 3]>,
+    }
+}
+
+impl From<&SubmitConstraint> for Constraint {
+    fn from(c: &SubmitConstraint) -> Self {
+        Constraint {
+            schema_type: c.schema_type,
+            schema: c.schema.clone(),
+            triggers: c.triggers.clone(),
+            bound: c.bound,
+        }
+    }
+}
+
+impl From<Constraint> for SubmitConstraint {
+    fn from(c: Constraint) -> Self {
+        SubmitConstraint { schema_type: c.schema_type, schema: c.schema, triggers: c.triggers, bound: c.bound }
+    }
+}
+
+impl From<&SubmitImages> for ImageSet {
+    fn from(im: &SubmitImages) -> Self {
+        ImageSet { path: im.path.clone(), extra_tokens: im.extra_tokens, sizes: im.sizes.clone() }
+    }
+}
+
+impl From<ImageSet> for SubmitImages {
+    fn from(im: ImageSet) -> Self {
+        SubmitImages { path: im.path, extra_tokens: im.extra_tokens, sizes: im.sizes }
     }
 }
 
@@ -100,19 +130,8 @@ impl PySubmitInput {
 impl PySubmitInput {
     /// The ring record it becomes.
     pub(super) fn record(&self) -> Submit<&[u32]> {
-        let constraint = self.constraint.as_ref().map(|c| {
-            let c = c.get();
-            Constraint {
-                schema_type: c.schema_type,
-                schema: c.schema.clone(),
-                triggers: c.triggers.clone(),
-                bound: c.bound,
-            }
-        });
-        let images = self.images.as_ref().map(|im| {
-            let im = im.get();
-            ImageSet { path: im.path.clone(), extra_tokens: im.extra_tokens, sizes: im.sizes.clone() }
-        });
+        let constraint = self.constraint.as_ref().map(|c| Constraint::from(c.get()));
+        let images = self.images.as_ref().map(|im| ImageSet::from(im.get()));
         Submit {
             request_id: self.request_id,
             prompt: &self.prompt,

@@ -14,8 +14,9 @@
 //!   shortly before its end; their claims are released, and another replica takes them at its next look. A
 //!   draining replica takes over no run.
 
+use super::Background;
 use super::run::{cancel_here, hand_over, run_in_background, stop};
-use super::runs::{self, Stage};
+use super::runs::Stage;
 use crate::doors::Door;
 use crate::error::ApiError;
 use crate::path::AppState;
@@ -32,16 +33,16 @@ use std::time::{Duration, Instant};
 const RENEW_EVERY: Duration = Duration::from_secs(2);
 
 /// Keep this replica's claims, take over those that ran out, and hand them over as a drain goes, from now on.
-pub fn start(st: Arc<AppState>, store: Arc<Store>) {
-    tokio::spawn(hand_over_on_drain(store.clone()));
+pub fn start(st: Arc<AppState>, bg: Arc<Background>) {
+    tokio::spawn(hand_over_on_drain(bg.clone()));
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(RENEW_EVERY);
         loop {
             tick.tick().await;
-            renew(&store).await;
+            renew(&bg).await;
             // A draining replica takes nothing over: what it would run, another will.
-            if !store.hand_over.has_begun() {
-                take_over(&st, &store).await;
+            if !bg.store.hand_over.has_begun() {
+                take_over(&st, &bg).await;
             }
         }
     });
@@ -49,9 +50,10 @@ pub fn start(st: Arc<AppState>, store: Arc<Store>) {
 
 /// Renew the claims held here; stop the runs whose claim was lost or whose Response was deleted, cancel those
 /// asked to, and release a claim held with no run here (its run ended without writing its end).
-async fn renew(store: &Arc<Store>) {
+async fn renew(bg: &Background) {
+    let store = &bg.store;
     // Runs whose claim was in the store before the renewal: each must be among those renewed.
-    let mine = runs::of(store).claimed();
+    let mine = bg.runs.claimed();
     let now = items::now();
     let renewed = match store.db.renew_runs(&store.instance, now + store.lease_s).await {
         Ok(renewed) => renewed,
@@ -59,18 +61,18 @@ async fn renew(store: &Arc<Store>) {
     };
     let held: HashSet<&str> = renewed.iter().map(|r| r.id.as_str()).collect();
     for run in mine.iter().filter(|r| !held.contains(r.id.as_str())) {
-        stop(store, run, false).await;
+        stop(bg, run, false).await;
     }
     for r in &renewed {
-        let here = runs::of(store).get(&r.id).filter(|run| run.generation == r.claim_gen && !run.finished());
+        let here = bg.runs.get(&r.id).filter(|run| run.generation == r.claim_gen && !run.finished());
         match here {
-            Some(run) if r.deleted => stop(store, &run, true).await,
+            Some(run) if r.deleted => stop(bg, &run, true).await,
             Some(run) if r.cancel_asked => {
-                cancel_here(store, &run).await;
+                cancel_here(bg, &run).await;
             }
             Some(_) => {}
             None if mine.iter().any(|run| run.id == r.id) => {} // it ended as the claims were renewed
-            None if runs::of(store).get(&r.id).is_some_and(|run| !run.finished()) => {} // claimed as they were renewed
+            None if bg.runs.get(&r.id).is_some_and(|run| !run.finished()) => {} // claimed as they were renewed
             None => {
                 if let Err(e) = store.db.release_run(&r.id, &store.instance, r.claim_gen).await {
                     tracing::warn!(response_id = %r.id, "could not release a background response's claim: {e}");
@@ -81,7 +83,8 @@ async fn renew(store: &Arc<Store>) {
 }
 
 /// Take over the runs whose claims ran out (or were released by a drain).
-async fn take_over(st: &Arc<AppState>, store: &Arc<Store>) {
+async fn take_over(st: &Arc<AppState>, bg: &Arc<Background>) {
+    let store = &bg.store;
     let now = items::now();
     let runs = match store.db.claim_orphan_runs(&store.instance, now, now + store.lease_s).await {
         Ok(runs) => runs,
@@ -94,14 +97,15 @@ async fn take_over(st: &Arc<AppState>, store: &Arc<Store>) {
                 tracing::warn!(response_id = %run.id, "could not record a cancelled background response: {e}");
             }
         } else {
-            resume(st, store, run.id, run.body, run.claim_gen).await;
+            resume(st, bg, run.id, run.body, run.claim_gen).await;
         }
     }
 }
 
 /// Hand the runs held here over as the drain goes: at `Phase::Draining` those still waiting for a slot, at
 /// `Phase::Cut` all that still run. (A run refused a slot because of the drain hands itself over.)
-async fn hand_over_on_drain(store: Arc<Store>) {
+async fn hand_over_on_drain(bg: Arc<Background>) {
+    let store = &bg.store;
     let mut phase = store.hand_over.phase();
     while phase.changed().await.is_ok() {
         let now = *phase.borrow_and_update();
@@ -109,16 +113,17 @@ async fn hand_over_on_drain(store: Arc<Store>) {
             continue;
         }
         let _writing = store.hand_over.handing(); // the drain waits for these releases
-        for run in runs::of(&store).claimed() {
+        for run in bg.runs.claimed() {
             if (now == Phase::Cut || run.stage() == Stage::Waiting) && run.stop() {
-                hand_over(&store, &run).await;
+                hand_over(&bg, &run).await;
             }
         }
     }
 }
 
 /// Run again a background response whose replica stopped (or handed it over), unless it ended after all.
-async fn resume(st: &Arc<AppState>, store: &Arc<Store>, id: String, body: String, generation: i64) {
+async fn resume(st: &Arc<AppState>, bg: &Arc<Background>, id: String, body: String, generation: i64) {
+    let store = &bg.store;
     let claim = Claim::Held { owner: &store.instance, generation };
     let (running, owner) = match store.load_any(&id).await {
         Ok(Some(row)) => (is_running(&row.response), crate::owner::Owner::from_stored(&row.owned_by)),
@@ -130,7 +135,7 @@ async fn resume(st: &Arc<AppState>, store: &Arc<Store>, id: String, body: String
         return;
     }
     // Full here: released at once for another replica. Its owner is not known here: it counts in all only.
-    let Ok(run) = runs::of(store).start(&id, None, generation) else {
+    let Ok(run) = bg.runs.start(&id, None, generation) else {
         let _ = store.db.release_run(&id, &store.instance, generation).await;
         return;
     };
@@ -140,7 +145,7 @@ async fn resume(st: &Arc<AppState>, store: &Arc<Store>, id: String, body: String
         "running again a background response whose replica stopped");
     let task = tokio::spawn(run_in_background(
         st.clone(),
-        store.clone(),
+        bg.clone(),
         Door::Responses,
         Bytes::from(body),
         owner,

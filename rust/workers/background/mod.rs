@@ -20,3 +20,14 @@ pub mod runs;
 pub use lease::start as keep_claims;
 pub use run::{cancel, start};
 pub use runs::{Limits, Run, Runs};
+
+use crate::store::Store;
+use std::sync::Arc;
+
+/// What the worker runs on: the store its runs are written to, and the registry of the runs on this replica. Made
+/// with the store (`server.rs`: none without one) and handed to what starts, reads and cancels runs (their routes,
+/// `keep_claims`); the store itself knows nothing of it.
+pub struct Background {
+    pub store: Arc<Store>,
+    pub runs: Runs,
+}

@@ -1,9 +1,10 @@
 //! A background response's run: queued and answered at once, then run through the request path as a stream whose
 //! events it keeps; its writes, its end, its cancel and its hand-over.
 
+use super::Background;
 use super::lease::cancel_elsewhere;
 use super::queued::queued_response;
-use super::runs::{self, Run};
+use super::runs::Run;
 use crate::doors::{Door, GenerateRequest};
 use crate::error::ApiError;
 use crate::path::{Answer, AppState, BackgroundRun, Call, Origin, Unary, serve};
@@ -25,6 +26,7 @@ use std::time::{Duration, Instant};
 const RETRY: Duration = Duration::from_millis(500);
 
 pub async fn start(
+    background: Option<&Arc<Background>>,
     st: &Arc<AppState>,
     door: Door,
     req: GenerateRequest,
@@ -32,10 +34,11 @@ pub async fn start(
     request_id: String,
     traced: Traced,
 ) -> Result<Answer, ApiError> {
-    let Some(store) = st.store.clone() else {
+    let Some(bg) = background else {
         let msg = "This server keeps no responses (its state store is off): background responses need it.";
         return Err(ApiError::bad_param("background", msg));
     };
+    let store = &bg.store;
     // Room for what it will store, and what it names must be there now: a 4xx at once, not a failed response later.
     store.room_for(&req.owner).await?;
     let asked = req.keeping.clone().unwrap_or_default();
@@ -53,7 +56,7 @@ pub async fn start(
     }
     let response_id = format!("{}{:016x}", door.id_prefix(), crate::ids::random_u64());
     // A place in the background lane, or its own 429 (`runs`).
-    let run = runs::of(&store).start(&response_id, Some(&req.owner), 0)?;
+    let run = bg.runs.start(&response_id, Some(&req.owner), 0)?;
     let mut body: Value = serde_json::from_slice(&req.body).map_err(|_| ApiError::Internal)?;
     let queued = queued_response(&body, &response_id);
     let row = StoredResponse {
@@ -73,14 +76,14 @@ pub async fn start(
     let until = items::now() + store.lease_s;
     let kept = std::str::from_utf8(&body).map_err(|_| ApiError::Internal)?;
     if let Err(e) = store.db.queue_run(&row, kept, &store.instance, until).await {
-        runs::of(&store).forget(&response_id);
+        bg.runs.forget(&response_id);
         return Err(failed(e));
     }
     run.set_claimed();
     let (guard, run_trace) = traces(st, traced, &req, &response_id, arrival, door, &request_id);
     let (owner, ran) = (req.owner.clone(), run.clone());
     let task =
-        tokio::spawn(run_in_background(st.clone(), store, door, body, owner, arrival, request_id, ran, run_trace));
+        tokio::spawn(run_in_background(st.clone(), bg.clone(), door, body, owner, arrival, request_id, ran, run_trace));
     run.set_task(task.abort_handle());
     if req.stream {
         let events = run.follow(None).map(|chunk| chunk.map_err(|never| match never {}));
@@ -119,7 +122,7 @@ fn traces(
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn run_in_background(
     st: Arc<AppState>,
-    store: Arc<Store>,
+    bg: Arc<Background>,
     door: Door,
     body: Bytes,
     owner: crate::owner::Owner,
@@ -157,7 +160,7 @@ pub(super) async fn run_in_background(
                 run.push(&chunk);
                 if !announced && let Some(latest) = run.latest() {
                     announced = true;
-                    if !mark_running(&store, &run, &latest).await && run.give_up() {
+                    if !mark_running(&bg.store, &run, &latest).await && run.give_up() {
                         // Its claim is gone (taken over, or its Response deleted): it stops, and writes nothing.
                         tracing::info!(response_id = %run.id, "a background response's claim was lost: stopped here");
                         break;
@@ -169,13 +172,13 @@ pub(super) async fn run_in_background(
             if run.begin_end() {
                 // Its stream ended without a final state (cut on its way): that is its end.
                 let error = json!({"code": "server_error", "message": "The response ended before it finished."});
-                end_as(&store, &run, "failed", Some(error)).await;
+                end_as(&bg.store, &run, "failed", Some(error)).await;
             }
         }
         Ok(_) => {} // stopped as it reached a rank: its stopper ended it
-        Err(_) if store.hand_over.has_begun() && run.give_up() => {
+        Err(_) if bg.store.hand_over.has_begun() && run.give_up() => {
             // Refused because this replica drains: handed over to another, not failed.
-            hand_over(&store, &run).await;
+            hand_over(&bg, &run).await;
         }
         Err(e) => {
             run.release(); // before it reads as failed
@@ -186,12 +189,12 @@ pub(super) async fn run_in_background(
                 status = e.status().as_u16(), reason = e.code(), "background response failed: {e}");
             if run.begin_end() {
                 let error = json!({"code": e.code(), "message": e.to_string()});
-                end_as(&store, &run, "failed", Some(error)).await;
+                end_as(&bg.store, &run, "failed", Some(error)).await;
             }
         }
     }
     unfinished.disarm();
-    ended(&store, &run);
+    ended(&bg, &run);
 }
 
 /// Write the Response as it runs (`in_progress`), so any replica reads it so; false if the run's claim is gone.
@@ -223,9 +226,9 @@ impl BackgroundRun for Run {
 
 /// The run has ended here (its final state written, or not its to write): its events kept for replay, and a
 /// chain waiting on it told (`Store::until_ended`).
-fn ended(store: &Store, run: &Run) {
-    runs::of(store).ended(run);
-    store.run_ended.notify_waiters();
+fn ended(bg: &Background, run: &Run) {
+    bg.runs.ended(run);
+    bg.store.run_ended.notify_waiters();
 }
 
 /// A background run's request has finished (called where it finishes, on its rank's thread): its final Response
@@ -282,23 +285,25 @@ async fn end_with(store: &Store, run: &Run, response: Option<&str>) -> Result<bo
 }
 
 /// Give the run's claim up for another replica (a drain): it is not failed, and runs again there from its start.
-pub(super) async fn hand_over(store: &Store, run: &Run) {
+pub(super) async fn hand_over(bg: &Background, run: &Run) {
+    let store = &bg.store;
     let _writing = store.hand_over.handing();
     run.release();
     match store.db.release_run(&run.id, &store.instance, run.generation).await {
         Ok(_) => tracing::info!(response_id = %run.id, "a background response was handed over by the drain"),
         Err(e) => tracing::warn!(response_id = %run.id, "could not hand over a background response: {e}"),
     }
-    ended(store, run);
+    ended(bg, run);
 }
 
 /// `POST /v1/responses/{id}/cancel` for a background response: stopped if it runs here, recorded as cancelled;
 /// one that already ended is answered as it is. One stopped here that runs elsewhere now (its claim was lost, or
 /// handed over) is asked of that replica.
 /// The answer is the Response's JSON.
-pub async fn cancel(store: &Arc<Store>, id: &str) -> Result<Option<String>, ApiError> {
-    let Some(run) = runs::of(store).get(id) else { return cancel_elsewhere(store, id).await };
-    if let Some(cancelled) = cancel_here(store, &run).await {
+pub async fn cancel(bg: &Background, id: &str) -> Result<Option<String>, ApiError> {
+    let store = &bg.store;
+    let Some(run) = bg.runs.get(id) else { return cancel_elsewhere(store, id).await };
+    if let Some(cancelled) = cancel_here(bg, &run).await {
         return Ok(Some(cancelled.to_string()));
     }
     run.wait_finished(crate::store::WRITE_WAIT).await; // its final state is being written
@@ -310,30 +315,30 @@ pub async fn cancel(store: &Arc<Store>, id: &str) -> Result<Option<String>, ApiE
 }
 
 /// Cancel a run here: the cancelled Response, or None if it had ended or was stopped already.
-pub(super) async fn cancel_here(store: &Store, run: &Run) -> Option<Value> {
+pub(super) async fn cancel_here(bg: &Background, run: &Run) -> Option<Value> {
     if !run.stop() {
         return None;
     }
     run.release(); // before it reads as cancelled
-    let cancelled = end_as(store, run, "cancelled", None).await;
-    ended(store, run);
+    let cancelled = end_as(&bg.store, run, "cancelled", None).await;
+    ended(bg, run);
     Some(cancelled)
 }
 
 /// Stop a run here from outside (its claim lost, its Response deleted): nothing more is written for it, but for
 /// a deleted one's claim, removed.
-pub(super) async fn stop(store: &Store, run: &Run, deleted: bool) {
+pub(super) async fn stop(bg: &Background, run: &Run, deleted: bool) {
     if !run.stop() {
         return;
     }
     run.release();
     if deleted {
-        let _ = end_with(store, run, None).await; // else its claim lapses, and whoever takes it finds it deleted
+        let _ = end_with(&bg.store, run, None).await; // else its claim lapses, and whoever takes it finds it deleted
         tracing::info!(response_id = %run.id, "a background response was deleted: stopped");
     } else {
         tracing::info!(response_id = %run.id, "a background response's claim was lost: stopped here");
     }
-    ended(store, run);
+    ended(bg, run);
 }
 
 /// Record the Response as it stands with `status` (and its error), under the run's claim, and tell readers of its

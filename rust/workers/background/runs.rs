@@ -1,8 +1,8 @@
 //! The background runs this replica holds (`background: true`), and their registry (`Runs`): the worker's own
-//! state, kept beside the store (`Store::runs`) but never read by it. While they run on this replica: their stream's events, kept to be
-//! re-read (`GET /v1/responses/{id}?stream=true&starting_after=N`) while it runs and for a while after, and the
-//! handle that cancels them. The Response itself is in the database from the moment it is queued; this is only
-//! the live part, so a replica that restarts loses the replay, not the response.
+//! state, carried beside the store in its context (`super::Background`). While they run on this replica: their
+//! stream's events, kept to be re-read (`GET /v1/responses/{id}?stream=true&starting_after=N`) while it runs and
+//! for a while after, and the handle that cancels them. The Response itself is in the database from the moment it
+//! is queued; this is only the live part, so a replica that restarts loses the replay, not the response.
 //!
 //! What a client can make it hold is bounded (issue 39):
 //! - runs queued or running: at most `max_runs` on this replica, and `per_owner` of them for one owner (each API
@@ -20,7 +20,6 @@ use super::events::{Events, sequence_number};
 use crate::error::ApiError;
 use crate::limits::MIN_REPLAY_WINDOW_BYTES;
 use crate::owner::Owner;
-use crate::store::Store;
 use crate::store::background::Claim;
 use bytes::Bytes;
 use futures_util::Stream;
@@ -405,11 +404,6 @@ impl Run {
             }
         })
     }
-}
-
-/// The registry of the runs on `store`'s replica: the worker keeps it in the store's slot for it (`Store::runs`).
-pub fn of(store: &Store) -> &Runs {
-    store.runs.downcast_ref::<Runs>().expect("the store's runs are the background worker's `Runs`")
 }
 
 #[cfg(test)]
