@@ -321,9 +321,11 @@ impl Run {
         false
     }
 
-    /// Its request reached a rank; false if it was stopped or ended meanwhile.
+    /// Its request reached a rank; false if it was stopped meanwhile. A short request may have ended already (its
+    /// end recorded from its rank's thread before its run read the answer): it did run, and its stream is still to
+    /// be read and kept, or its readers would see it end with no event.
     pub fn generating(&self) -> bool {
-        self.advance(Stage::Generating)
+        self.advance(Stage::Generating) || self.stage() == Stage::Ending
     }
 
     /// Its holder is about to write its final state; false if it was stopped first (then it writes nothing).

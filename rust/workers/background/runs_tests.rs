@@ -39,6 +39,9 @@ fn a_stop_and_its_holders_end_exclude_each_other() {
     let ending = runs.start("r1", None, 0).unwrap();
     assert!(ending.generating() && ending.begin_end());
     assert!(!ending.stop() && !ending.give_up(), "its holder writes its end: nobody stops it");
+    // A short request's end is recorded (from its rank's thread) before its run reads the answer: it still ran.
+    let quick = runs.start("r0", None, 0).unwrap();
+    assert!(quick.begin_end() && quick.generating(), "its stream is still read and kept for its readers");
     let stopped = runs.start("r2", None, 3).unwrap();
     assert!(stopped.stop() && stopped.is_stopped());
     assert!(!stopped.generating() && !stopped.begin_end(), "stopped: its holder writes nothing more");
