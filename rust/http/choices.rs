@@ -8,7 +8,7 @@
 //! Only requests with n > 1 come here; their chunks are parsed to be renumbered (a cost n = 1 never pays).
 
 use crate::doors::sse;
-use crate::path::{Answer, Events, Unary};
+use crate::path::{Answer, Events, Gathered, Unary};
 use axum::body::Bytes;
 use bytes::BytesMut;
 use futures_util::StreamExt;
@@ -17,16 +17,7 @@ use std::sync::{Arc, Mutex};
 
 /// The one response of `answers`, all JSON or all streams (one request's), choice i from `answers[i]`.
 pub fn merge(answers: Vec<Answer>, id: String) -> Answer {
-    let (mut streams, mut jsons, mut guard) = (Vec::new(), Vec::new(), None);
-    for answer in answers {
-        match answer {
-            Answer::Stream(events) => streams.push(events),
-            Answer::Unary(Unary { json, guard: g }) => {
-                guard = guard.or(g);
-                jsons.push(json);
-            }
-        }
-    }
+    let Gathered { streams, jsons, guard } = Gathered::of(answers);
     if streams.is_empty() {
         return Answer::Unary(Unary { json: merge_json(&jsons, &id), guard });
     }

@@ -17,7 +17,7 @@ use super::AppState;
 use crate::doors::{Body as DoorBody, Door, sse};
 use crate::error::ApiError;
 use crate::owner::Owner;
-use crate::path::{Answer, Call, Origin, Unary, serve};
+use crate::path::{Answer, Call, Gathered, Origin, Unary, serve};
 use crate::trace::Traced;
 use axum::body::{Body, Bytes};
 use axum::response::Response;
@@ -73,17 +73,7 @@ pub(super) async fn handle(
 
 /// One response from the sequences' answers, in order.
 fn gather(answers: Vec<Answer>, single: bool) -> Response {
-    let mut streams = Vec::new();
-    let (mut jsons, mut guard) = (Vec::new(), None);
-    for answer in answers {
-        match answer {
-            Answer::Stream(events) => streams.push(events),
-            Answer::Unary(Unary { json, guard: g }) => {
-                guard = guard.or(g);
-                jsons.push(json);
-            }
-        }
-    }
+    let Gathered { streams, mut jsons, guard } = Gathered::of(answers);
     if !streams.is_empty() {
         let done = futures_util::stream::once(async { Ok(Bytes::from_static(sse::DONE)) });
         let merged = futures_util::stream::select_all(streams).chain(done);

@@ -18,6 +18,30 @@ pub enum Answer {
     Unary(Unary),
 }
 
+/// The answers of one request's sequences (a fan-out), sorted: their streams, their JSON bodies, and the first
+/// trace guard among the bodies (the request's trace follows its first sequence).
+pub struct Gathered {
+    pub streams: Vec<Events>,
+    pub jsons: Vec<Bytes>,
+    pub guard: Option<ResponseGuard>,
+}
+
+impl Gathered {
+    pub fn of(answers: Vec<Answer>) -> Self {
+        let mut all = Gathered { streams: Vec::new(), jsons: Vec::new(), guard: None };
+        for answer in answers {
+            match answer {
+                Answer::Stream(events) => all.streams.push(events),
+                Answer::Unary(Unary { json, guard }) => {
+                    all.guard = all.guard.or(guard);
+                    all.jsons.push(json);
+                }
+            }
+        }
+        all
+    }
+}
+
 /// A non-stream's JSON body, and its trace's guard, which ends the trace's last stage once the body is delivered.
 pub struct Unary {
     pub json: Bytes,

@@ -13,7 +13,7 @@ mod serve;
 pub mod sse_body;
 pub mod weights;
 
-pub use answer::{Answer, Events, Unary};
+pub use answer::{Answer, Events, Gathered, Unary};
 pub use origin::{BackgroundRun, Call, Origin};
 pub use serve::serve;
 
