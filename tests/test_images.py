@@ -251,3 +251,18 @@ def test_the_image_file_is_gone_once_the_rank_took_it(srv: Server, png: bytes) -
     media = list(Path("/dev/shm").glob(f"deepinfer-{srv.proc.pid}-*-media"))
     assert len(media) == 1, media
     wait_for("the rank to unlink the image file", lambda: not list(media[0].iterdir()), 5)
+
+
+def test_n_choices_count_their_images_together(srv: Server, png: bytes) -> None:
+    """Each of n choices fetches its own copy of the images: n x images is held to --max-images-per-request (4)."""
+    body = {
+        "model": MODEL,
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": chat_parts((data_url(png), "low"))}],
+    }
+    two = httpx.post(f"{srv.url}/v1/chat/completions", json={**body, "n": 2}, timeout=60)
+    assert two.status_code == 200 and len(two.json()["choices"]) == 2, two.text
+    five = httpx.post(f"{srv.url}/v1/chat/completions", json={**body, "n": 5}, timeout=60)
+    assert five.status_code == 400, five.text
+    err = five.json()["error"]
+    assert err["param"] == "n" and "5 images" in err["message"], err

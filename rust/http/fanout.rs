@@ -60,6 +60,17 @@ pub(super) async fn handle(
         let origin = if i == 0 { Origin::Client } else { Origin::Sibling };
         calls.push(Call { door, req, origin, arrival, request_id: rid, traced });
     }
+    // Each sequence fetches its own copy of the images (with its slot held): the copies count together against
+    // the one request's bound, so n cannot multiply what a client makes the server fetch and decode.
+    let images: usize = calls.iter().map(|c| c.req.images.len()).sum();
+    if calls.len() > 1 && images > st.config.limits.max_images_per_request {
+        let most = st.config.limits.max_images_per_request;
+        let msg = format!(
+            "{} sequences of this request carry {images} images in all, more than the {most} allowed.",
+            calls.len()
+        );
+        return Err(ApiError::bad_param("n", msg));
+    }
     let mut answers = try_join_all(calls.into_iter().map(|call| serve(st, call))).await?;
     Ok(match (split.choices, split.single) {
         (true, true) => super::generate::respond(answers.pop().ok_or(ApiError::Internal)?),
